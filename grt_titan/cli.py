@@ -1,0 +1,35 @@
+"""`grt-titan` console script: one entry point, one subcommand per tool."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with `main(argv) -> int`, one-line help)
+COMMANDS = {
+    "prepare": ("grt_titan.data.prepare", "turn local text into token shards"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: grt-titan COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:12s} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines.append("\nTraining: torchrun ... -m grt_titan.train --job.config_file CONFIG.toml")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"grt-titan: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

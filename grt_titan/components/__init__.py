@@ -1,0 +1,1 @@
+"""torchtitan components specialised for the GRT (metrics, validation)."""

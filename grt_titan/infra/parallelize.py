@@ -1,0 +1,274 @@
+"""Every parallel plan of the GRT: TP, activation checkpointing, compile, FSDP2/HSDP, DDP.
+
+Order as in torchtitan's llama3: TP -> AC -> compile -> FSDP (or DDP).
+
+The recurrence is the GRT-specific part. Its step (W_proj + core blocks + gate) runs r
+times per forward, so:
+- FSDP shards the whole `model.recurrence` (core, W_proj, gate and the loop) as ONE unit:
+  one all-gather in forward (plus one in backward if `core_reshard_after_forward`) and
+  one reduce-scatter per forward-backward, whatever r is. Per-block units would pay up
+  to 2r all-gathers per block per step.
+- compile: the step is compiled once (fullgraph) and reused for every step and every
+  sampled r; the loop stays eager, so r never enters a graph (no recompiles).
+- AC: `block` checkpoints every block call (r calls of a core block = r regions);
+  `step` checkpoints each whole recurrence step, keeping only the state between steps.
+  The step takes its noise as inputs, so recomputation is exact.
+- TP: blocks use torchtitan's llama plan; W_proj, the gate MLP and its norms are
+  per-leaf SequenceParallel (weights replicated over TP, tokens sharded), which makes the
+  concatenation [h ; h_pre] a local op on sequence shards.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed._composable.replicate import replicate
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
+from torchtitan.models.llama3.infra.parallelize import (
+    _op_sac_save_list,
+    apply_compile,
+    disable_fsdp_gradient_division,
+)
+from torchtitan.tools.logging import logger
+
+from grt_titan.model import GRTModel
+
+FLOAT8_CONVERTER = "quantize.linear.float8"
+
+
+def grt_stacks(model: GRTModel) -> list[nn.Module]:
+    """The BlockStacks of the model, in execution order (prelude, core, coda)."""
+    stacks = [model.prelude]
+    if model.recurrence is not None:
+        stacks.append(model.recurrence.step.core)
+    stacks.append(model.coda)
+    return stacks
+
+
+def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) -> GRTModel:
+    """The spec's parallelize_fn."""
+    grt_config = getattr(job_config, "grt", None)
+    recurrence_checkpoint = getattr(grt_config, "recurrence_checkpoint", "block")
+    core_reshard = getattr(grt_config, "core_reshard_after_forward", False)
+    if job_config.training.seq_len % parallel_dims.seq_len_divisor:
+        raise ValueError(
+            f"training.seq_len = {job_config.training.seq_len} must be divisible by "
+            f"{parallel_dims.seq_len_divisor} (tensor_parallel_degree x 2 x context_parallel_degree)"
+        )
+    if parallel_dims.cp_enabled:
+        raise ValueError("parallelism.context_parallel_degree > 1 is not supported by grt")
+
+    if parallel_dims.tp_enabled:
+        tp_mesh = parallel_dims.get_mesh("tp")
+        float8_tp = FLOAT8_CONVERTER in job_config.model.converters and (
+            job_config.quantize.linear.float8.recipe_name in (None, "tensorwise")
+        )
+        apply_tp(
+            model,
+            tp_mesh,
+            loss_parallel=not job_config.parallelism.disable_loss_parallel,
+            enable_float8_tensorwise_tp=float8_tp,
+        )
+        maybe_enable_async_tp(job_config, tp_mesh)
+
+    compile_enabled = job_config.compile.enable and "model" in job_config.compile.components
+    if job_config.activation_checkpoint.mode != "none":
+        apply_recurrence_ac(model, job_config.activation_checkpoint, recurrence_checkpoint, compile_enabled)
+    if compile_enabled:
+        apply_recurrence_compile(model, job_config.compile)
+
+    if parallel_dims.fsdp_enabled:
+        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+        apply_fsdp(
+            model,
+            parallel_dims.get_mesh(names),
+            param_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce],
+            pp_enabled=parallel_dims.pp_enabled,
+            cpu_offload=job_config.training.enable_cpu_offload,
+            reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
+            core_reshard_after_forward=core_reshard,
+        )
+        logger.info(f"Applied {'HSDP' if parallel_dims.dp_replicate_enabled else 'FSDP'} to the GRT")
+    elif parallel_dims.dp_replicate_enabled:
+        if parallel_dims.world_size != parallel_dims.get_mesh("dp_replicate").size():
+            raise ValueError("DDP (data_parallel_replicate_degree) cannot be combined with TP")
+        apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), compile_enabled)
+    return model
+
+
+# ---- tensor parallel -------------------------------------------------------------------
+
+
+def _block_tp_plan(block: nn.Module, colwise, rowwise, prepare_input) -> dict:
+    """torchtitan's llama block plan; the gpt2 block has no w3 and a 1-input attention."""
+    attention_inputs = 4 if hasattr(block.attention, "n_rep") else 1
+    plan = {
+        "attention_norm": SequenceParallel(),
+        "attention": prepare_input(
+            input_layouts=(Shard(1),) + (None,) * (attention_inputs - 1),
+            desired_input_layouts=(Replicate(),) + (None,) * (attention_inputs - 1),
+        ),
+        "attention.wq": colwise(),
+        "attention.wk": colwise(),
+        "attention.wv": colwise(),
+        "attention.wo": rowwise(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": colwise(),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+    }
+    if hasattr(block.feed_forward, "w3"):
+        plan["feed_forward.w3"] = colwise()
+    return plan
+
+
+def apply_tp(
+    model: GRTModel,
+    tp_mesh: DeviceMesh,
+    loss_parallel: bool,
+    enable_float8_tensorwise_tp: bool,
+) -> None:
+    """Sequence-parallel residual stream [B, S/tp, d] between blocks, as in torchtitan."""
+    root_plan = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        ),
+    }
+    if model.pos_embeddings is not None:
+        # positions [S] -> this rank's [S/tp, d] slice, added to the [B, S/tp, d] tokens.
+        root_plan["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
+    parallelize_module(model, tp_mesh, root_plan)
+
+    if enable_float8_tensorwise_tp:
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+    else:
+        colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
+    for stack in grt_stacks(model):
+        for block in stack.layers.values():
+            parallelize_module(block, tp_mesh, _block_tp_plan(block, colwise, rowwise, prepare_input))
+    if model.recurrence is not None:
+        step = model.recurrence.step
+        # Per leaf: SequenceParallel on a module with nested parameters cannot register them.
+        parallelize_module(
+            step,
+            tp_mesh,
+            {
+                name: SequenceParallel(use_local_output=True)
+                for name in ("proj", "gate.state_norm", "gate.anchor_norm", "gate.w_in", "gate.w_out")
+            },
+        )
+    logger.info(
+        f"Applied {'Float8 tensorwise ' if enable_float8_tensorwise_tp else ''}Tensor Parallelism to the GRT"
+    )
+
+
+# ---- activation checkpointing and compile ----------------------------------------------
+
+
+def apply_recurrence_ac(model: GRTModel, ac_config, recurrence_checkpoint: str, compile_enabled: bool) -> None:
+    """torchtitan's AC per block; with `step`, the recurrence step is one region instead."""
+    stacks = [model.prelude, model.coda]
+    if model.recurrence is not None and recurrence_checkpoint == "block":
+        stacks.insert(1, model.recurrence.step.core)
+    for stack in stacks:
+        if len(stack.layers):
+            apply_ac(
+                stack,
+                ac_config,
+                model_compile_enabled=compile_enabled,
+                op_sac_save_list=_op_sac_save_list,
+            )
+    if model.recurrence is not None and recurrence_checkpoint == "step":
+        # The step has no RNG inside (noise is an input), so recomputation is exact.
+        model.recurrence.step = checkpoint_wrapper(model.recurrence.step, preserve_rng_state=True)
+        logger.info("Checkpointing each recurrence step (W_proj + core + gate) as one region")
+
+
+def apply_recurrence_compile(model: GRTModel, compile_config) -> None:
+    """Prelude/coda blocks compiled per block; the recurrence step compiled once, fullgraph."""
+    for stack in (model.prelude, model.coda):
+        if len(stack.layers):
+            apply_compile(stack, compile_config)
+    if model.recurrence is not None:
+        model.recurrence.step = torch.compile(
+            model.recurrence.step, backend=compile_config.backend, fullgraph=True
+        )
+        logger.info("Compiled the recurrence step once (fullgraph); reused for every r")
+
+
+# ---- data parallel ---------------------------------------------------------------------
+
+
+def apply_fsdp(
+    model: GRTModel,
+    dp_mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    pp_enabled: bool,
+    cpu_offload: bool = False,
+    reshard_after_forward_policy: str = "default",
+    core_reshard_after_forward: bool = False,
+) -> None:
+    """Prelude/coda blocks per block, the recurrence as one unit, the rest in the root.
+
+    The root keeps the embeddings, positions, final norm and (tied) LM head: a tied weight
+    must live in exactly one FSDP group.
+    """
+    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    config: dict = {"mesh": dp_mesh, "mp_policy": mp_policy}
+    if cpu_offload:
+        config["offload_policy"] = CPUOffloadPolicy()
+    policies = {"always": True, "never": False, "default": not pp_enabled}
+    if reshard_after_forward_policy not in policies:
+        raise ValueError(
+            f"parallelism.fsdp_reshard_after_forward = {reshard_after_forward_policy!r}; "
+            f"allowed: {sorted(policies)}"
+        )
+    reshard = policies[reshard_after_forward_policy]
+    for block in model.prelude.layers.values():
+        fully_shard(block, **config, reshard_after_forward=reshard)
+    if model.recurrence is not None:
+        fully_shard(model.recurrence, **config, reshard_after_forward=core_reshard_after_forward)
+    for block in model.coda.layers.values():
+        fully_shard(block, **config, reshard_after_forward=reshard)
+    fully_shard(model, **config)
+    disable_fsdp_gradient_division(model)
+    if dp_mesh.device_type == "cpu":
+        # gloo has neither AVG nor PREMUL_SUM reduce-scatter: reduce with SUM only.
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+
+
+def apply_ddp(model: GRTModel, dp_mesh: DeviceMesh, compile_enabled: bool) -> None:
+    """DDP that tolerates unused parameters: at r = 0 or with a constant gate, the
+    recurrence (or the gate MLP) gets no gradient, and stock DDP fails the next step."""
+    if compile_enabled:
+        torch._dynamo.config.optimize_ddp = "ddp_optimizer"
+    replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100, find_unused_parameters=True)
+    logger.info("Applied DDP to the GRT")

@@ -1,0 +1,66 @@
+"""The `[grt]` and `[data]` TOML sections, merged into torchtitan's JobConfig.
+
+No `from __future__ import annotations` here: torchtitan resolves these types at parse time.
+
+Selected with `[job] custom_config_module = "grt_titan.job_config"` (torchtitan 0.2.2's
+`experimental.custom_args_module` route rejects new sections). Every `[grt]` model field
+defaults to None, meaning "keep the flavor's value"; set values are validated at start-up
+by `GRTModelArgs.update_from_config`, with the key named in the error.
+"""
+
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from grt_titan.data.config import DataConfig
+
+
+@dataclass
+class GRTConfig:
+    block_style: Literal["gpt2", "llama"] | None = None
+    """Block style of the flavor's blocks: gpt2 (the paper's) or llama (torchtitan's)."""
+
+    num_recurrences: int | None = None
+    """R: the largest training depth and the default inference depth."""
+
+    min_recurrences: int | None = None
+    """r_min: training depths are drawn from Uniform{r_min..R}."""
+
+    eval_recurrences: int | None = None
+    """Depth used in eval mode (validation); default R."""
+
+    depth_sampling: Literal["uniform", "fixed"] | None = None
+    """uniform: r ~ Uniform{r_min..R} per training forward; fixed: always R (ablations)."""
+
+    depth_seed: int | None = None
+    """Seed of the depth sequence; r of forward t is a function of (seed, t) alone."""
+
+    state_noise_std: float | None = None
+    """sigma_x of the state noise added before W_proj in training (paper: 0.1)."""
+
+    gate_noise_std: float | None = None
+    """sigma_g of the per-scalar gate-logit noise in training (paper: 0.1)."""
+
+    gate_temperature: float | None = None
+    """tau, divides the gate logits (paper: 1.0)."""
+
+    gate_bias_init: float | None = None
+    """Initial bias of the gate MLP's last layer (paper: +4, g ~ 0.98)."""
+
+    gate_override: float | None = None
+    """Ablation: force the gate to this constant in [0, 1] (1 copies, 0 overwrites)."""
+
+    recurrence_checkpoint: Literal["block", "step"] = "block"
+    """With [activation_checkpoint] mode != none: `block` applies torchtitan's mode to every
+    prelude, core and coda block; `step` checkpoints each recurrence step (W_proj + core +
+    gate) as one region, so only the state between steps is kept."""
+
+    core_reshard_after_forward: bool = False
+    """FSDP: False keeps the gathered core for the backward (one all-gather per step);
+    True frees it after the forward and gathers it again in backward (less memory)."""
+
+
+@dataclass
+class JobConfig:
+    grt: GRTConfig = field(default_factory=GRTConfig)
+    data: DataConfig = field(default_factory=DataConfig)

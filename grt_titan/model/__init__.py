@@ -1,0 +1,16 @@
+"""GRT model math (single device). Parallel plans live in grt_titan/infra/."""
+
+from .args import GRTModelArgs
+from .flavors import grt_flavors
+from .model import GRTModel
+from .recurrence import DepthSampler, Gate, Recurrence, RecurrenceStep
+
+__all__ = [
+    "DepthSampler",
+    "Gate",
+    "GRTModel",
+    "GRTModelArgs",
+    "Recurrence",
+    "RecurrenceStep",
+    "grt_flavors",
+]

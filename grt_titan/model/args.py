@@ -1,0 +1,216 @@
+"""Configuration of the Gated Recurrent Transformer and its FLOP count (paper eq. 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from torch import nn
+from torchtitan.protocols.model import BaseModelArgs
+
+BlockStyle = Literal["gpt2", "llama"]
+DepthSampling = Literal["uniform", "fixed"]
+
+# Fields of `GRTModelArgs` that the `[grt]` TOML section may override (same names there).
+CONFIGURABLE_FIELDS = (
+    "block_style",
+    "num_recurrences",
+    "min_recurrences",
+    "eval_recurrences",
+    "depth_sampling",
+    "depth_seed",
+    "state_noise_std",
+    "gate_noise_std",
+    "gate_temperature",
+    "gate_bias_init",
+    "gate_override",
+)
+
+
+@dataclass
+class GRTModelArgs(BaseModelArgs):
+    """Architecture of one GRT flavor: `n_prelude_layers + n_core_layers x R + n_coda_layers`.
+
+    A dense model is the same args with `n_core_layers = 0` (no projection, no gate).
+    Names follow the paper: prelude, core, coda, gate, recurrence.
+    """
+
+    block_style: BlockStyle = "gpt2"
+    dim: int = 768
+    n_heads: int = 12
+    n_kv_heads: int | None = None  # llama style only (grouped-query attention)
+    vocab_size: int = 50257
+    max_seq_len: int = 1024  # gpt2: learned positions; llama: RoPE table length
+    norm_eps: float = 1e-5
+
+    n_prelude_layers: int = 1
+    n_core_layers: int = 1
+    n_coda_layers: int = 1
+
+    # Recurrence (SPEC.md): r ~ Uniform{min..num_recurrences} per training forward.
+    num_recurrences: int = 4  # R
+    min_recurrences: int = 1  # r_min
+    eval_recurrences: int | None = None  # depth in eval mode; None means R
+    depth_sampling: DepthSampling = "uniform"
+    depth_seed: int = 0
+
+    state_noise_std: float = 0.1  # sigma_x
+    gate_noise_std: float = 0.1  # sigma_g
+    gate_temperature: float = 1.0  # tau
+    gate_bias_init: float = 4.0
+    gate_hidden_dim: int | None = None  # d_gate; None means dim
+    gate_override: float | None = None  # ablation: g fixed to this value in [0, 1]
+
+    # llama style (torchtitan's TransformerBlock)
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    rope_theta: float = 10000.0
+
+    @property
+    def is_recurrent(self) -> bool:
+        return self.n_core_layers > 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def tie_embeddings(self) -> bool:
+        # The paper's nanoGPT blocks tie the LM head to the embedding; llama does not.
+        return self.block_style == "gpt2"
+
+    @property
+    def expected_recurrences(self) -> float:
+        """Mean training depth E[r] of the configured sampler (0 for a dense model)."""
+        if not self.is_recurrent:
+            return 0.0
+        if self.depth_sampling == "fixed":
+            return float(self.num_recurrences)
+        return (self.min_recurrences + self.num_recurrences) / 2
+
+    @property
+    def unrolled_layers(self) -> int:
+        """Block executions of a forward at depth R: p + n*R + c."""
+        return (
+            self.n_prelude_layers
+            + self.n_core_layers * self.num_recurrences
+            + self.n_coda_layers
+        )
+
+    def validate(self, where: str = "model args") -> None:
+        """Raise ValueError naming the offending field and what is allowed."""
+
+        def bad(field: str, value, allowed: str) -> ValueError:
+            return ValueError(f"{where}: {field} = {value!r} is invalid; {allowed}")
+
+        if self.block_style not in get_args(BlockStyle):
+            raise bad("block_style", self.block_style, f"allowed: {get_args(BlockStyle)}")
+        if self.depth_sampling not in get_args(DepthSampling):
+            raise bad(
+                "depth_sampling", self.depth_sampling, f"allowed: {get_args(DepthSampling)}"
+            )
+        for name in ("dim", "n_heads", "vocab_size", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise bad(name, getattr(self, name), "must be >= 1")
+        if self.dim % self.n_heads:
+            raise bad("dim", self.dim, f"must be divisible by n_heads = {self.n_heads}")
+        if self.n_kv_heads is not None and (
+            self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads
+        ):
+            raise bad("n_kv_heads", self.n_kv_heads, f"must divide n_heads = {self.n_heads}")
+        for name in ("n_prelude_layers", "n_core_layers", "n_coda_layers"):
+            if getattr(self, name) < 0:
+                raise bad(name, getattr(self, name), "must be >= 0")
+        if self.unrolled_layers < 1 and self.n_core_layers == 0:
+            raise bad("n_prelude_layers", self.n_prelude_layers, "the model needs a block")
+        if not self.is_recurrent:
+            return
+        if self.num_recurrences < 1:
+            raise bad("num_recurrences", self.num_recurrences, "must be >= 1")
+        if not 1 <= self.min_recurrences <= self.num_recurrences:
+            raise bad(
+                "min_recurrences",
+                self.min_recurrences,
+                f"must be in [1, num_recurrences = {self.num_recurrences}]",
+            )
+        if self.eval_recurrences is not None and self.eval_recurrences < 0:
+            raise bad("eval_recurrences", self.eval_recurrences, "must be >= 0")
+        for name in ("state_noise_std", "gate_noise_std"):
+            if getattr(self, name) < 0:
+                raise bad(name, getattr(self, name), "must be >= 0")
+        if self.gate_temperature <= 0:
+            raise bad("gate_temperature", self.gate_temperature, "must be > 0")
+        if self.gate_override is not None and not 0.0 <= self.gate_override <= 1.0:
+            raise bad("gate_override", self.gate_override, "must be in [0, 1] or unset")
+
+    def update_from_config(self, job_config, **kwargs) -> None:
+        """Apply `[grt]` overrides and `training.seq_len`, then validate."""
+        grt = getattr(job_config, "grt", None)
+        if grt is not None:
+            for name in CONFIGURABLE_FIELDS:
+                value = getattr(grt, name, None)
+                if value is not None:
+                    setattr(self, name, value)
+        seq_len = job_config.training.seq_len
+        if self.block_style == "gpt2" and seq_len > self.max_seq_len:
+            raise ValueError(
+                f"training.seq_len = {seq_len} exceeds the model's learned positions "
+                f"(max_seq_len = {self.max_seq_len}) of flavor {job_config.model.flavor!r}"
+            )
+        if self.block_style == "llama":
+            self.max_seq_len = max(self.max_seq_len, seq_len)
+        self.validate(where=f"flavor {job_config.model.flavor!r} with [grt] overrides")
+
+    # ---- FLOPs -----------------------------------------------------------------------
+
+    def block_matmul_params(self) -> int:
+        """Weights of one block that take part in a matmul (eq. 1 counts 12 d^2 for GPT-2)."""
+        d = self.dim
+        if self.block_style == "gpt2":
+            return 12 * d * d
+        kv_dim = (self.n_kv_heads or self.n_heads) * self.head_dim
+        hidden = llama_ffn_hidden_dim(self)
+        return 2 * d * d + 2 * d * kv_dim + 3 * d * hidden
+
+    def recurrence_matmul_params(self) -> int:
+        """W_proj (2d x d) and the gate MLP (2d x d_gate, d_gate x d): 10 d^2 FLOPs per step."""
+        d = self.dim
+        gate_hidden = self.gate_hidden_dim or d
+        return 2 * d * d + 2 * d * gate_hidden + gate_hidden * d
+
+    def forward_flops_per_token(self, seq_len: int, recurrences: float | None = None) -> float:
+        """Eq. 1 at depth r, plus the LM head: (p + n r + c)(24 d^2 + 4 S d) + r 10 d^2 + 2 d V.
+
+        For llama blocks 24 d^2 becomes 2x the block's matmul weights (SwiGLU, GQA).
+        """
+        r = self.expected_recurrences if recurrences is None else recurrences
+        if not self.is_recurrent:
+            r = 0.0
+        blocks = self.n_prelude_layers + self.n_core_layers * r + self.n_coda_layers
+        per_block = 2 * self.block_matmul_params() + 4 * seq_len * self.dim
+        return (
+            blocks * per_block
+            + r * 2 * self.recurrence_matmul_params()
+            + 2 * self.dim * self.vocab_size
+        )
+
+    def train_flops_per_token(self, seq_len: int, recurrences: float | None = None) -> float:
+        """Forward + backward = 3x forward, torchtitan's convention (6N per token)."""
+        return 3 * self.forward_flops_per_token(seq_len, recurrences)
+
+    def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
+        """Stored parameters (a tied weight once) and training FLOPs/token at E[r]."""
+        nparams = sum(p.numel() for p in model.parameters())
+        return nparams, int(self.train_flops_per_token(seq_len))
+
+    def replace(self, **changes) -> "GRTModelArgs":
+        return dataclasses.replace(self, **changes)
+
+
+def llama_ffn_hidden_dim(args: GRTModelArgs) -> int:
+    """SwiGLU hidden size exactly as torchtitan's llama FeedForward computes it."""
+    hidden = int(2 * 4 * args.dim / 3)
+    if args.ffn_dim_multiplier is not None:
+        hidden = int(args.ffn_dim_multiplier * hidden)
+    return args.multiple_of * ((hidden + args.multiple_of - 1) // args.multiple_of)

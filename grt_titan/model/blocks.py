@@ -1,0 +1,139 @@
+"""Transformer blocks of the two styles, behind one call signature.
+
+`gpt2`: the paper's nanoGPT block (pre-LayerNorm, biased linears, GELU MLP 4d); positions
+are added to the embeddings by the model, so the block ignores `freqs_cis`.
+`llama`: torchtitan's own llama3 TransformerBlock (RMSNorm, SwiGLU, RoPE, GQA), reused as is.
+Both keep torchtitan's parameter names (`attention.wq`, `feed_forward.w1`, `attention_norm`,
+...) so torchtitan's TP plans, float8 filters and AC lists apply unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+from torchtitan.models.llama3.model.args import TransformerModelArgs
+from torchtitan.models.llama3.model.model import TransformerBlock as LlamaBlock
+from torchtitan.models.utils import trunc_normal_
+
+from .args import GRTModelArgs
+
+
+class GPT2Attention(nn.Module):
+    """Causal multi-head self-attention with biased q/k/v/o projections."""
+
+    def __init__(self, args: GRTModelArgs):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.dim)
+        self.wk = nn.Linear(args.dim, args.dim)
+        self.wv = nn.Linear(args.dim, args.dim)
+        self.wo = nn.Linear(args.dim, args.dim)
+        self.inner_attention = ScaledDotProductAttentionWrapper()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bs, seqlen, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds a slice of the heads.
+        q, k, v = (
+            proj(x).view(bs, seqlen, -1, self.head_dim).transpose(1, 2)
+            for proj in (self.wq, self.wk, self.wv)
+        )
+        out = self.inner_attention(q, k, v).transpose(1, 2).contiguous()
+        return self.wo(out.view(bs, seqlen, -1))
+
+
+class GPT2FeedForward(nn.Module):
+    def __init__(self, args: GRTModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, 4 * args.dim)
+        self.w2 = nn.Linear(4 * args.dim, args.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+class GPT2Block(nn.Module):
+    """Pre-LayerNorm GPT-2 block: x + attn(LN(x)), then + mlp(LN(.))."""
+
+    def __init__(self, args: GRTModelArgs, residual_init_std: float):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.attention = GPT2Attention(args)
+        self.ffn_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = GPT2FeedForward(args)
+        self.residual_init_std = residual_init_std
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        freqs_cis: torch.Tensor | None = None,
+        attention_masks=None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        for norm in (self.attention_norm, self.ffn_norm):
+            norm.reset_parameters()
+        for linear in (self.attention.wq, self.attention.wk, self.attention.wv, self.feed_forward.w1):
+            trunc_normal_(linear.weight, std=0.02)
+        # GPT-2: residual projections scaled by 1/sqrt(2 * depth).
+        for linear in (self.attention.wo, self.feed_forward.w2):
+            trunc_normal_(linear.weight, std=self.residual_init_std)
+        for linear in (
+            self.attention.wq,
+            self.attention.wk,
+            self.attention.wv,
+            self.attention.wo,
+            self.feed_forward.w1,
+            self.feed_forward.w2,
+        ):
+            nn.init.zeros_(linear.bias)
+
+
+def llama_block_args(args: GRTModelArgs) -> TransformerModelArgs:
+    """torchtitan llama3 args carrying the fields its TransformerBlock reads."""
+    return TransformerModelArgs(
+        dim=args.dim,
+        n_layers=args.unrolled_layers,
+        n_heads=args.n_heads,
+        n_kv_heads=args.n_kv_heads,
+        vocab_size=args.vocab_size,
+        multiple_of=args.multiple_of,
+        ffn_dim_multiplier=args.ffn_dim_multiplier,
+        norm_eps=args.norm_eps,
+        rope_theta=args.rope_theta,
+        max_seq_len=args.max_seq_len,
+        # Depth-scaled init by the unrolled depth, not the position in a stack that is reused.
+        depth_init=False,
+    )
+
+
+def build_block(args: GRTModelArgs, layer_id: int) -> nn.Module:
+    """One block of the configured style; init std scaled by the unrolled depth p + nR + c."""
+    if args.block_style == "llama":
+        return LlamaBlock(layer_id, llama_block_args(args))
+    return GPT2Block(args, residual_init_std=0.02 / math.sqrt(2 * args.unrolled_layers))
+
+
+class BlockStack(nn.Module):
+    """A run of blocks, held in `layers` as torchtitan's helpers (AC, compile) expect."""
+
+    def __init__(self, args: GRTModelArgs, num_layers: int, first_layer_id: int = 0):
+        super().__init__()
+        self.layers = nn.ModuleDict(
+            {str(i): build_block(args, first_layer_id + i) for i in range(num_layers)}
+        )
+
+    def forward(self, h: torch.Tensor, freqs_cis: torch.Tensor | None) -> torch.Tensor:
+        for block in self.layers.values():
+            h = block(h, freqs_cis, None)
+        return h
+
+    def init_weights(self) -> None:
+        for block in self.layers.values():
+            block.init_weights()

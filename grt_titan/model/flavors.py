@@ -1,0 +1,57 @@
+"""Named architectures (the spec's `model_args`). Run recipes live in train_configs/*.toml.
+
+`dense_X` is the isoFLOP twin of `X`: the same code with no core, p + n R + c layers.
+"""
+
+from .args import GRTModelArgs
+
+
+def _gpt2(dim: int, heads: int, prelude: int, core: int, recurrences: int, coda: int) -> GRTModelArgs:
+    return GRTModelArgs(
+        block_style="gpt2",
+        dim=dim,
+        n_heads=heads,
+        n_prelude_layers=prelude,
+        n_core_layers=core,
+        num_recurrences=recurrences,
+        n_coda_layers=coda,
+    )
+
+
+def _dense(layers: int, block_style: str = "gpt2", **kwargs) -> GRTModelArgs:
+    return GRTModelArgs(
+        block_style=block_style,
+        n_prelude_layers=layers,
+        n_core_layers=0,
+        n_coda_layers=0,
+        **kwargs,
+    )
+
+
+# >= 1B stored parameters, llama blocks, for multi-node runs: 4 + 10x4 + 4 at d = 2048.
+_LLAMA_1B = dict(dim=2048, n_heads=16, n_kv_heads=4, max_seq_len=4096, rope_theta=500000.0)
+
+grt_flavors: dict[str, GRTModelArgs] = {
+    # CPU-sized: 1 + 2x4 + 1 at d = 128 (the GPT-2 vocabulary dominates its size).
+    "debug": _gpt2(128, 4, 1, 2, 4, 1),
+    "dense_debug": _dense(10, dim=128, n_heads=4),
+    # Paper table 1 / table 5 (GPT-2 blocks, learned positions, tied embeddings).
+    "small": _gpt2(768, 12, 1, 1, 10, 1),
+    "medium": _gpt2(1024, 16, 2, 5, 4, 2),
+    "large": _gpt2(1280, 20, 1, 5, 6, 5),
+    "medium_isoparams": _gpt2(1024, 16, 2, 20, 4, 2),
+    "large_isoparams": _gpt2(1280, 20, 3, 30, 6, 3),
+    "dense_small": _dense(12, dim=768, n_heads=12),
+    "dense_medium": _dense(24, dim=1024, n_heads=16),
+    "dense_large": _dense(36, dim=1280, n_heads=20),
+    # llama-style blocks (torchtitan's), for real multi-node scale.
+    "llama_1b": GRTModelArgs(
+        block_style="llama",
+        n_prelude_layers=4,
+        n_core_layers=10,
+        num_recurrences=4,
+        n_coda_layers=4,
+        **_LLAMA_1B,
+    ),
+    "dense_llama_1b": _dense(layers=48, block_style="llama", **_LLAMA_1B),
+}

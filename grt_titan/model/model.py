@@ -1,0 +1,122 @@
+"""The Gated Recurrent Transformer: embeddings, prelude, recurrence, coda, LM head.
+
+Single-device math only: every parallel plan lives in grt_titan/infra/.
+
+Initialisation (`init_weights`, run after the meta-device build):
+
+| parameter                               | init                                        |
+|-----------------------------------------|---------------------------------------------|
+| tok_embeddings (tied LM head for gpt2)  | normal(0, 0.02) gpt2; normal(0, 1) llama    |
+| pos_embeddings (gpt2)                   | normal(0, 0.02)                             |
+| block q/k/v, mlp in                     | trunc normal(0, 0.02), biases 0             |
+| block out projections (wo, w2)          | trunc normal(0, 0.02 / sqrt(2 (p + nR + c)))|
+| recurrence.step.proj (W_proj)           | trunc normal(0, 0.02)                       |
+| gate w_in / w_out                       | trunc normal(0, 0.02); w_out bias = +4      |
+| norms                                   | weight 1, bias 0                            |
+| output (llama, untied)                  | trunc normal(0, dim^-0.5), cut at 3 std     |
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchtitan.models.llama3.model.model import precompute_freqs_cis
+from torchtitan.models.utils import trunc_normal_
+from torchtitan.protocols.model import AttentionMasksType
+from torchtitan.protocols.train_spec import ModelProtocol
+
+from .args import GRTModelArgs
+from .blocks import BlockStack, llama_block_args
+from .recurrence import Recurrence
+
+
+class GRTModel(ModelProtocol):
+    """prelude (p blocks) -> recurrence (n shared blocks x r) -> coda (c blocks) -> head."""
+
+    def __init__(self, model_args: GRTModelArgs):
+        super().__init__(model_args)
+        model_args.validate()
+        self.model_args = args = model_args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.pos_embeddings = (
+            nn.Embedding(args.max_seq_len, args.dim) if args.block_style == "gpt2" else None
+        )
+        if args.block_style == "llama":
+            self.register_buffer("freqs_cis", self._precompute_freqs_cis(), persistent=False)
+        else:
+            self.freqs_cis = None
+        self.prelude = BlockStack(args, args.n_prelude_layers, first_layer_id=0)
+        self.recurrence = Recurrence(args) if args.is_recurrent else None
+        self.coda = BlockStack(
+            args, args.n_coda_layers, first_layer_id=args.n_prelude_layers + args.n_core_layers
+        )
+        norm_cls = nn.LayerNorm if args.block_style == "gpt2" else nn.RMSNorm
+        self.norm = norm_cls(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self._tie_weights()
+
+    def _tie_weights(self) -> None:
+        # Re-done in init_weights: materialising a meta model can untie parameters.
+        if self.model_args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def _precompute_freqs_cis(self) -> torch.Tensor:
+        args = llama_block_args(self.model_args)
+        return precompute_freqs_cis(
+            args.dim // args.n_heads, args.max_seq_len, args.rope_theta, args.rope_scaling_args
+        )
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        args = self.model_args
+        if args.block_style == "llama":
+            buffer_device = buffer_device or self.freqs_cis.device
+            with torch.device(buffer_device):
+                self.freqs_cis = self._precompute_freqs_cis()
+        self._tie_weights()
+        if args.tie_embeddings:
+            nn.init.normal_(self.tok_embeddings.weight, std=0.02)
+        else:
+            nn.init.normal_(self.tok_embeddings.weight)
+            std = args.dim**-0.5
+            trunc_normal_(self.output.weight, std=std, a=-3 * std, b=3 * std)
+        if self.pos_embeddings is not None:
+            nn.init.normal_(self.pos_embeddings.weight, std=0.02)
+        self.prelude.init_weights()
+        if self.recurrence is not None:
+            self.recurrence.init_weights()
+        self.coda.init_weights()
+        self.norm.reset_parameters()
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        if self.pos_embeddings is not None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            h = h + self.pos_embeddings(positions)
+        return h
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        attention_masks: AttentionMasksType | None = None,
+        positions: torch.Tensor | None = None,
+        num_recurrences: int | None = None,
+    ) -> torch.Tensor:
+        """Logits for `tokens` [B, S].
+
+        `num_recurrences`: depth r of this call (0 = prelude only, r < R early exit,
+        r > R extrapolation). None: sampled per the config in training, the eval depth
+        (default R) in eval mode.
+        """
+        if attention_masks is not None or positions is not None:
+            raise ValueError("GRT supports causal sdpa attention only (no masks, no positions)")
+        h = self.prelude(self.embed(tokens), self.freqs_cis)
+        if self.recurrence is not None:
+            h = self.recurrence(h, self.freqs_cis, num_recurrences)
+        elif num_recurrences:
+            raise ValueError(f"num_recurrences = {num_recurrences} given to a dense model (no core)")
+        h = self.coda(h, self.freqs_cis)
+        return self.output(self.norm(h))
+
+    def get_attention_masks(self, *args, **kwargs):
+        # TypeError is what torchtitan's trainer and validator expect for sdpa models.
+        raise TypeError("GRT uses causal sdpa attention: no attention masks to build")

@@ -1,0 +1,187 @@
+"""The recurrence of the GRT (paper section 3, listing A), in one place.
+
+    for step in 1..r:
+        h_tilde = W_proj [h + eps_x ; h_pre]                          (eq. 2)
+        o       = core(h_tilde)                                        (eq. 3)
+        g       = sigmoid(f_g([LN(h) ; LN(h_pre)]) / tau + eps_g)      (eq. 5)
+        h       = g * h + (1 - g) * o                                  (eq. 4)
+
+`RecurrenceStep` is one iteration with no randomness inside: the noise is drawn by the
+eager loop in `Recurrence` and passed in, so a step is a pure function of its inputs.
+That is what lets activation checkpointing recompute it exactly and lets torch.compile
+build one graph that every step and every sampled depth reuses.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchtitan.models.utils import trunc_normal_
+
+from .args import GRTModelArgs
+from .blocks import BlockStack
+
+
+class DepthSampler(nn.Module):
+    """Training depth r for each forward, a pure function of (seed, forward index).
+
+    The index lives in a persistent buffer, so it is saved in checkpoints and a resumed
+    run continues the same sequence; every rank computes the same r with no
+    communication and no rank-local RNG state.
+    """
+
+    def __init__(self, args: GRTModelArgs):
+        super().__init__()
+        self.min_recurrences = args.min_recurrences
+        self.max_recurrences = args.num_recurrences
+        self.mode = args.depth_sampling
+        self.seed = args.depth_seed
+        self.register_buffer("draws", torch.zeros((), dtype=torch.int64), persistent=True)
+        self._draws: int | None = None  # host mirror of `draws`: no device sync per step
+        self.history: list[int] = []  # depths sampled since the metrics last read them
+
+    def depth_at(self, index: int) -> int:
+        if self.mode == "fixed":
+            return self.max_recurrences
+        rng = random.Random(self.seed * 1_000_003 + index)
+        return rng.randint(self.min_recurrences, self.max_recurrences)
+
+    def sample(self) -> int:
+        if self._draws is None:
+            self._draws = int(self.draws.item())
+        depth = self.depth_at(self._draws)
+        self._draws += 1
+        self.draws.fill_(self._draws)
+        self.history.append(depth)
+        return depth
+
+    def reset(self) -> None:
+        self.draws.zero_()
+        self._draws = 0
+        self.history.clear()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._draws = None  # re-read the restored counter on the next sample
+
+
+class Gate(nn.Module):
+    """g = sigmoid(f_g([LN(h); LN(h_pre)]) / tau + eps_g), f_g = Linear-SiLU-Linear."""
+
+    def __init__(self, args: GRTModelArgs):
+        super().__init__()
+        hidden = args.gate_hidden_dim or args.dim
+        self.state_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.anchor_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.w_in = nn.Linear(2 * args.dim, hidden)
+        self.w_out = nn.Linear(hidden, args.dim)
+        self.temperature = args.gate_temperature
+        self.bias_init = args.gate_bias_init
+        self.override = args.gate_override  # ablation: a constant gate, f_g unused
+
+    def forward(
+        self, h: torch.Tensor, h_pre: torch.Tensor, noise: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self.override is not None:
+            return torch.full_like(h, self.override)
+        features = torch.cat([self.state_norm(h), self.anchor_norm(h_pre)], dim=-1)
+        logits = self.w_out(F.silu(self.w_in(features))) / self.temperature
+        if noise is not None:
+            logits = logits + noise
+        return torch.sigmoid(logits)
+
+    def init_weights(self) -> None:
+        self.state_norm.reset_parameters()
+        self.anchor_norm.reset_parameters()
+        trunc_normal_(self.w_in.weight, std=0.02)
+        nn.init.zeros_(self.w_in.bias)
+        trunc_normal_(self.w_out.weight, std=0.02)
+        # +4: g ~ 0.98 at init, the recurrence starts as a near-identity (paper sec. 3).
+        nn.init.constant_(self.w_out.bias, self.bias_init)
+
+
+class RecurrenceStep(nn.Module):
+    """One recurrence step: projection, shared core, gated update. No RNG inside."""
+
+    def __init__(self, args: GRTModelArgs):
+        super().__init__()
+        self.proj = nn.Linear(2 * args.dim, args.dim, bias=False)  # W_proj
+        self.core = BlockStack(args, args.n_core_layers, first_layer_id=args.n_prelude_layers)
+        self.gate = Gate(args)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        h_pre: torch.Tensor,
+        freqs_cis: torch.Tensor | None,
+        state_noise: torch.Tensor | None = None,
+        gate_noise: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        noisy = h if state_noise is None else h + state_noise
+        proposal = self.core(self.proj(torch.cat([noisy, h_pre], dim=-1)), freqs_cis)
+        g = self.gate(h, h_pre, gate_noise)
+        return g * h + (1 - g) * proposal
+
+    def init_weights(self) -> None:
+        trunc_normal_(self.proj.weight, std=0.02)
+        self.core.init_weights()
+        self.gate.init_weights()
+
+
+class Recurrence(nn.Module):
+    """The shared core iterated r times from the prelude output h_pre.
+
+    One module owns the whole loop so that FSDP can gather the core once per
+    forward-backward whatever r is (see grt_titan/infra/parallelize.py).
+    """
+
+    def __init__(self, args: GRTModelArgs):
+        super().__init__()
+        self.step = RecurrenceStep(args)
+        self.depth = DepthSampler(args)
+        self.state_noise_std = args.state_noise_std
+        self.gate_noise_std = args.gate_noise_std
+        self.eval_recurrences = (
+            args.num_recurrences if args.eval_recurrences is None else args.eval_recurrences
+        )
+
+    def resolve_depth(self, num_recurrences: int | None) -> int:
+        if num_recurrences is None:
+            return self.depth.sample() if self.training else self.eval_recurrences
+        if isinstance(num_recurrences, bool) or not isinstance(num_recurrences, int):
+            raise TypeError(f"num_recurrences must be an int, got {num_recurrences!r}")
+        if num_recurrences < 0:
+            raise ValueError(
+                f"num_recurrences = {num_recurrences} is invalid; use r >= 0 "
+                "(0 = prelude only, r < R early exit, r > R extrapolation)"
+            )
+        return num_recurrences
+
+    def _noise(self, like: torch.Tensor, std: float) -> torch.Tensor | None:
+        if not self.training or std == 0:
+            return None
+        return torch.randn_like(like) * std
+
+    def forward(
+        self,
+        h_pre: torch.Tensor,
+        freqs_cis: torch.Tensor | None,
+        num_recurrences: int | None = None,
+    ) -> torch.Tensor:
+        h = h_pre
+        for _ in range(self.resolve_depth(num_recurrences)):
+            h = self.step(
+                h,
+                h_pre,
+                freqs_cis,
+                self._noise(h, self.state_noise_std),
+                self._noise(h, self.gate_noise_std),
+            )
+        return h
+
+    def init_weights(self) -> None:
+        self.step.init_weights()
+        self.depth.reset()

@@ -1,0 +1,42 @@
+"""The `grt` TrainSpec: torchtitan's components plus the GRT's model, plans and metrics."""
+
+from __future__ import annotations
+
+from torchtitan.components.loss import build_cross_entropy_loss
+from torchtitan.components.lr_scheduler import build_lr_schedulers
+from torchtitan.components.optimizer import build_optimizers
+from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_train_spec
+
+from grt_titan.components.metrics import build_grt_metrics_processor
+from grt_titan.components.validate import build_grt_validator
+from grt_titan.data.loader import build_dataloader
+from grt_titan.infra.parallelize import parallelize_grt
+from grt_titan.model import GRTModel, grt_flavors
+from grt_titan.tokenizer import build_tokenizer
+
+SPEC_NAME = "grt"
+
+
+def build_grt_train_spec() -> TrainSpec:
+    return TrainSpec(
+        model_cls=GRTModel,
+        model_args=grt_flavors,
+        parallelize_fn=parallelize_grt,
+        # A shared core cannot be split across pipeline stages; pp > 1 fails at start-up.
+        pipelining_fn=None,
+        build_optimizers_fn=build_optimizers,
+        build_lr_schedulers_fn=build_lr_schedulers,
+        build_dataloader_fn=build_dataloader,
+        build_tokenizer_fn=build_tokenizer,
+        build_loss_fn=build_cross_entropy_loss,
+        build_validator_fn=build_grt_validator,
+        build_metrics_processor_fn=build_grt_metrics_processor,
+    )
+
+
+def register() -> None:
+    """Register `grt` once; importing grt_titan again (or reloading) is harmless."""
+    try:
+        get_train_spec(SPEC_NAME)
+    except ValueError:
+        register_train_spec(SPEC_NAME, build_grt_train_spec())

@@ -1,0 +1,89 @@
+"""Every train config parses, selects the grt spec and builds its flavor on the meta device."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torchtitan.config import ConfigManager
+from torchtitan.protocols.train_spec import get_train_spec
+
+import grt_titan  # noqa: F401  registers the spec
+from grt_titan.model import GRTModel
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "train_configs").glob("*.toml"))
+
+
+def parse(path, *overrides):
+    return ConfigManager().parse_args(["--job.config_file", str(path), *overrides])
+
+
+def test_all_configs_are_found():
+    names = {p.stem for p in CONFIGS}
+    assert {"grt_debug", "grt_small", "grt_medium", "grt_large", "grt_medium_isoparams",
+            "grt_large_isoparams", "dense_small", "dense_medium", "dense_large", "dense_debug",
+            "grt_llama_1b", "dense_llama_1b"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_config_builds_its_flavor(path):
+    config = parse(path)
+    assert config.model.name == "grt" and config.experimental.custom_import == "grt_titan"
+    spec = get_train_spec("grt")
+    args = spec.model_args[config.model.flavor].replace()
+    args.update_from_config(config)
+    with torch.device("meta"):
+        model = GRTModel(args)
+    nparams, flops = args.get_nparams_and_flops(model, config.training.seq_len)
+    assert nparams > 0 and flops > 0
+    grt = config.grt
+    if grt.num_recurrences is not None:
+        assert args.num_recurrences == grt.num_recurrences
+
+
+def test_paper_configs_follow_the_recipe():
+    for stem in ("grt_small", "grt_medium", "grt_large", "dense_large"):
+        c = parse(CONFIGS[0].parent / f"{stem}.toml")
+        assert (c.training.seq_len, c.training.global_batch_size, c.training.steps) == (1024, 480, 20000)
+        assert (c.optimizer.lr, c.optimizer.beta1, c.optimizer.beta2, c.optimizer.weight_decay) == (6e-4, 0.9, 0.95, 0.1)
+        assert (c.lr_scheduler.warmup_steps, c.lr_scheduler.decay_type, c.lr_scheduler.min_lr_factor) == (2000, "cosine", 0.1)
+        assert c.training.max_norm == 1.0 and c.parallelism.tensor_parallel_degree == 1
+
+
+def test_toml_overrides_reach_the_model():
+    config = parse(CONFIGS[0].parent / "grt_debug.toml", "--grt.num_recurrences", "7",
+                   "--grt.gate_temperature", "0.5")
+    args = get_train_spec("grt").model_args["debug"].replace()
+    args.update_from_config(config)
+    assert (args.num_recurrences, args.gate_temperature) == (7, 0.5)
+
+
+def test_unknown_grt_key_names_it(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[job]\ncustom_config_module = "grt_titan.job_config"\n[grt]\nnum_recurrencez = 3\n')
+    with pytest.raises(ValueError, match="num_recurrencez"):
+        parse(bad)
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        (["--grt.num_recurrences", "0"], "num_recurrences"),
+        (["--grt.min_recurrences", "9"], "min_recurrences"),
+        (["--grt.state_noise_std", "-0.5"], "state_noise_std"),
+        (["--grt.gate_temperature", "0"], "gate_temperature"),
+        (["--training.seq_len", "2048"], "seq_len"),
+    ],
+)
+def test_invalid_grt_values_fail_at_start_up(override, key):
+    config = parse(CONFIGS[0].parent / "grt_debug.toml", *override)
+    args = get_train_spec("grt").model_args["debug"].replace()
+    with pytest.raises(ValueError, match=key):
+        args.update_from_config(config)
+    assert get_train_spec("grt").model_args["debug"].num_recurrences == 4  # flavor untouched
+
+
+def test_import_registers_once():
+    import importlib
+
+    importlib.reload(grt_titan)  # re-registering must not raise
+    assert get_train_spec("grt").model_cls is GRTModel

@@ -1,0 +1,164 @@
+"""GRT forward vs eq. 2-5 written out by hand, gate ablations, depth, noise, determinism."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grt_titan.model import GRTModel, grt_flavors
+
+VOCAB = 50257
+
+
+def build(flavor="debug", seed=0, **changes) -> GRTModel:
+    args = grt_flavors[flavor].replace(**changes)
+    with torch.device("meta"):
+        model = GRTModel(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.init_weights()
+    return model
+
+
+def tokens(batch=2, seq=32, seed=1):
+    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def prelude_output(model, x):
+    return model.prelude(model.embed(x), model.freqs_cis)
+
+
+def reference_step(step, h, h_pre, state_noise, gate_noise, freqs_cis, tau):
+    """Eq. 2-5 with plain functional ops on the step's weights."""
+    h_tilde = F.linear(torch.cat([h + state_noise, h_pre], -1), step.proj.weight)
+    o = step.core(h_tilde, freqs_cis)
+    gate = step.gate
+    features = torch.cat(
+        [
+            F.layer_norm(h, (h.shape[-1],), gate.state_norm.weight, gate.state_norm.bias, gate.state_norm.eps),
+            F.layer_norm(h_pre, (h.shape[-1],), gate.anchor_norm.weight, gate.anchor_norm.bias, gate.anchor_norm.eps),
+        ],
+        -1,
+    )
+    hidden = F.silu(F.linear(features, gate.w_in.weight, gate.w_in.bias))
+    g = torch.sigmoid(F.linear(hidden, gate.w_out.weight, gate.w_out.bias) / tau + gate_noise)
+    return g * h + (1 - g) * o
+
+
+@pytest.mark.parametrize("block_style", ["gpt2", "llama"])
+def test_training_forward_matches_hand_written_recurrence(block_style):
+    model = build(block_style=block_style, gate_temperature=0.7)
+    model.train()
+    x = tokens()
+    captured = []
+    model.recurrence.step.register_forward_pre_hook(lambda m, args: captured.append(args))
+    logits = model(x, num_recurrences=3)
+
+    h_pre = prelude_output(model, x)
+    h = h_pre
+    for (_, _, _, state_noise, gate_noise) in captured:
+        h = reference_step(model.recurrence.step, h, h_pre, state_noise, gate_noise, model.freqs_cis, 0.7)
+    expected = model.output(model.norm(model.coda(h, model.freqs_cis)))
+    assert len(captured) == 3
+    # fp32, identical op order except the functional layer norms: bit-level noise only.
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_gate_at_init_is_sigmoid_of_bias():
+    model = build().eval()
+    h = torch.randn(4, 64, 128)
+    h_pre = torch.randn(4, 64, 128)
+    g = model.recurrence.step.gate(h, h_pre, None)
+    assert abs(g.mean().item() - 1 / (1 + math.exp(-4))) < 0.01
+
+
+def test_gate_one_keeps_prelude_state_for_any_depth():
+    model = build(gate_override=1.0)
+    model.train()  # noise on: the copied state must not see it
+    x = tokens()
+    h_pre = prelude_output(model, x)
+    for r in (1, 2, 5):
+        h = model.recurrence(h_pre, model.freqs_cis, r)
+        torch.testing.assert_close(h, h_pre, rtol=0, atol=0)
+
+
+def test_gate_zero_writes_core_output():
+    model = build(gate_override=0.0).eval()
+    x = tokens()
+    h_pre = prelude_output(model, x)
+    step = model.recurrence.step
+    expected = step.core(step.proj(torch.cat([h_pre, h_pre], -1)), None)
+    torch.testing.assert_close(model.recurrence(h_pre, None, 1), expected, rtol=0, atol=0)
+
+
+def test_depth_zero_is_prelude_only_and_negative_is_rejected():
+    model = build().eval()
+    x = tokens()
+    expected = model.output(model.norm(model.coda(prelude_output(model, x), None)))
+    torch.testing.assert_close(model(x, num_recurrences=0), expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="num_recurrences = -1"):
+        model(x, num_recurrences=-1)
+
+
+def test_early_exit_and_extrapolation_change_the_output():
+    model = build().eval()
+    x = tokens()
+    outs = {r: model(x, num_recurrences=r) for r in (1, 4, 6)}
+    assert model(x).equal(outs[4])  # eval default depth = R = 4
+    assert not outs[1].equal(outs[4]) and not outs[6].equal(outs[4])
+
+
+def test_eval_is_deterministic_and_training_is_noisy():
+    model = build()
+    x = tokens()
+    model.eval()
+    assert model(x).equal(model(x))
+    model.train()
+    assert not model(x, num_recurrences=2).equal(model(x, num_recurrences=2))
+
+
+@pytest.mark.parametrize("sigma_x,sigma_g", [(0.1, 0.1), (0.3, 0.05)])
+def test_training_noise_has_configured_std(sigma_x, sigma_g):
+    model = build(state_noise_std=sigma_x, gate_noise_std=sigma_g).train()
+    captured = []
+    model.recurrence.step.register_forward_pre_hook(lambda m, args: captured.append(args))
+    model(tokens(4, 64), num_recurrences=2)
+    state = torch.cat([args[3].flatten() for args in captured])
+    gate = torch.cat([args[4].flatten() for args in captured])
+    # 2 steps x 4 x 64 x 128 = 65k samples: std estimate within ~0.6%; 3% is safe.
+    assert state.std().item() == pytest.approx(sigma_x, rel=0.03)
+    assert gate.std().item() == pytest.approx(sigma_g, rel=0.03)
+    assert abs(state.mean().item()) < 0.01 * sigma_x * 3
+
+
+def test_zero_noise_passes_none():
+    model = build(state_noise_std=0.0, gate_noise_std=0.0).train()
+    captured = []
+    model.recurrence.step.register_forward_pre_hook(lambda m, args: captured.append(args))
+    model(tokens(), num_recurrences=1)
+    assert captured[0][3] is None and captured[0][4] is None
+
+
+def test_dense_model_has_no_recurrence():
+    model = build("dense_debug")
+    assert model.recurrence is None
+    assert not any("proj" in n or "gate" in n for n, _ in model.named_parameters())
+    with pytest.raises(ValueError, match="dense"):
+        model(tokens(), num_recurrences=2)
+
+
+def test_gpt2_head_is_tied_llama_is_not():
+    gpt2 = build()
+    assert gpt2.output.weight is gpt2.tok_embeddings.weight
+    llama = build(block_style="llama")
+    assert llama.output.weight is not llama.tok_embeddings.weight
+
+
+def test_llama_blocks_are_torchtitans():
+    from torchtitan.models.llama3.model.model import TransformerBlock
+
+    model = build(block_style="llama")
+    assert all(isinstance(b, TransformerBlock) for b in model.prelude.layers.values())
+    assert model.freqs_cis is not None and model.pos_embeddings is None
