@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.naninf]+)\s+grad_norm:\s*([0-9.naninf]+)")
 
 
@@ -27,6 +28,7 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
 
 
 def step_losses(output: str) -> dict[int, float]:
+    output = ANSI.sub("", output)
     return {int(m.group(1)): float(m.group(2)) for m in STEP_LINE.finditer(output)}
 
 
