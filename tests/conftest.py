@@ -23,6 +23,7 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
     ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "torchrun.log").write_text(proc.stdout + proc.stderr)
     return proc
 

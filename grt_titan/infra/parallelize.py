@@ -21,6 +21,7 @@ times per forward, so:
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate import replicate
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -157,6 +158,10 @@ def apply_tp(
         # positions [S] -> this rank's [S/tp, d] slice, added to the [B, S/tp, d] tokens.
         root_plan["pos_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
     parallelize_module(model, tp_mesh, root_plan)
+    # parallelize_module gave tok_embeddings and output separate DTensors; both are
+    # vocab-sharded (Shard(0)), so the tied head can share one again. It must be one
+    # parameter before FSDP groups it.
+    model.tie_weights()
 
     if enable_float8_tensorwise_tp:
         from torchao.float8.float8_tensor_parallel import (
@@ -265,10 +270,22 @@ def apply_fsdp(
                 module.set_force_sum_reduction_for_comms(True)
 
 
+def _allreduce_sum_hook(process_group, bucket):
+    """DDP comm hook that sums gradients instead of averaging them."""
+    work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
 def apply_ddp(model: GRTModel, dp_mesh: DeviceMesh, compile_enabled: bool) -> None:
-    """DDP that tolerates unused parameters: at r = 0 or with a constant gate, the
-    recurrence (or the gate MLP) gets no gradient, and stock DDP fails the next step."""
+    """DDP that sums gradients and tolerates unused parameters.
+
+    Sum: torchtitan already divides the loss by the global token count (as FSDP's divide
+    factor 1.0 assumes); DDP's default averaging would shrink gradients by the DP degree.
+    Unused parameters: with a constant gate the gate MLP gets no gradient, and stock DDP
+    fails on the next step.
+    """
     if compile_enabled:
         torch._dynamo.config.optimize_ddp = "ddp_optimizer"
     replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100, find_unused_parameters=True)
+    model.register_comm_hook(dp_mesh.get_group(), _allreduce_sum_hook)
     logger.info("Applied DDP to the GRT")

@@ -53,9 +53,9 @@ class GRTModel(ModelProtocol):
         norm_cls = nn.LayerNorm if args.block_style == "gpt2" else nn.RMSNorm
         self.norm = norm_cls(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
-        self._tie_weights()
+        self.tie_weights()
 
-    def _tie_weights(self) -> None:
+    def tie_weights(self) -> None:
         # Re-done in init_weights: materialising a meta model can untie parameters.
         if self.model_args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
@@ -72,7 +72,7 @@ class GRTModel(ModelProtocol):
             buffer_device = buffer_device or self.freqs_cis.device
             with torch.device(buffer_device):
                 self.freqs_cis = self._precompute_freqs_cis()
-        self._tie_weights()
+        self.tie_weights()
         if args.tie_embeddings:
             nn.init.normal_(self.tok_embeddings.weight, std=0.02)
         else:

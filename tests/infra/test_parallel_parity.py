@@ -1,0 +1,129 @@
+"""Loss and grad-norm parity of the parallel plans against one rank (CPU, gloo, fp32).
+
+All runs start from one seed checkpoint (sharded random init on a CPU mesh is not
+layout-independent) and read the same global batches (the loader deals sequence j of a
+step to rank j mod dp). Noise is off: it is drawn per local shard, so it differs by layout.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+STEPS = 5
+COMMON = [
+    "--job.config_file", "train_configs/grt_debug.toml",
+    "--training.steps", str(STEPS),
+    "--training.seq_len", "64",
+    "--metrics.log_freq", "1",
+    "--validation.no-enable",
+    "--grt.state_noise_std", "0",
+    "--grt.gate_noise_std", "0",
+    "--lr_scheduler.warmup_steps", "2",
+    # No clipping: the clip coefficient uses torch's fp32 norm (~1e-4 relative error, see
+    # below), which would make every layout's update differ by that much.
+    "--training.max_norm", "1e6",
+]
+
+
+def scalars(run_dir: Path, tag: str) -> list[float]:
+    (events,) = list((run_dir / "tb").rglob("events.out.tfevents.*"))
+    acc = EventAccumulator(str(events.parent))
+    acc.Reload()
+    return [e.value for e in acc.Scalars(tag)]
+
+
+@pytest.fixture(scope="module")
+def seed_checkpoint(tmp_path_factory):
+    from conftest import torchrun
+
+    tmp = tmp_path_factory.mktemp("seed")
+    proc = torchrun(1, [*COMMON, "--job.dump_folder", str(tmp), "--checkpoint.enable",
+                        "--checkpoint.create_seed_checkpoint",
+                        "--parallelism.data_parallel_shard_degree", "1"], tmp)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return tmp / "checkpoint" / "step-0"
+
+
+def layout_args(run_dir, seed, nproc, extra, global_batch=4):
+    dp = nproc if not extra else int(extra.get("dp", 1))
+    args = [*COMMON, "--job.dump_folder", str(run_dir), "--checkpoint.enable",
+            "--checkpoint.initial_load_path", str(seed), "--checkpoint.interval", "1000",
+            "--training.local_batch_size", str(global_batch // dp)]
+    for key, value in extra.items():
+        if key != "dp":
+            args += [f"--parallelism.{key}", str(value)]
+    return args
+
+
+def train(run_torchrun, tmp_path, seed, name, nproc, extra):
+    run_dir = tmp_path / name
+    proc = run_torchrun(nproc, layout_args(run_dir, seed, nproc, extra), run_dir.parent / f"{name}-log")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return scalars(run_dir, "loss_metrics/global_avg_loss"), scalars(run_dir, "grad_norm")
+
+
+def grad_norms(run_torchrun, tmp_path, seed, name, nproc, extra) -> dict[str, float]:
+    out = tmp_path / f"{name}-grads.json"
+    args = [str(out), *layout_args(tmp_path / f"{name}-grads", seed, nproc, extra)]
+    proc = run_torchrun(nproc, args, tmp_path / f"{name}-grads-log", module="tests.infra.grad_norm_worker")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return json.loads(out.read_text())
+
+
+ONE_RANK = {"dp": 1, "data_parallel_shard_degree": 1}
+LAYOUTS = {
+    "fsdp2": (2, {}),
+    "tp2": (2, {"dp": 1, "data_parallel_shard_degree": 1, "tensor_parallel_degree": 2}),
+    "fsdp2_tp2": (4, {"dp": 2, "data_parallel_shard_degree": 2, "tensor_parallel_degree": 2}),
+    "ddp2": (2, {"dp": 2, "data_parallel_shard_degree": 1, "data_parallel_replicate_degree": 2}),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(seed_checkpoint, tmp_path_factory):
+    from conftest import torchrun
+
+    tmp = tmp_path_factory.mktemp("ref")
+    return train(torchrun, tmp, seed_checkpoint, "one_rank", 1, ONE_RANK)
+
+
+@pytest.fixture(scope="module")
+def reference_grads(seed_checkpoint, tmp_path_factory):
+    from conftest import torchrun
+
+    return grad_norms(torchrun, tmp_path_factory.mktemp("refgrads"), seed_checkpoint, "one_rank", 1, ONE_RANK)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_layout_matches_one_rank(layout, reference, seed_checkpoint, run_torchrun, tmp_path):
+    nproc, extra = LAYOUTS[layout]
+    losses, logged_norms = train(run_torchrun, tmp_path, seed_checkpoint, layout, nproc, extra)
+    ref_losses, ref_norms = reference
+    assert len(losses) == len(ref_losses) == STEPS
+    assert ref_losses[-1] < ref_losses[0]  # it trains
+    # fp32 sums over different rank splits agree to ~1e-7 relative; 1e-5 is the issue's bound.
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    # The logged norm is torch's fp32 _foreach_norm, accurate to ~1e-4 relative on its own
+    # (1 rank: 2.49072 logged vs 2.49100 in float64 for the same gradients); the float64
+    # per-parameter test below holds gradients to 1e-5.
+    assert logged_norms == pytest.approx(ref_norms, rel=5e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "fsdp2_tp2"])
+def test_layout_gradients_match_one_rank(layout, reference_grads, seed_checkpoint, run_torchrun, tmp_path):
+    nproc, extra = LAYOUTS[layout]
+    norms = grad_norms(run_torchrun, tmp_path, seed_checkpoint, layout, nproc, extra)
+    assert norms.keys() == reference_grads.keys()
+    total = sum(v * v for v in norms.values()) ** 0.5
+    ref_total = sum(v * v for v in reference_grads.values()) ** 0.5
+    assert total == pytest.approx(ref_total, rel=1e-5)
+    for name, ref in reference_grads.items():
+        # Per parameter, small gradients (norm biases) are fp32 sums of cancelling terms
+        # whose rounding depends on the split: 1.2e-5 measured for FSDP2 x TP2, so 5e-5.
+        # attention.wk.bias has an exactly-zero true gradient (softmax ignores a key bias):
+        # its ~1e-11 values are rounding noise, compared absolutely.
+        assert norms[name] == pytest.approx(ref, rel=5e-5, abs=1e-9), name
