@@ -1,0 +1,7 @@
+"""grt_titan's data path: `grt-titan prepare` token shards and the resumable loaders.
+
+- ``prepare``: text -> uint16 token shards + manifest.json (CLI ``grt-titan prepare``)
+- ``loader``: ``build_dataloader`` / ``build_validation_dataloader`` for the train spec
+- ``default_corpus``: the embedded corpus ``grt_default``
+See docs/data.md.
+"""

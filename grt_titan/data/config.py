@@ -1,0 +1,24 @@
+"""The `[data]` section of the job config: options of grt_titan's token-shard data path."""
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DataConfig:
+    """Options read by grt_titan.data (see docs/data.md)."""
+
+    seed: int = 0
+    """Seed of the per-epoch shuffle of training sequences; identical on every rank.
+    Epoch e uses the permutation drawn from (seed, e); the validation split is never
+    shuffled."""
+
+    shuffle: bool = True
+    """Shuffle training sequences each epoch; false reads them in stream order (ablations,
+    debugging)."""
+
+    cache_dir: str | None = None
+    """Where the embedded corpus `grt_default` is prepared on first use. None uses
+    $GRT_TITAN_CACHE, else $XDG_CACHE_HOME/grt_titan, else ~/.cache/grt_titan."""
+
+    default_val_fraction: float = 0.05
+    """Share of the embedded corpus's chapters (evenly spread) held out as its val split."""

@@ -1,0 +1,327 @@
+"""`grt-titan prepare INPUT... --out DIR`: tokenize local text into token shards.
+
+Reads documents (see ``sources.py``), encodes them with the GPT-2 tokenizer on all cores,
+and writes one token stream per split (every document followed by ``<|endoftext|>``) as
+shard files plus ``manifest.json`` (``shards.py``). Everything is written into a temporary
+folder next to ``--out`` and renamed at the end, so an error leaves nothing behind.
+
+Deterministic: the same inputs and options give byte-identical shards whatever
+``--workers`` is. Long documents are cut into pieces at a boundary where tokenization
+cannot change (a non-space character followed by a space or newline: no GPT-2
+pre-tokenizer piece spans it), so that a single huge document still uses every core.
+"""
+
+import argparse
+import multiprocessing as mp
+import os
+import re
+import shutil
+import sys
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grt_titan.data import shards as sh
+from grt_titan.data.sources import collect_inputs, iter_documents
+
+PIECE_CHARS = 1 << 20
+"""Documents longer than this many characters are cut into pieces of about this size."""
+TASK_CHARS = 1 << 20
+"""Characters of text sent to a worker per task."""
+DEFAULT_SHARD_TOKENS = 100_000_000
+DEFAULT_VAL_FRACTION = 0.005
+
+# Unicode White_Space (what the tokenizer's regex \s means); Python's str \s differs.
+_WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_CUT = re.compile(f"[^{_WS}][ \n]")
+
+_ENC = None  # the worker's tiktoken Encoding
+
+
+def split_long_text(text: str, piece_chars: int = PIECE_CHARS) -> list[str]:
+    """Cuts ``text`` into pieces whose separate encodings concatenate to its encoding."""
+    if len(text) <= piece_chars:
+        return [text]
+    pieces, pos = [], 0
+    while len(text) - pos > piece_chars:
+        m = _CUT.search(text, pos + piece_chars)
+        if m is None:
+            break
+        pieces.append(text[pos : m.start() + 1])
+        pos = m.start() + 1
+    pieces.append(text[pos:])
+    return pieces
+
+
+def is_val_document(index: int, val_fraction: float) -> bool:
+    """Document ``index`` goes to the validation split: an evenly spread, exact fraction."""
+    return int((index + 1) * val_fraction + 0.5) > int(index * val_fraction + 0.5)
+
+
+def _init_worker(tokenizer_path: str) -> None:
+    global _ENC
+    from grt_titan.tokenizer import GPT2Tokenizer
+
+    _ENC = GPT2Tokenizer(tokenizer_path)
+
+
+def _encode_task(task: list[tuple[str, int, bool]]) -> list[np.ndarray]:
+    """Encodes ``(piece, split, ends_document)`` items to one token array per split."""
+    enc = _ENC.encoding
+    dtype = sh.dtype_for_vocab(_ENC.get_vocab_size())
+    eot = np.array([_ENC.eos_id], dtype)
+    out: list[list[np.ndarray]] = [[] for _ in sh.SPLITS]
+    for piece, split, ends_doc in task:
+        # == encode_ordinary (no special tokens allowed, none rejected), but straight into
+        # a numpy buffer: no Python int per token.
+        out[split].append(enc.encode_to_numpy(piece, allowed_special=set(),
+                                              disallowed_special=()).astype(dtype))
+        if ends_doc:
+            out[split].append(eot)
+    return [np.concatenate(arrays) if arrays else np.zeros(0, dtype) for arrays in out]
+
+
+class _Stats:
+    def __init__(self):
+        self.documents = 0
+        self.invalid_utf8 = 0
+        self.empty = 0
+        self.first_invalid: list[str] = []
+
+
+def _tasks(docs, val_fraction: float, invalid_utf8: str, stats: _Stats, writers):
+    """Groups documents into tasks of about TASK_CHARS characters, in input order."""
+    task, chars = [], 0
+    for text, where in docs:
+        if text is None:
+            if invalid_utf8 == "error":
+                raise ValueError(f"{where}; pass --invalid-utf8 skip to count and skip it")
+            stats.invalid_utf8 += 1
+            if len(stats.first_invalid) < 5:
+                stats.first_invalid.append(where)
+            continue
+        if not text:
+            stats.empty += 1
+            continue
+        split = int(is_val_document(stats.documents, val_fraction))
+        stats.documents += 1
+        writers[split].documents += 1
+        pieces = split_long_text(text)
+        for k, piece in enumerate(pieces):
+            task.append((piece, split, k == len(pieces) - 1))
+            chars += len(piece)
+            if chars >= TASK_CHARS:
+                yield task
+                task, chars = [], 0
+    if task:
+        yield task
+
+
+def prepare(
+    inputs: list[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    tokenizer_path: str | os.PathLike | None = None,
+    text_field: str = "text",
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    workers: int | None = None,
+    invalid_utf8: str = "error",
+    overwrite: bool = False,
+    progress: bool = True,
+    input_labels: list[str] | None = None,
+) -> dict[str, Any]:
+    """Tokenizes ``inputs`` into a prepared dataset folder ``out``; returns its manifest.
+
+    Args:
+        inputs: Files or folders (.txt, .jsonl, .parquet, .gz of the first two, HF
+            ``save_to_disk`` folders).
+        out: Output folder; created atomically (temporary sibling, then rename).
+        tokenizer_path: A ``.tiktoken`` file; None = the shipped GPT-2 ranks.
+        text_field: JSON field / column holding the text.
+        val_fraction: Share of documents (evenly spread) put in the ``val`` split.
+        shard_tokens: Tokens per shard file (the last one of a split is shorter).
+        workers: Tokenizer processes; None = all cores, 1 = in this process.
+        invalid_utf8: ``"error"`` fails on the first invalid document, ``"skip"`` counts
+            and skips such documents.
+        overwrite: Replace an existing ``out``.
+        progress: Show a tqdm bar with tokens/s on stderr.
+        input_labels: Names recorded in the manifest instead of the input paths.
+
+    Raises:
+        FileNotFoundError: missing input.
+        FileExistsError: ``out`` exists and ``overwrite`` is False.
+        ValueError: unsupported/empty/invalid input or bad option values.
+    """
+    from grt_titan.tokenizer import GPT2Tokenizer
+
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"--val-fraction {val_fraction}: must be in [0, 1)")
+    if shard_tokens < 1:
+        raise ValueError(f"--shard-tokens {shard_tokens}: must be >= 1")
+    if invalid_utf8 not in ("error", "skip"):
+        raise ValueError(f"--invalid-utf8 {invalid_utf8!r}: allowed 'error', 'skip'")
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    if workers < 1:
+        raise ValueError(f"--workers {workers}: must be >= 1")
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"--out {str(out)!r} exists; pass --overwrite to replace it")
+    sources = collect_inputs(inputs)
+    tokenizer = GPT2Tokenizer(tokenizer_path)
+    dtype = sh.dtype_for_vocab(tokenizer.get_vocab_size())
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        writers = [sh.ShardWriter(tmp, s, shard_tokens, dtype) for s in sh.SPLITS]
+        stats = _Stats()
+        tasks = _tasks(iter_documents(sources, text_field), val_fraction, invalid_utf8,
+                       stats, writers)
+        _run(tasks, writers, tokenizer, workers, progress)
+        split_info = {w.split: w.close() for w in writers}
+        if stats.documents == 0:
+            raise ValueError(
+                f"empty input: no text in {', '.join(map(str, inputs))} "
+                f"({stats.empty} empty, {stats.invalid_utf8} invalid UTF-8 documents)"
+            )
+        if split_info["train"]["tokens"] == 0:
+            raise ValueError(
+                f"all {stats.documents} documents went to the val split; lower "
+                f"--val-fraction ({val_fraction}) or add documents"
+            )
+        if stats.invalid_utf8:
+            print(f"warning: skipped {stats.invalid_utf8} documents with invalid UTF-8, e.g. "
+                  + "; ".join(stats.first_invalid), file=sys.stderr)
+        manifest = {
+            "format": sh.FORMAT_NAME,
+            "version": sh.FORMAT_VERSION,
+            "tokenizer": {
+                "name": tokenizer.name,
+                "sha256": tokenizer.sha256,
+                "vocab_size": tokenizer.get_vocab_size(),
+                "eot_id": tokenizer.eos_id,
+            },
+            "dtype": dtype.name,
+            "document_separator": "eot_after_each_document",
+            "inputs": input_labels or [str(p) for p in inputs],
+            "text_field": text_field,
+            "val_fraction": val_fraction,
+            "shard_tokens": shard_tokens,
+            "documents": stats.documents,
+            "skipped_documents": {"invalid_utf8": stats.invalid_utf8, "empty": stats.empty},
+            "splits": split_info,
+        }
+        sh.write_manifest(tmp, manifest)
+        _publish(tmp, out, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _run(tasks, writers, tokenizer, workers: int, progress: bool) -> None:
+    from tqdm import tqdm
+
+    global _ENC
+    _ENC = tokenizer  # used in this process (workers == 1) and by forked workers
+
+    bar = tqdm(unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True,
+               desc="tokenizing", file=sys.stderr)
+
+    def consume(arrays: list[np.ndarray]) -> None:
+        for writer, arr in zip(writers, arrays):
+            writer.write(arr)
+        bar.update(sum(a.size for a in arrays))
+        bar.set_postfix(docs=writers[0].documents + writers[1].documents, refresh=False)
+
+    try:
+        if workers == 1:
+            for task in tasks:
+                consume(_encode_task(task))
+            return
+        # fork: workers start in milliseconds and inherit the loaded tokenizer.
+        if "fork" in mp.get_all_start_methods():
+            ctx, init, init_args = mp.get_context("fork"), None, ()
+        else:
+            ctx, init, init_args = mp.get_context("spawn"), _init_worker, (str(tokenizer.path),)
+        with ctx.Pool(workers, init, init_args) as pool:
+            pending: deque = deque()
+            for task in tasks:  # bounded in-flight tasks: memory stays O(workers)
+                pending.append(pool.apply_async(_encode_task, (task,)))
+                if len(pending) >= 2 * workers:
+                    consume(pending.popleft().get())
+            while pending:
+                consume(pending.popleft().get())
+    finally:
+        bar.close()
+        _ENC = None
+
+
+def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
+    old = None
+    if out.exists():
+        if not overwrite:
+            raise FileExistsError(f"--out {str(out)!r} appeared while preparing; not replaced")
+        old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="grt-titan prepare",
+        description="Tokenize local text (GPT-2 BPE) into uint16 token shards + manifest.json "
+        "for grt_titan's loader. See docs/data.md.",
+    )
+    p.add_argument("inputs", nargs="+", metavar="INPUT",
+                   help=".txt, .jsonl, .parquet (.txt.gz, .jsonl.gz), a `datasets` "
+                   "save_to_disk folder, or a folder of these (searched recursively)")
+    p.add_argument("--out", required=True, help="output folder (must not exist)")
+    p.add_argument("--text-field", default="text",
+                   help="JSON field / column holding the text (default: text)")
+    p.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
+                   help=f"share of documents in the val split (default: {DEFAULT_VAL_FRACTION})")
+    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
+                   help=f"tokens per shard file (default: {DEFAULT_SHARD_TOKENS:,})")
+    p.add_argument("--workers", type=int, default=None,
+                   help="tokenizer processes (default: all cores)")
+    p.add_argument("--tokenizer", default=None, metavar="FILE.tiktoken",
+                   help="tiktoken rank file (default: the shipped GPT-2 ranks)")
+    p.add_argument("--invalid-utf8", choices=("error", "skip"), default="error",
+                   help="on a document that is not valid UTF-8: fail (default) or count "
+                   "and skip it")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        manifest = prepare(
+            args.inputs, args.out, tokenizer_path=args.tokenizer, text_field=args.text_field,
+            val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
+            workers=args.workers, invalid_utf8=args.invalid_utf8, overwrite=args.overwrite,
+            progress=not args.no_progress,
+        )
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        print(f"grt-titan prepare: error: {e}", file=sys.stderr)
+        return 2
+    s = manifest["splits"]
+    print(f"wrote {args.out}: {manifest['documents']} documents, "
+          f"train {s['train']['tokens']:,} tokens in {len(s['train']['shards'])} shards, "
+          f"val {s['val']['tokens']:,} tokens in {len(s['val']['shards'])} shards")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

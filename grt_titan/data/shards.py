@@ -1,0 +1,231 @@
+"""Token shard files and their manifest: writing (prepare) and checked reading (loader).
+
+A prepared dataset is a folder::
+
+    manifest.json
+    train_000000.bin  train_000001.bin ...   raw little-endian uint16 (or uint32) token ids
+    val_000000.bin ...
+
+Each split is one token stream cut into shards of ``shard_tokens`` tokens (the last one
+shorter); every document is followed by the end-of-text token, and documents run across
+shard boundaries. The manifest (format below, docs/data.md) records per shard its token
+count, sha256 and largest id, so a truncated or foreign shard is caught before training.
+"""
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_NAME = "grt_titan.token_shards"
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (GPT-2: 50,257 tokens), else uint32."""
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+class ShardWriter:
+    """Appends one split's token stream to ``{split}_{k:06d}.bin`` files in ``out_dir``."""
+
+    def __init__(self, out_dir: Path, split: str, shard_tokens: int, dtype: np.dtype):
+        self.out_dir, self.split = out_dir, split
+        self.shard_tokens, self.dtype = shard_tokens, dtype
+        self.shards: list[dict[str, Any]] = []
+        self.documents = 0
+        self.tokens = 0
+        self._f = None
+
+    def _open_next(self) -> None:
+        name = f"{self.split}_{len(self.shards):06d}.bin"
+        self._f = open(self.out_dir / name, "wb")
+        self._hash = hashlib.sha256()
+        self.shards.append({"file": name, "tokens": 0, "max_token_id": 0})
+
+    def write(self, tokens: np.ndarray) -> None:
+        tokens = tokens.astype(self.dtype, copy=False)
+        while tokens.size:
+            if self._f is None or self.shards[-1]["tokens"] == self.shard_tokens:
+                self._close_current()
+                self._open_next()
+            shard = self.shards[-1]
+            part = tokens[: self.shard_tokens - shard["tokens"]]
+            data = part.tobytes()
+            self._f.write(data)
+            self._hash.update(data)
+            shard["tokens"] += int(part.size)
+            shard["max_token_id"] = max(shard["max_token_id"], int(part.max()))
+            self.tokens += int(part.size)
+            tokens = tokens[part.size :]
+
+    def _close_current(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self.shards[-1]["sha256"] = self._hash.hexdigest()
+            self._f = None
+
+    def close(self) -> dict[str, Any]:
+        self._close_current()
+        return {"documents": self.documents, "tokens": self.tokens, "shards": self.shards}
+
+
+def write_manifest(out_dir: Path, manifest: dict[str, Any]) -> None:
+    with open(out_dir / MANIFEST_NAME, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def find_manifest(path: str | os.PathLike, what: str) -> Path:
+    """The manifest.json of a prepared dataset folder (or the manifest file itself)."""
+    p = Path(path)
+    if p.is_file() and p.name == MANIFEST_NAME:
+        return p
+    if not p.exists():
+        raise FileNotFoundError(f"{what} = {str(p)!r}: no such file or directory")
+    if not (p / MANIFEST_NAME).is_file():
+        raise FileNotFoundError(
+            f"{what} = {str(p)!r}: not a prepared dataset ({MANIFEST_NAME} missing); "
+            "make one with `grt-titan prepare INPUT... --out DIR` (docs/data.md)"
+        )
+    return p / MANIFEST_NAME
+
+
+def read_manifest(manifest_path: Path) -> dict[str, Any]:
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{manifest_path}: not valid JSON ({e})") from e
+    if manifest.get("format") != FORMAT_NAME or manifest.get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{manifest_path}: format {manifest.get('format')!r} version "
+            f"{manifest.get('version')!r}; expected {FORMAT_NAME!r} version {FORMAT_VERSION}"
+        )
+    return manifest
+
+
+@dataclass
+class SplitStream:
+    """One split of a prepared dataset, memory-mapped lazily, as one token stream."""
+
+    dataset_dir: Path
+    split: str
+    files: list[str]
+    shard_tokens: list[int]
+    dtype: np.dtype
+    vocab_size: int
+
+    def __post_init__(self):
+        self.offsets = np.concatenate([[0], np.cumsum(self.shard_tokens, dtype=np.int64)])
+        self.num_tokens = int(self.offsets[-1])
+        self._maps: list[np.memmap] | None = None
+
+    def __getstate__(self):  # memmaps are reopened in each dataloader worker
+        return {**self.__dict__, "_maps": None}
+
+    def _mmaps(self) -> list[np.memmap]:
+        if self._maps is None:
+            self._maps = [
+                np.memmap(self.dataset_dir / f, dtype=self.dtype, mode="r", shape=(n,))
+                if n
+                else np.zeros(0, self.dtype)
+                for f, n in zip(self.files, self.shard_tokens)
+            ]
+        return self._maps
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """Tokens [start, start + length) as int64; ids >= vocab size raise ValueError."""
+        assert 0 <= start and start + length <= self.num_tokens, (start, length)
+        maps = self._mmaps()
+        k = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        parts, pos, end = [], start, start + length
+        while pos < end:
+            lo = pos - int(self.offsets[k])
+            hi = min(end, int(self.offsets[k + 1])) - int(self.offsets[k])
+            part = maps[k][lo:hi]
+            if part.size and int(part.max()) >= self.vocab_size:
+                bad = int(np.argmax(part >= self.vocab_size))
+                raise ValueError(
+                    f"{self.dataset_dir / self.files[k]}: token id {int(part[bad])} at "
+                    f"position {lo + bad} is >= the vocabulary size {self.vocab_size}"
+                )
+            parts.append(part)
+            pos += hi - lo
+            k += 1
+        return np.concatenate(parts).astype(np.int64)
+
+
+def open_split(
+    dataset_dir: Path,
+    manifest: dict[str, Any],
+    split: str,
+    tokenizer_sha256: str | None,
+    vocab_size: int,
+) -> SplitStream:
+    """Checks a split against the manifest and the tokenizer in use, then opens it.
+
+    Raises:
+        ValueError: other tokenizer, ids beyond the vocabulary, unknown split.
+        FileNotFoundError: a shard file is missing.
+        ValueError: a shard file's size disagrees with the manifest (truncated).
+    """
+    manifest_path = dataset_dir / MANIFEST_NAME
+    tok = manifest["tokenizer"]
+    if tokenizer_sha256 is not None and tok["sha256"] != tokenizer_sha256:
+        raise ValueError(
+            f"{manifest_path}: prepared with tokenizer {tok['name']!r} (sha256 "
+            f"{tok['sha256'][:12]}...), but the tokenizer in use has sha256 "
+            f"{tokenizer_sha256[:12]}...; prepare the data again with this tokenizer or "
+            "select the matching one with [model] hf_assets_path"
+        )
+    if tok["vocab_size"] > vocab_size:
+        raise ValueError(
+            f"{manifest_path}: vocabulary of {tok['vocab_size']} tokens exceeds the "
+            f"tokenizer's {vocab_size}"
+        )
+    if split not in manifest["splits"]:
+        raise ValueError(
+            f"{manifest_path}: no split {split!r}; it has {sorted(manifest['splits'])}"
+        )
+    dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
+    info = manifest["splits"][split]
+    files, counts = [], []
+    for shard in info["shards"]:
+        path = dataset_dir / shard["file"]
+        if shard["max_token_id"] >= vocab_size:
+            raise ValueError(
+                f"{path}: holds token id {shard['max_token_id']} >= the vocabulary size "
+                f"{vocab_size} (manifest max_token_id)"
+            )
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: shard listed in {manifest_path} is missing")
+        size, expected = path.stat().st_size, shard["tokens"] * dtype.itemsize
+        if size != expected:
+            raise ValueError(
+                f"{path}: {size} bytes, but {manifest_path} lists {shard['tokens']} "
+                f"{dtype.name} tokens ({expected} bytes); the shard is truncated or was "
+                "rewritten, prepare the dataset again"
+            )
+        files.append(shard["file"])
+        counts.append(shard["tokens"])
+    return SplitStream(dataset_dir, split, files, counts, dtype, vocab_size)
+
+
+def verify_shard_hashes(dataset_dir: Path, manifest: dict[str, Any]) -> None:
+    """Full sha256 check of every shard (slow on big data; prepare --verify, tests)."""
+    for info in manifest["splits"].values():
+        for shard in info["shards"]:
+            path = dataset_dir / shard["file"]
+            h = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    h.update(block)
+            if h.hexdigest() != shard["sha256"]:
+                raise ValueError(f"{path}: sha256 differs from {dataset_dir / MANIFEST_NAME}")
