@@ -50,6 +50,10 @@ class GRTConfig:
     gate_override: float | None = None
     """Ablation: force the gate to this constant in [0, 1] (1 copies, 0 overwrites)."""
 
+    backprop_recurrences: int | None = None
+    """Truncated backprop through depth: gradients flow through the last k steps only
+    (the earlier ones run without autograd); unset = through all r steps."""
+
     recurrence_checkpoint: Literal["block", "step"] = "block"
     """With [activation_checkpoint] mode != none: `block` applies torchtitan's mode to every
     prelude, core and coda block; `step` checkpoints each recurrence step (W_proj + core +

@@ -25,6 +25,7 @@ CONFIGURABLE_FIELDS = (
     "gate_temperature",
     "gate_bias_init",
     "gate_override",
+    "backprop_recurrences",
 )
 
 
@@ -61,6 +62,7 @@ class GRTModelArgs(BaseModelArgs):
     gate_bias_init: float = 4.0
     gate_hidden_dim: int | None = None  # d_gate; None means dim
     gate_override: float | None = None  # ablation: g fixed to this value in [0, 1]
+    backprop_recurrences: int | None = None  # truncated backprop: last k steps; None = all
 
     # llama style (torchtitan's TransformerBlock)
     multiple_of: int = 256
@@ -141,6 +143,8 @@ class GRTModelArgs(BaseModelArgs):
                 raise bad(name, getattr(self, name), "must be >= 0")
         if self.gate_temperature <= 0:
             raise bad("gate_temperature", self.gate_temperature, "must be > 0")
+        if self.backprop_recurrences is not None and self.backprop_recurrences < 1:
+            raise bad("backprop_recurrences", self.backprop_recurrences, "must be >= 1 or unset")
         if self.gate_override is not None and not 0.0 <= self.gate_override <= 1.0:
             raise bad("gate_override", self.gate_override, "must be in [0, 1] or unset")
 

@@ -15,6 +15,8 @@ build one graph that every step and every sampled depth reuses.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +105,18 @@ class Gate(nn.Module):
         nn.init.constant_(self.w_out.bias, self.bias_init)
 
 
+@dataclass
+class StepRecord:
+    """What one recurrence step did, handed to `Recurrence.observer` (metrics, analysis)."""
+
+    index: int  # 1-based step number
+    depth: int  # r of this forward
+    state: torch.Tensor  # h before the step
+    new_state: torch.Tensor  # h after the step
+    gate: torch.Tensor  # g
+    proposal: torch.Tensor  # o = core(h_tilde)
+
+
 class RecurrenceStep(nn.Module):
     """One recurrence step: projection, shared core, gated update. No RNG inside."""
 
@@ -119,11 +133,14 @@ class RecurrenceStep(nn.Module):
         freqs_cis: torch.Tensor | None,
         state_noise: torch.Tensor | None = None,
         gate_noise: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        return_parts: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         noisy = h if state_noise is None else h + state_noise
         proposal = self.core(self.proj(torch.cat([noisy, h_pre], dim=-1)), freqs_cis)
         g = self.gate(h, h_pre, gate_noise)
-        return g * h + (1 - g) * proposal
+        new_h = g * h + (1 - g) * proposal
+        # g and the proposal are kept for backward anyway; returning them costs nothing.
+        return (new_h, g, proposal) if return_parts else new_h
 
     def init_weights(self) -> None:
         trunc_normal_(self.proj.weight, std=0.02)
@@ -147,6 +164,10 @@ class Recurrence(nn.Module):
         self.eval_recurrences = (
             args.num_recurrences if args.eval_recurrences is None else args.eval_recurrences
         )
+        # Truncated backprop through depth: gradients flow through the last k steps only.
+        self.backprop_recurrences = args.backprop_recurrences
+        # Called eagerly with a StepRecord after every step when set (metrics, analysis).
+        self.observer: Callable[[StepRecord], None] | None = None
 
     def resolve_depth(self, num_recurrences: int | None) -> int:
         if num_recurrences is None:
@@ -172,14 +193,19 @@ class Recurrence(nn.Module):
         num_recurrences: int | None = None,
     ) -> torch.Tensor:
         h = h_pre
-        for _ in range(self.resolve_depth(num_recurrences)):
-            h = self.step(
-                h,
-                h_pre,
-                freqs_cis,
-                self._noise(h, self.state_noise_std),
-                self._noise(h, self.gate_noise_std),
-            )
+        depth = self.resolve_depth(num_recurrences)
+        first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
+        grad_enabled = torch.is_grad_enabled()
+        observer = self.observer
+        for index in range(depth):
+            noise = (self._noise(h, self.state_noise_std), self._noise(h, self.gate_noise_std))
+            with torch.set_grad_enabled(grad_enabled and index >= first_tracked):
+                out = self.step(h, h_pre, freqs_cis, *noise, return_parts=observer is not None)
+            if observer is None:
+                h = out
+            else:
+                observer(StepRecord(index + 1, depth, h, out[0], out[1], out[2]))
+                h = out[0]
         return h
 
     def init_weights(self) -> None:

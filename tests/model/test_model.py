@@ -162,3 +162,44 @@ def test_llama_blocks_are_torchtitans():
     model = build(block_style="llama")
     assert all(isinstance(b, TransformerBlock) for b in model.prelude.layers.values())
     assert model.freqs_cis is not None and model.pos_embeddings is None
+
+
+def test_truncated_backprop_matches_detached_reference():
+    x = tokens()
+    full = build(state_noise_std=0.0, gate_noise_std=0.0, backprop_recurrences=1).train()
+    full(x, num_recurrences=3).square().mean().backward()
+
+    ref = build(state_noise_std=0.0, gate_noise_std=0.0).train()
+    h_pre = prelude_output(ref, x)
+    with torch.no_grad():
+        h = ref.recurrence.step(ref.recurrence.step(h_pre, h_pre, None), h_pre, None)
+    h = ref.recurrence.step(h, h_pre, None)  # only the last step carries gradient
+    ref.output(ref.norm(ref.coda(h, None))).square().mean().backward()
+    for (name, p), (_, q) in zip(full.named_parameters(), ref.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_truncated_backprop_keeps_fewer_graphs():
+    x = tokens()
+    counts = {}
+    for k in (None, 1):
+        model = build(backprop_recurrences=k).train()
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            model(x, num_recurrences=4)
+        counts[k] = sum(saved)
+    assert counts[1] < counts[None]
+
+
+def test_observer_sees_every_step():
+    model = build().eval()
+    x = tokens()
+    records = []
+    model.recurrence.observer = records.append
+    logits = model(x, num_recurrences=3)
+    assert [r.index for r in records] == [1, 2, 3] and {r.depth for r in records} == {3}
+    for rec in records:
+        torch.testing.assert_close(rec.new_state, rec.gate * rec.state + (1 - rec.gate) * rec.proposal)
+    assert records[0].state.equal(prelude_output(model, x))
+    model.recurrence.observer = None
+    assert model(x, num_recurrences=3).equal(logits)

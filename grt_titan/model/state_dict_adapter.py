@@ -1,0 +1,177 @@
+"""Native (torchtitan) <-> Hugging Face parameter names of the GRT: one declarative key map.
+
+The HF names are those of grt_titan/hf/modeling_grt.py (a `trust_remote_code` model):
+
+| native (torchtitan)                          | Hugging Face                                 |
+|----------------------------------------------|----------------------------------------------|
+| tok_embeddings.weight                        | model.embed_tokens.weight                    |
+| pos_embeddings.weight (gpt2)                 | model.embed_positions.weight                 |
+| prelude.layers.{i}.<block>                   | model.prelude.{i}.<block>                    |
+| recurrence.step.core.layers.{i}.<block>      | model.core.{i}.<block> (one copy, shared)    |
+| recurrence.step.proj.weight                  | model.proj.weight (W_proj)                   |
+| recurrence.step.gate.{state_norm,anchor_norm,w_in,w_out}.* | model.gate.{same}.*            |
+| coda.layers.{i}.<block>                      | model.coda.{i}.<block>                       |
+| norm.*                                       | model.norm.*                                 |
+| output.weight                                | lm_head.weight (llama only; gpt2 ties it)    |
+| recurrence.depth.draws                       | not exported (training-only sampler counter) |
+
+<block>: attention_norm -> input_layernorm, attention.w{q,k,v,o} -> self_attn.{q,k,v,o}_proj,
+ffn_norm -> post_attention_layernorm, feed_forward.w2 -> mlp.down_proj; feed_forward.w1 ->
+mlp.gate_proj and w3 -> mlp.up_proj (llama SwiGLU), w1 -> mlp.up_proj (gpt2 GELU MLP).
+
+Values are passed through untouched (no wq/wk permutation: modeling_grt.py applies RoPE on
+interleaved pairs exactly like torchtitan), so `to_hf` works on DTensors and on the empty
+sharded state dict torchtitan builds its HF read plan from, and `from_hf` is its exact
+inverse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+from torchtitan.protocols.state_dict_adapter import StateDictAdapter
+from torchtitan.tools.logging import logger
+
+from .args import GRTModelArgs
+
+# Buffers that exist only for training and are never exported; import leaves them alone.
+TRAINING_ONLY_KEYS = frozenset({"recurrence.depth.draws"})
+
+_STACKS = (
+    ("prelude.layers.", "model.prelude."),
+    ("recurrence.step.core.layers.", "model.core."),
+    ("coda.layers.", "model.coda."),
+)
+
+_BLOCK_COMMON = {
+    "attention_norm": "input_layernorm",
+    "attention.wq": "self_attn.q_proj",
+    "attention.wk": "self_attn.k_proj",
+    "attention.wv": "self_attn.v_proj",
+    "attention.wo": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "feed_forward.w2": "mlp.down_proj",
+}
+_BLOCK_BY_STYLE = {
+    "llama": {**_BLOCK_COMMON, "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj"},
+    "gpt2": {**_BLOCK_COMMON, "feed_forward.w1": "mlp.up_proj"},
+}
+
+_TOP_LEVEL = {
+    "tok_embeddings": "model.embed_tokens",
+    "pos_embeddings": "model.embed_positions",
+    "recurrence.step.proj": "model.proj",
+    "recurrence.step.gate.state_norm": "model.gate.state_norm",
+    "recurrence.step.gate.anchor_norm": "model.gate.anchor_norm",
+    "recurrence.step.gate.w_in": "model.gate.w_in",
+    "recurrence.step.gate.w_out": "model.gate.w_out",
+    "norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+def _split_leaf(key: str) -> tuple[str, str]:
+    module, _, leaf = key.rpartition(".")
+    return module, leaf
+
+
+def native_to_hf_key(key: str, block_style: str) -> str:
+    """The HF name of native parameter `key`; ValueError for a key outside the map."""
+    module, leaf = _split_leaf(key)
+    for native_prefix, hf_prefix in _STACKS:
+        if module.startswith(native_prefix):
+            index, _, inner = module[len(native_prefix) :].partition(".")
+            block_map = _BLOCK_BY_STYLE[block_style]
+            if index.isdigit() and inner in block_map:
+                return f"{hf_prefix}{index}.{block_map[inner]}.{leaf}"
+            break
+    else:
+        if module in _TOP_LEVEL:
+            return f"{_TOP_LEVEL[module]}.{leaf}"
+    raise ValueError(f"no Hugging Face name for GRT parameter {key!r} (block_style={block_style!r})")
+
+
+def expected_native_keys(model_args: GRTModelArgs) -> list[str]:
+    """Persistent state-dict keys of `GRTModel(model_args)`, in module order (meta build)."""
+    from .model import GRTModel
+
+    with torch.device("meta"):
+        model = GRTModel(model_args)
+    return list(model.state_dict().keys())
+
+
+class GRTStateDictAdapter(StateDictAdapter):
+    """torchtitan's HF checkpoint hook for the `grt` spec (`[checkpoint] last_save_in_hf`).
+
+    Args:
+        model_args: The flavor's args after `[grt]` overrides.
+        hf_assets_path: `[model] hf_assets_path`. A folder holding a
+            `model.safetensors.index.json` whose keys are exactly this model's HF keys sets
+            the shard layout of HF saves; anything else (the tokenizer's `.tiktoken` file,
+            a folder without an index) saves one consolidated file.
+    """
+
+    def __init__(self, model_args: GRTModelArgs, hf_assets_path: str | None):
+        # The base class opens `<hf_assets_path>/model.safetensors.index.json` and fails
+        # when hf_assets_path is a file (our tokenizer path may be a .tiktoken file).
+        self.model_args = model_args
+        self.hf_assets_path = hf_assets_path
+        self.block_style = model_args.block_style
+        self.tied = model_args.tie_embeddings
+        native = [k for k in expected_native_keys(model_args) if k not in TRAINING_ONLY_KEYS]
+        if self.tied:
+            native.remove("output.weight")
+        self.to_hf_map = {k: native_to_hf_key(k, self.block_style) for k in native}
+        self.from_hf_map = {v: k for k, v in self.to_hf_map.items()}
+        assert len(self.from_hf_map) == len(self.to_hf_map), "HF key map is not one-to-one"
+        self.fqn_to_index_mapping = self._read_index(hf_assets_path)
+
+    def _read_index(self, hf_assets_path: str | None) -> dict[str, int] | None:
+        if not hf_assets_path or not os.path.isdir(hf_assets_path):
+            return None
+        path = os.path.join(hf_assets_path, "model.safetensors.index.json")
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            weight_map = json.load(f).get("weight_map", {})
+        if set(weight_map) != set(self.from_hf_map):
+            logger.warning(
+                f"{path} does not list exactly this model's weights; HF saves use one file"
+            )
+            return None
+        # "model-00002-of-00003.safetensors" -> 2
+        return {k: int(v.split("-")[1]) for k, v in weight_map.items()}
+
+    @property
+    def hf_keys(self) -> list[str]:
+        """HF keys in module order (the order the export writes them)."""
+        return list(self.from_hf_map)
+
+    def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Rename native keys to HF keys; drops training-only buffers and the tied head."""
+        hf = {}
+        for key, value in state_dict.items():
+            if key in TRAINING_ONLY_KEYS or (self.tied and key == "output.weight"):
+                continue
+            if key not in self.to_hf_map:
+                raise ValueError(
+                    f"unexpected GRT state-dict key {key!r} for this model (block_style="
+                    f"{self.block_style!r}); the checkpoint and the config do not match"
+                )
+            hf[self.to_hf_map[key]] = value
+        return hf
+
+    def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Rename HF keys to native keys (exact inverse of `to_hf`)."""
+        native = {}
+        for key, value in hf_state_dict.items():
+            if key not in self.from_hf_map:
+                raise ValueError(
+                    f"unexpected Hugging Face key {key!r} for this GRT model; the weights and "
+                    "the config do not match"
+                )
+            native[self.from_hf_map[key]] = value
+        return native
