@@ -8,6 +8,9 @@ import sys
 # subcommand -> (module with `main(argv) -> int`, one-line help)
 COMMANDS = {
     "prepare": ("grt_titan.data.prepare", "turn local text into token shards"),
+    "export-hf": ("grt_titan.hf.export", "export a checkpoint to a Hugging Face folder"),
+    "import-hf": ("grt_titan.hf.importer", "convert a Hugging Face folder to a checkpoint"),
+    "analyze": ("grt_titan.analysis.cli", "per-recurrence-step plots and numbers of a trained model"),
 }
 
 

@@ -12,6 +12,7 @@ from grt_titan.components.validate import build_grt_validator
 from grt_titan.data.loader import build_dataloader
 from grt_titan.infra.parallelize import parallelize_grt
 from grt_titan.model import GRTModel, grt_flavors
+from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
 from grt_titan.tokenizer import build_tokenizer
 
 SPEC_NAME = "grt"
@@ -31,6 +32,7 @@ def build_grt_train_spec() -> TrainSpec:
         build_loss_fn=build_cross_entropy_loss,
         build_validator_fn=build_grt_validator,
         build_metrics_processor_fn=build_grt_metrics_processor,
+        state_dict_adapter=GRTStateDictAdapter,
     )
 
 

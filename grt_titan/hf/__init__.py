@@ -1,0 +1,12 @@
+"""Hugging Face export / import of GRT checkpoints, and the `trust_remote_code` model.
+
+- configuration_grt.py, modeling_grt.py: the transformers model (self-contained; copied
+  into every exported folder).
+- convert.py: args <-> config, writing and reading an exported folder.
+- checkpoint_io.py: torchtitan checkpoints read / written in one process.
+- export.py / importer.py: the `grt-titan export-hf` / `import-hf` commands.
+- tokenizer_files.py: GPT-2 tokenizer files from the tiktoken ranks.
+
+Importing this package imports nothing heavy; transformers is needed by the modules that
+build or load the HF model (`pip install grt-titan[hf]`).
+"""

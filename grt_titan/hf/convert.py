@@ -1,0 +1,396 @@
+"""GRTModelArgs <-> GRTConfig, and writing / reading an exported Hugging Face folder.
+
+An exported folder holds: config.json (model_type "grt", auto_map), configuration_grt.py,
+modeling_grt.py, model.safetensors (or model-0000i-of-0000N.safetensors + index above
+`max_shard_size`), generation_config.json, GPT-2 tokenizer files and README.md (model card).
+It is written into a temporary sibling folder and renamed into place only when complete,
+so a failure never leaves a partial output folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grt_titan.model.args import GRTModelArgs, llama_ffn_hidden_dim
+from grt_titan.model.state_dict_adapter import GRTStateDictAdapter, TRAINING_ONLY_KEYS
+
+HF_DIR = Path(__file__).resolve().parent
+REMOTE_CODE_FILES = ("configuration_grt.py", "modeling_grt.py")
+AUTO_MAP = {
+    "AutoConfig": "configuration_grt.GRTConfig",
+    "AutoModelForCausalLM": "modeling_grt.GRTForCausalLM",
+}
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_SIZE = "5GB"
+EOT_ID = 50256
+
+
+class ExportError(ValueError):
+    """A user error in export / import (bad checkpoint, config, dtype or path)."""
+
+
+# ---- config ---------------------------------------------------------------------------
+
+
+def _rope_scaling(args: GRTModelArgs) -> dict | None:
+    if args.block_style != "llama":
+        return None
+    # grt_titan's llama blocks use torchtitan's default llama3 RoPE scaling.
+    from torchtitan.models.llama3.model.args import RoPEScalingArgs
+
+    return dataclasses.asdict(RoPEScalingArgs())
+
+
+def model_args_dict(args: GRTModelArgs) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
+
+
+def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
+    """GRTConfig fields for `args` (architecture + default inference depth)."""
+    recurrent = args.is_recurrent
+    if recurrent:
+        depth = args.num_recurrences if args.eval_recurrences is None else args.eval_recurrences
+    else:
+        depth = 0
+    return dict(
+        block_style=args.block_style,
+        vocab_size=args.vocab_size,
+        hidden_size=args.dim,
+        num_attention_heads=args.n_heads,
+        num_key_value_heads=(args.n_kv_heads or args.n_heads) if args.block_style == "llama" else args.n_heads,
+        intermediate_size=llama_ffn_hidden_dim(args) if args.block_style == "llama" else 4 * args.dim,
+        max_position_embeddings=args.max_seq_len,
+        norm_eps=args.norm_eps,
+        rope_theta=args.rope_theta,
+        rope_llama3_scaling=_rope_scaling(args),
+        num_prelude_layers=args.n_prelude_layers,
+        num_core_layers=args.n_core_layers,
+        num_coda_layers=args.n_coda_layers,
+        num_recurrences=depth,
+        train_recurrences=args.num_recurrences if recurrent else None,
+        gate_hidden_size=args.gate_hidden_dim or args.dim,
+        gate_temperature=args.gate_temperature,
+        gate_override=args.gate_override,
+        tie_word_embeddings=args.tie_embeddings,
+        # Everything torchtitan needs to rebuild the exact args on import.
+        training_settings={"grt_model_args": model_args_dict(args)},
+        # <|endoftext|> of the GPT-2 tokenizer; none for a smaller (tokenizer-less) vocabulary.
+        bos_token_id=EOT_ID if args.vocab_size > EOT_ID else None,
+        eos_token_id=EOT_ID if args.vocab_size > EOT_ID else None,
+    )
+
+
+def build_hf_config(args: GRTModelArgs, dtype: str = "float32"):
+    from .configuration_grt import GRTConfig
+
+    config = GRTConfig(**hf_config_kwargs(args))
+    config.architectures = ["GRTForCausalLM"]
+    config.auto_map = dict(AUTO_MAP)
+    config.dtype = dtype
+    return config
+
+
+def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
+    """GRTModelArgs of an exported folder's config.json (exact for grt-titan exports)."""
+    if config.get("model_type") != "grt":
+        raise ExportError(f"config.json has model_type {config.get('model_type')!r}, expected 'grt'")
+    saved = dict((config.get("training_settings") or {}).get("grt_model_args") or {})
+    known = {f.name for f in dataclasses.fields(GRTModelArgs)}
+    args = GRTModelArgs(**{k: v for k, v in saved.items() if k in known})
+    kv_heads = config.get("num_key_value_heads")
+    overrides = dict(
+        block_style=config["block_style"],
+        vocab_size=config["vocab_size"],
+        dim=config["hidden_size"],
+        n_heads=config["num_attention_heads"],
+        n_kv_heads=kv_heads if config["block_style"] == "llama" and kv_heads != config["num_attention_heads"] else None,
+        max_seq_len=config["max_position_embeddings"],
+        norm_eps=config["norm_eps"],
+        rope_theta=config.get("rope_theta", args.rope_theta),
+        n_prelude_layers=config["num_prelude_layers"],
+        n_core_layers=config["num_core_layers"],
+        n_coda_layers=config["num_coda_layers"],
+        gate_temperature=config.get("gate_temperature", args.gate_temperature),
+        gate_override=config.get("gate_override"),
+    )
+    if saved.get("n_kv_heads") is not None and overrides["n_kv_heads"] is None:
+        overrides["n_kv_heads"] = saved["n_kv_heads"]  # n_kv_heads == n_heads, spelled out
+    if config.get("gate_hidden_size") not in (None, config["hidden_size"]):
+        overrides["gate_hidden_dim"] = config["gate_hidden_size"]
+    args = args.replace(**overrides)
+    if args.is_recurrent and not saved:
+        R = config.get("train_recurrences") or max(config.get("num_recurrences", 1), 1)
+        args = args.replace(num_recurrences=R, min_recurrences=min(args.min_recurrences, R))
+    try:
+        args.validate(where="config.json")
+    except ValueError as e:
+        raise ExportError(str(e)) from e
+    expected_ffn = llama_ffn_hidden_dim(args) if args.block_style == "llama" else 4 * args.dim
+    if config.get("intermediate_size", expected_ffn) != expected_ffn:
+        raise ExportError(
+            f"config.json: intermediate_size = {config['intermediate_size']} but torchtitan's "
+            f"blocks compute {expected_ffn} (multiple_of = {args.multiple_of}, "
+            f"ffn_dim_multiplier = {args.ffn_dim_multiplier})"
+        )
+    return args
+
+
+# ---- weights --------------------------------------------------------------------------
+
+
+def parse_size(size: str | int) -> int:
+    """'5GB' -> 5e9, '500MB', '2GiB', '1000' -> bytes (transformers' convention)."""
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*", size, flags=re.IGNORECASE)
+    if not m:
+        raise ExportError(f"max_shard_size = {size!r}; use e.g. 5GB, 500MB or a number of bytes")
+    number, unit = float(m.group(1)), (m.group(2) or "B").upper()
+    powers = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    if unit not in powers:
+        raise ExportError(f"max_shard_size = {size!r}: unknown unit {unit}")
+    return int(number * powers[unit])
+
+
+def cast_for_export(hf_state_dict: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    """Cast to the export dtype; ExportError for an unknown dtype or a value it cannot hold."""
+    if dtype not in EXPORT_DTYPES:
+        raise ExportError(f"dtype = {dtype!r} cannot be exported; allowed: {sorted(EXPORT_DTYPES)}")
+    target = EXPORT_DTYPES[dtype]
+    out = {}
+    for key, value in hf_state_dict.items():
+        if not value.is_floating_point():
+            raise ExportError(f"{key}: dtype {value.dtype} is not a floating-point weight")
+        cast = value.detach().to("cpu", target).contiguous()
+        if target != value.dtype and not bool(torch.isfinite(cast).all()) and bool(torch.isfinite(value).all()):
+            limit = torch.finfo(target).max
+            raise ExportError(
+                f"{key}: max |value| {value.abs().max().item():.4g} cannot be represented in "
+                f"{dtype} (largest finite {limit:.4g}); export in float32 or bfloat16"
+            )
+        out[key] = cast
+    return out
+
+
+def plan_shards(hf_state_dict: dict[str, torch.Tensor], max_shard_bytes: int) -> list[list[str]]:
+    """Greedy shards in key order, each at most `max_shard_bytes` (a larger tensor alone)."""
+    shards, current, size = [], [], 0
+    for key, value in hf_state_dict.items():
+        nbytes = value.numel() * value.element_size()
+        if current and size + nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = [], 0
+        current.append(key)
+        size += nbytes
+    if current or not shards:
+        shards.append(current)
+    return shards
+
+
+def write_weights(out: Path, hf_state_dict: dict[str, torch.Tensor], max_shard_size: str | int) -> list[str]:
+    """model.safetensors, or shards + model.safetensors.index.json. Returns the file names."""
+    from safetensors.torch import save_file
+
+    shards = plan_shards(hf_state_dict, parse_size(max_shard_size))
+    if len(shards) == 1:
+        save_file(hf_state_dict, str(out / SINGLE_FILE), metadata={"format": "pt"})
+        return [SINGLE_FILE]
+    names, weight_map = [], {}
+    for i, keys in enumerate(shards, start=1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file({k: hf_state_dict[k] for k in keys}, str(out / name), metadata={"format": "pt"})
+        names.append(name)
+        weight_map.update({k: name for k in keys})
+    total = sum(v.numel() * v.element_size() for v in hf_state_dict.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return names + [INDEX_FILE]
+
+
+def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of an HF folder (model.safetensors or the shards of its index)."""
+    from safetensors.torch import load_file
+
+    index = folder / INDEX_FILE
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / SINGLE_FILE).is_file():
+        files = [SINGLE_FILE]
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+        if not files:
+            raise ExportError(f"{folder}: no model.safetensors, {INDEX_FILE} or *.safetensors found")
+    tensors = {}
+    for name in files:
+        path = folder / name
+        if not path.is_file():
+            raise ExportError(f"{folder}: {name} is listed in {INDEX_FILE} but missing")
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+def check_hf_keys(adapter: GRTStateDictAdapter, hf_state_dict: dict[str, Any], where: str) -> None:
+    missing = [k for k in adapter.hf_keys if k not in hf_state_dict]
+    unexpected = [k for k in hf_state_dict if k not in adapter.from_hf_map]
+    if missing or unexpected:
+        raise ExportError(
+            f"{where} does not match the config: missing {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''}"
+        )
+
+
+def check_native_shapes(args: GRTModelArgs, native: dict[str, Any], where: str) -> None:
+    from grt_titan.model import GRTModel
+
+    with torch.device("meta"):
+        expected = GRTModel(args).state_dict()
+    bad = [
+        f"{k}: {tuple(v.shape)} vs config {tuple(expected[k].shape)}"
+        for k, v in native.items()
+        if k in expected and tuple(v.shape) != tuple(expected[k].shape)
+    ]
+    if bad:
+        raise ExportError(f"{where} does not match the config (shape mismatch): " + "; ".join(bad[:8]))
+
+
+# ---- the folder -----------------------------------------------------------------------
+
+
+def write_hf_folder(
+    out: str | Path,
+    native_state_dict: dict[str, torch.Tensor],
+    model_args: GRTModelArgs,
+    dtype: str = "float32",
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
+    tokenizer_path: str | Path | None = None,
+    write_tokenizer: bool = True,
+    card: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    verify: bool = False,
+) -> Path:
+    """Write an HF folder for a native GRT state dict; all-or-nothing.
+
+    Args:
+        out: Folder to create. Must not exist unless `overwrite`.
+        native_state_dict: torchtitan parameter names -> tensors (CPU).
+        model_args: The model's args (flavor after overrides).
+        dtype: float32, bfloat16 or float16 (values out of range -> ExportError).
+        max_shard_size: Above this, weights are split into shards with an index.
+        tokenizer_path: `.tiktoken` rank file; None = the shipped GPT-2 ranks.
+        write_tokenizer: False skips the tokenizer files (models whose vocabulary is not
+            the tokenizer's, e.g. tests).
+        card: Facts for README.md (see model_card.render_model_card).
+        verify: Rebuild the model from the written files and compare its fp32 logits with
+            the torchtitan model's (float32 exports only).
+    """
+    from .model_card import render_model_card
+
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
+    if not out.parent.is_dir():
+        raise ExportError(f"parent folder of {out} does not exist")
+    if dtype not in EXPORT_DTYPES:
+        raise ExportError(f"dtype = {dtype!r} cannot be exported; allowed: {sorted(EXPORT_DTYPES)}")
+    adapter = GRTStateDictAdapter(model_args, None)
+    native = {k: v for k, v in native_state_dict.items() if k not in TRAINING_ONLY_KEYS}
+    check_native_shapes(model_args, native, "state dict")
+    hf = adapter.to_hf(native)
+    check_hf_keys(adapter, hf, "state dict")
+    if model_args.tie_embeddings and "output.weight" in native:
+        if not torch.equal(native["output.weight"], native["tok_embeddings.weight"]):
+            raise ExportError("gpt2 style ties output.weight to tok_embeddings.weight, but they differ")
+    hf = cast_for_export({k: hf[k] for k in adapter.hf_keys}, dtype)
+
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        files = write_weights(tmp, hf, max_shard_size)
+        config = build_hf_config(model_args, dtype)
+        config.to_json_file(str(tmp / "config.json"), use_diff=False)
+        _write_generation_config(tmp, model_args.vocab_size)
+        for name in REMOTE_CODE_FILES:
+            shutil.copyfile(HF_DIR / name, tmp / name)
+        if write_tokenizer:
+            _write_tokenizer(tmp, tokenizer_path, model_args)
+        card = dict(card or {})
+        card.setdefault("dtype", dtype)
+        card["weight_files"] = files
+        (tmp / "README.md").write_text(render_model_card(model_args, hf, card))
+        if verify:
+            if dtype != "float32":
+                raise ExportError("--verify compares float32 logits; export in float32 to verify")
+            verify_hf_folder(tmp, native_state_dict, model_args)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_generation_config(folder: Path, vocab_size: int) -> None:
+    from transformers import GenerationConfig
+
+    eot = EOT_ID if vocab_size > EOT_ID else None
+    GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot).save_pretrained(str(folder))
+
+
+def _write_tokenizer(folder: Path, tokenizer_path, model_args: GRTModelArgs) -> None:
+    from grt_titan.tokenizer import GPT2Tokenizer
+
+    from .tokenizer_files import write_tokenizer_files
+
+    tokenizer = GPT2Tokenizer(tokenizer_path)
+    if tokenizer.get_vocab_size() > model_args.vocab_size:
+        raise ExportError(
+            f"the tokenizer has {tokenizer.get_vocab_size()} ids but the model's vocab_size is "
+            f"{model_args.vocab_size}"
+        )
+    write_tokenizer_files(folder, tokenizer.encoding._mergeable_ranks, model_args.max_seq_len)
+
+
+def verify_hf_folder(
+    folder: Path, native_state_dict: dict[str, torch.Tensor], model_args: GRTModelArgs, atol: float = 1e-4
+) -> float:
+    """Max |logits difference| between the torchtitan model and the written HF model (fp32)."""
+    from grt_titan.model import GRTModel
+
+    from .configuration_grt import GRTConfig
+    from .modeling_grt import GRTForCausalLM
+
+    native = GRTModel(model_args)
+    missing, unexpected = native.load_state_dict(
+        {k: v.float() for k, v in native_state_dict.items()}, strict=False, assign=True
+    )
+    assert not unexpected and set(missing) <= TRAINING_ONLY_KEYS | {"output.weight"}, (missing, unexpected)
+    native.tie_weights()
+    native.eval()
+    config = GRTConfig.from_json_file(str(folder / "config.json"))
+    hf_model = GRTForCausalLM(config).eval()
+    hf_model.load_state_dict(read_hf_weights(folder), strict=not model_args.tie_embeddings)
+    if model_args.tie_embeddings:
+        hf_model.tie_weights()
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model_args.vocab_size, (1, min(16, model_args.max_seq_len)), generator=generator)
+    with torch.no_grad():
+        ref = native(tokens)
+        got = hf_model(tokens).logits
+    diff = (ref - got).abs().max().item()
+    if not diff < atol:
+        raise ExportError(f"verification failed: exported logits differ by {diff:.3g} (> {atol})")
+    return diff

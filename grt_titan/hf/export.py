@@ -1,0 +1,172 @@
+"""`grt-titan export-hf`: a torchtitan checkpoint step folder -> a Hugging Face folder.
+
+    grt-titan export-hf --checkpoint outputs/grt_debug/checkpoint/step-60 \
+        --config train_configs/grt_debug.toml --out exports/grt_debug
+
+The config gives the flavor and `[grt]` overrides (the architecture); the checkpoint may
+be a DCP step folder (full or model-only) or the HF-named safetensors that
+`[checkpoint] last_save_in_hf = true` writes. See docs/hf_export.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .convert import DEFAULT_MAX_SHARD_SIZE, ExportError, write_hf_folder
+
+
+def load_model_args(config_file: str | Path):
+    """(GRTModelArgs after `[grt]` overrides, torchtitan JobConfig) of a training TOML."""
+    config_file = Path(config_file)
+    if not config_file.is_file():
+        raise ExportError(f"config file {config_file} does not exist")
+    from torchtitan.config import ConfigManager
+
+    from grt_titan.model import grt_flavors
+
+    try:
+        job_config = ConfigManager().parse_args(["--job.config_file", str(config_file)])
+    except (ValueError, TypeError, KeyError, SystemExit) as e:
+        raise ExportError(f"{config_file}: cannot parse as a torchtitan config: {e}") from e
+    if job_config.model.name != "grt":
+        raise ExportError(f"{config_file}: [model] name = {job_config.model.name!r}, expected 'grt'")
+    flavor = job_config.model.flavor
+    if flavor not in grt_flavors:
+        raise ExportError(f"{config_file}: flavor {flavor!r} unknown; allowed: {sorted(grt_flavors)}")
+    args = dataclasses.replace(grt_flavors[flavor])
+    try:
+        args.update_from_config(job_config)
+    except ValueError as e:
+        raise ExportError(str(e)) from e
+    return args, job_config
+
+
+def find_validation_loss(checkpoint: Path, job_config, step: int | None) -> float | None:
+    """Last `validation_metrics/loss` at or before `step` in the run's TensorBoard logs."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        return None
+    dump_candidates = [checkpoint.parent.parent, Path(job_config.job.dump_folder)]
+    best: tuple[int, float] | None = None
+    for dump in dump_candidates:
+        tb_root = dump / job_config.metrics.save_tb_folder
+        if not tb_root.is_dir():
+            continue
+        run_dirs = {p.parent for p in tb_root.rglob("events.out.tfevents.*")}
+        for run in sorted(run_dirs):
+            try:
+                acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+                acc.Reload()
+                if "validation_metrics/loss" not in acc.Tags().get("scalars", []):
+                    continue
+                for event in acc.Scalars("validation_metrics/loss"):
+                    if step is not None and event.step > step:
+                        continue
+                    if best is None or event.step >= best[0]:
+                        best = (event.step, float(event.value))
+            except Exception:  # noqa: BLE001  best effort: the card then says "unknown"
+                continue
+        if best is not None:
+            break
+    return None if best is None else best[1]
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    config_file: str | Path,
+    out: str | Path,
+    dtype: str = "float32",
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
+    tokenizer_path: str | Path | None = None,
+    validation_loss: float | None = None,
+    overwrite: bool = False,
+    verify: bool = True,
+) -> Path:
+    """Export `checkpoint` (trained with `config_file`) to the HF folder `out`."""
+    from grt_titan.tokenizer import resolve_tokenizer_path
+
+    from .checkpoint_io import load_checkpoint
+
+    checkpoint = Path(checkpoint)
+    out = Path(out)
+    if out.exists() and not overwrite:  # fail before the (slow) checkpoint read
+        raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
+    args, job_config = load_model_args(config_file)
+    if tokenizer_path is None:
+        tokenizer_path = resolve_tokenizer_path(getattr(job_config.model, "hf_assets_path", None))
+    native, facts = load_checkpoint(checkpoint, args)
+    if validation_loss is None:
+        validation_loss = find_validation_loss(checkpoint, job_config, facts.get("step"))
+    card: dict[str, Any] = {
+        "flavor": job_config.model.flavor,
+        "config_file": str(config_file),
+        "source_checkpoint": str(checkpoint),
+        "step": facts.get("step"),
+        "tokens_seen": facts.get("tokens_seen"),
+        "validation_loss": validation_loss,
+    }
+    return write_hf_folder(
+        out,
+        native,
+        args,
+        dtype=dtype,
+        max_shard_size=max_shard_size,
+        tokenizer_path=tokenizer_path,
+        card=card,
+        overwrite=overwrite,
+        verify=verify and dtype == "float32",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="grt-titan export-hf",
+        description="Export a torchtitan GRT checkpoint to a Hugging Face folder "
+        "(AutoModelForCausalLM with trust_remote_code=True).",
+    )
+    p.add_argument("--checkpoint", required=True, help="checkpoint step folder, e.g. <dump>/checkpoint/step-N")
+    p.add_argument("--config", required=True, help="the training TOML (flavor and [grt] overrides)")
+    p.add_argument("--out", required=True, help="output folder (created; must not exist)")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    p.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE,
+                   help="split the weights into shards above this size (default 5GB)")
+    p.add_argument("--tokenizer", default=None,
+                   help=".tiktoken rank file (default: the run's hf_assets_path, else shipped GPT-2)")
+    p.add_argument("--validation-loss", type=float, default=None,
+                   help="for the model card (default: read from the run's TensorBoard logs)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the fp32 logit check of the written folder against the checkpoint")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # exporting never needs the hub
+    try:
+        out = export_checkpoint(
+            args.checkpoint,
+            args.config,
+            args.out,
+            dtype=args.dtype,
+            max_shard_size=args.max_shard_size,
+            tokenizer_path=args.tokenizer,
+            validation_loss=args.validation_loss,
+            overwrite=args.overwrite,
+            verify=not args.no_verify,
+        )
+    except (ExportError, FileNotFoundError) as e:
+        print(f"grt-titan export-hf: error: {e}", file=sys.stderr)
+        return 1
+    print(f"exported {args.checkpoint} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

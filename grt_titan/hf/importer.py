@@ -1,0 +1,116 @@
+"""`grt-titan import-hf`: an exported Hugging Face folder -> a torchtitan checkpoint.
+
+    grt-titan import-hf --hf-dir exports/grt_debug \
+        --out outputs/grt_ft/checkpoint/step-0 [--config train_configs/grt_debug.toml]
+
+Writes a DCP model-only checkpoint (model FQNs at the top level, fp32), which torchtitan
+loads as its step-0 checkpoint (`<dump>/<checkpoint.folder>/step-0`) or through
+`[checkpoint] initial_load_path = <out>` with `initial_load_model_only = true`.
+Export -> import is exact for float32 exports; the depth sampler's counter
+(`recurrence.depth.draws`, never exported) starts at 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from grt_titan.model.args import GRTModelArgs
+
+from .convert import ExportError, model_args_from_hf_config, read_hf_weights
+
+# Fields that fix the weights' names and shapes: a --config must agree on them.
+ARCHITECTURE_FIELDS = (
+    "block_style",
+    "dim",
+    "n_heads",
+    "n_kv_heads",
+    "vocab_size",
+    "n_prelude_layers",
+    "n_core_layers",
+    "n_coda_layers",
+    "gate_hidden_dim",
+    "multiple_of",
+    "ffn_dim_multiplier",
+)
+
+
+def _check_against_config(hf_args: GRTModelArgs, config_file: str | Path) -> GRTModelArgs:
+    from .export import load_model_args
+
+    cfg_args, _ = load_model_args(config_file)
+    fields = list(ARCHITECTURE_FIELDS)
+    if cfg_args.block_style == "gpt2":
+        fields.append("max_seq_len")  # learned positions are weights
+    diffs = [
+        f"{f}: HF {getattr(hf_args, f)!r} vs config {getattr(cfg_args, f)!r}"
+        for f in fields
+        if getattr(hf_args, f) != getattr(cfg_args, f)
+    ]
+    if diffs:
+        raise ExportError(f"{config_file} does not describe this model: " + "; ".join(diffs))
+    return cfg_args
+
+
+def import_hf(hf_dir: str | Path, out: str | Path, config_file: str | Path | None = None,
+              overwrite: bool = False) -> Path:
+    """Convert the HF folder `hf_dir` into a torchtitan DCP checkpoint folder `out`."""
+    from .checkpoint_io import native_state_from_hf, save_checkpoint
+
+    hf_dir, out = Path(hf_dir), Path(out)
+    if not (hf_dir / "config.json").is_file():
+        raise ExportError(f"{hf_dir}: no config.json (not an exported Hugging Face folder)")
+    if out.exists() and not overwrite:
+        raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
+    try:
+        config = json.loads((hf_dir / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{hf_dir / 'config.json'}: not valid JSON: {e}") from e
+    args = model_args_from_hf_config(config)
+    if config_file is not None:
+        args = _check_against_config(args, config_file)
+    state = native_state_from_hf(read_hf_weights(hf_dir), args)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        save_checkpoint(tmp, state)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="grt-titan import-hf",
+        description="Convert an exported GRT Hugging Face folder back to a torchtitan checkpoint.",
+    )
+    p.add_argument("--hf-dir", required=True, help="folder written by grt-titan export-hf")
+    p.add_argument("--out", required=True, help="checkpoint folder to create, e.g. <dump>/checkpoint/step-0")
+    p.add_argument("--config", default=None,
+                   help="training TOML to check the model against (flavor and [grt] overrides)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        out = import_hf(args.hf_dir, args.out, args.config, overwrite=args.overwrite)
+    except (ExportError, FileNotFoundError) as e:
+        print(f"grt-titan import-hf: error: {e}", file=sys.stderr)
+        return 1
+    print(f"imported {args.hf_dir} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""README.md (model card) of an exported GRT folder: layout, parameters, training facts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grt_titan.model.args import GRTModelArgs
+
+_PARTS = (
+    ("embeddings", ("model.embed_tokens.", "model.embed_positions.")),
+    ("prelude", ("model.prelude.",)),
+    ("core (shared)", ("model.core.",)),
+    ("projection + gate", ("model.proj.", "model.gate.")),
+    ("coda", ("model.coda.",)),
+    ("final norm", ("model.norm.",)),
+    ("LM head", ("lm_head.",)),
+)
+
+
+def parameter_table(hf_state_dict: dict[str, Any]) -> list[tuple[str, int]]:
+    counts = []
+    for name, prefixes in _PARTS:
+        n = sum(v.numel() for k, v in hf_state_dict.items() if k.startswith(prefixes))
+        if n:
+            counts.append((name, n))
+    return counts
+
+
+def layout(args: GRTModelArgs) -> str:
+    if not args.is_recurrent:
+        return f"dense, {args.n_prelude_layers + args.n_coda_layers} layers"
+    return f"{args.n_prelude_layers} + {args.n_core_layers}x{args.num_recurrences} + {args.n_coda_layers}"
+
+
+def _fmt(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e5 else str(n)
+
+
+def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: dict[str, Any]) -> str:
+    """Markdown model card. `card` keys (all optional): source_checkpoint, config_file,
+    flavor, step, tokens_seen, validation_loss, dtype, weight_files."""
+    total = sum(v.numel() for v in hf_state_dict.values())
+    depth = args.num_recurrences if args.eval_recurrences is None else args.eval_recurrences
+    rows = "\n".join(f"| {name} | {_fmt(n)} |" for name, n in parameter_table(hf_state_dict))
+
+    def fact(key: str, unknown: str = "unknown") -> str:
+        value = card.get(key)
+        if value is None:
+            return unknown
+        if isinstance(value, float):
+            return f"{value:.4f}"
+        if isinstance(value, int):
+            return f"{value:,}"
+        return str(value)
+
+    recurrent = args.is_recurrent
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [grt, gated-recurrent-transformer, recurrent-depth, torchtitan]",
+        "---",
+        "",
+        "# Gated Recurrent Transformer (GRT)",
+        "",
+        "Exported from a torchtitan checkpoint by `grt-titan export-hf` "
+        "(Gated Recurrent Transformer, arXiv 2608.15062).",
+        "",
+        "## Architecture",
+        "",
+        f"- layout `p + n x R + c`: **{layout(args)}** "
+        f"({args.block_style} blocks, d = {args.dim}, {args.n_heads} heads"
+        + (f", {args.n_kv_heads} KV heads" if args.n_kv_heads else "")
+        + f", vocabulary {args.vocab_size}, context {args.max_seq_len})",
+    ]
+    if recurrent:
+        lines += [
+            f"- default inference depth r = {depth} (training depths r ~ Uniform{{"
+            f"{args.min_recurrences}..{args.num_recurrences}}}, "
+            f"sampling `{args.depth_sampling}`)",
+            f"- block executions per token at r = {depth}: "
+            f"{args.n_prelude_layers + args.n_core_layers * depth + args.n_coda_layers}",
+        ]
+    lines += [
+        f"- stored parameters: **{_fmt(total)}**"
+        + (" (LM head tied to the embeddings)" if args.tie_embeddings else ""),
+        "",
+        "| part | parameters |",
+        "|---|---|",
+        rows,
+        "",
+        "## Training",
+        "",
+        f"- flavor: {fact('flavor')}; config: {fact('config_file')}",
+        f"- checkpoint: {fact('source_checkpoint')}",
+        f"- training steps: {fact('step')}",
+        f"- training tokens: {fact('tokens_seen')}",
+        f"- validation loss: {fact('validation_loss')}",
+        f"- exported dtype: {fact('dtype')}; weight files: {', '.join(card.get('weight_files', []))}",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        'tok = AutoTokenizer.from_pretrained("PATH")',
+        'model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)',
+        'ids = tok("The meaning of life is", return_tensors="pt").input_ids',
+    ]
+    if recurrent:
+        lines += [
+            "# depth per call: 0 = prelude + coda only, < R early exit, > R extrapolation",
+            f"out = model.generate(ids, max_new_tokens=32, num_recurrences={depth},",
+            '                     kv_cache_strategy="per_step")  # or first / last / average',
+        ]
+    else:
+        lines += ["out = model.generate(ids, max_new_tokens=32)"]
+    lines += [
+        "print(tok.decode(out[0]))",
+        "```",
+        "",
+        "KV cache strategies across recurrence steps (`kv_cache_strategy`): `per_step` keeps "
+        "one cache per step (exact); `first`, `last` and `average` keep one cache for the core "
+        "(the paper's compressed caches; average was best). See docs/hf_export.md of grt_titan.",
+        "",
+    ]
+    return "\n".join(lines)

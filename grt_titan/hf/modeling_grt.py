@@ -1,0 +1,797 @@
+"""Hugging Face model of the Gated Recurrent Transformer (GRT, arXiv 2608.15062).
+
+Self-contained (imports torch and transformers only): `grt-titan export-hf` copies this
+file next to the weights, and `AutoModelForCausalLM.from_pretrained(dir,
+trust_remote_code=True)` loads it. The math equals grt_titan's torchtitan model:
+
+    h     = embed(x) (+ learned positions, gpt2 style)
+    h_pre = prelude(h);  h = h_pre
+    for step in 1..r:                                    r = num_recurrences
+        o = core(W_proj [h ; h_pre])                     the same n blocks every step
+        g = sigmoid(f_g([LN(h) ; LN(h_pre)]) / tau)      no noise at inference
+        h = g * h + (1 - g) * o
+    logits = lm_head(norm(coda(h)))
+
+Inference depth: `num_recurrences` in the config, or per call in `forward` / `generate`
+(0 = prelude + coda only, r < R early exit, r > R extrapolation).
+
+KV cache across recurrences: `GRTCache` below, the one place the strategies live
+(`per_step`, `first`, `last`, `average`).
+
+RoPE (llama style) rotates interleaved pairs (x[2i], x[2i+1]) exactly like torchtitan's
+complex `apply_rotary_emb`, so the exported q/k weights are torchtitan's, unpermuted.
+
+Analysis outputs (`output_recurrence=True`): the states h_0 = h_pre, h_1..h_r, the core
+proposals o_1..o_r and the gates g_1..g_r; `output_step_logits=True` adds the logits of
+exiting after every step s = 0..r (coda + head on h_s).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_grt import KV_CACHE_STRATEGIES, GRTConfig
+
+# ======================================================================================
+# KV cache across recurrence steps
+# ======================================================================================
+
+
+class GRTCache(Cache):
+    r"""KV cache of a GRT; the only place the cache strategies are implemented.
+
+    Prelude and coda blocks keep one exact K/V each. Core block j runs r times per token
+    (once per recurrence step s) and its K/V differ per step; the strategies choose what
+    the core keeps for past tokens:
+
+    | strategy   | kept for core block j                 | exact? |
+    |------------|---------------------------------------|--------|
+    | `per_step` | one K/V per step s = 1..r             | yes    |
+    | `first`    | step 1's K/V                          | no     |
+    | `last`     | step r's K/V                          | no     |
+    | `average`  | mean over s = 1..r of the K/V         | no     |
+
+    With `first`/`last`/`average`, the tokens of the current call attend to the kept K/V
+    of past tokens plus their own K/V of the current step (exact within the call), and
+    the kept K/V of the new tokens is written when their recurrence ends. A prefill is
+    therefore exact under every strategy; they differ from the next token on (and not at
+    all when r = 1).
+
+    Memory, B sequences of T tokens, KV heads H_kv of size d_h, s bytes per element:
+
+        per_step:               2 B T H_kv d_h s (p + n r + c)
+        first / last / average: 2 B T H_kv d_h s (p + n + c)
+
+    A dense model (n = 0) keeps 2 B T H_kv d_h s L. `nbytes()` measures it. Transient
+    per-call buffers (the running K/V of the new tokens, fp32 for `average`) are not
+    part of it.
+
+    Args:
+        config: The model's `GRTConfig`.
+        strategy: One of `KV_CACHE_STRATEGIES`; None = `config.kv_cache_strategy`.
+        max_cache_len: None: tensors grow by concatenation (eager use, `generate`).
+            An int: static, preallocated `[B, H_kv, max_cache_len, d_h]` buffers written
+            at `cache_slots` (compressed core blocks: one extra scratch column); shapes
+            never change, so a decode step compiles to one graph (CUDA graphs on GPU).
+    """
+
+    def __init__(self, config: GRTConfig, strategy: str | None = None, max_cache_len: int | None = None):
+        super().__init__(layers=[])
+        strategy = strategy or config.kv_cache_strategy
+        if strategy not in KV_CACHE_STRATEGIES:
+            raise ValueError(f"kv_cache_strategy = {strategy!r}; allowed: {KV_CACHE_STRATEGIES}")
+        self.strategy = strategy
+        self.num_prelude = config.num_prelude_layers
+        self.num_core = config.num_core_layers
+        self.num_coda = config.num_coda_layers
+        self.max_cache_len = max_cache_len
+        self.num_recurrences: int | None = None  # depth of the calls so far
+        self.keys: list[torch.Tensor | None] = []
+        self.values: list[torch.Tensor | None] = []
+        self._pending: dict[int, list] = {}  # core block -> [k, v] of the new tokens
+        self._pending_dtype = torch.get_default_dtype()
+        # Tokens cached so far; a tensor when static, so compiled steps do not guard on it.
+        self._length = 0 if max_cache_len is None else torch.zeros((), dtype=torch.long)
+
+    # ---- layout --------------------------------------------------------------------
+
+    @property
+    def compressed(self) -> bool:
+        """One K/V for the core (first/last/average) instead of one per step."""
+        return self.strategy != "per_step"
+
+    @property
+    def is_static(self) -> bool:
+        return self.max_cache_len is not None
+
+    def _slot(self, kind: str, index: int, step: int) -> int:
+        if kind == "prelude":
+            return index
+        if kind == "coda":
+            return self.num_prelude + index
+        core = index if self.compressed else step * self.num_core + index
+        return self.num_prelude + self.num_coda + core
+
+    # ---- used by the model ------------------------------------------------------------
+
+    def begin(self, num_recurrences: int) -> None:
+        """Check that this call's depth can use the cache (called before any update)."""
+        previous = self.num_recurrences  # None until a call has filled the cache
+        if previous is not None:
+            if not self.compressed and num_recurrences != previous:
+                raise ValueError(
+                    f"num_recurrences = {num_recurrences}, but this per_step cache holds "
+                    f"{previous} steps; keep r fixed while generating with it"
+                )
+            if (num_recurrences > 0) != (previous > 0):
+                raise ValueError(
+                    f"num_recurrences changed between 0 and {max(num_recurrences, previous)} "
+                    "during generation; the core cache would miss tokens"
+                )
+        self.num_recurrences = num_recurrences
+
+    def update_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kind: str,
+        index: int,
+        step: int = 0,
+        cache_slots: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (or stage) the new tokens' K/V `[B, H_kv, T, d_h]`; return the K/V to attend to.
+
+        Dynamic cache: keys are past tokens then new tokens, `[B, H_kv, P + T, d_h]`, for
+        every block and strategy. Static cache: the whole buffer `[..., max_cache_len, ..]`;
+        for a compressed core block, the buffer and its scratch column, which holds the
+        token when T = 1 and is followed by the T new tokens otherwise.
+        """
+        slot = self._slot(kind, index, step)
+        staged = kind == "core" and self.compressed
+        if staged:
+            self._stage(index, step, key, value)
+        while len(self.keys) <= slot:
+            self.keys.append(None)
+            self.values.append(None)
+        past_k, past_v = self.keys[slot], self.values[slot]
+        if self.is_static:
+            if past_k is None:
+                # A compressed core slot has one scratch column after the buffer.
+                past_k, past_v = self._allocate(key, staged), self._allocate(value, staged)
+                self.keys[slot], self.values[slot] = past_k, past_v
+                if self._length.device != key.device:  # keep the step on one device (CUDA graphs)
+                    self._length = self._length.to(key.device)
+            if staged:
+                if key.shape[2] == 1:  # decoding: the token's step K/V go to the scratch column
+                    past_k[:, :, -1:].copy_(key)
+                    past_v[:, :, -1:].copy_(value)
+                    return past_k, past_v
+                return torch.cat([past_k, key], dim=2), torch.cat([past_v, value], dim=2)
+            past_k.index_copy_(2, cache_slots, key)
+            past_v.index_copy_(2, cache_slots, value)
+            return past_k, past_v
+        if past_k is not None:
+            key, value = torch.cat([past_k, key], dim=2), torch.cat([past_v, value], dim=2)
+        if not staged:
+            self.keys[slot], self.values[slot] = key, value
+        return key, value
+
+    def _stage(self, index: int, step: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Keep the K/V of the new tokens that the strategy will cache for core block `index`."""
+        self._pending_dtype = key.dtype
+        if self.strategy == "first":
+            if step == 0:
+                self._pending[index] = [key, value]
+        elif self.strategy == "last":
+            self._pending[index] = [key, value]
+        elif step == 0:  # average: fp32 running sum, divided by r when the recurrence ends
+            self._pending[index] = [key.float(), value.float()]
+        else:
+            acc = self._pending[index]
+            acc[0] = acc[0] + key.float()
+            acc[1] = acc[1] + value.float()
+
+    def end_recurrence(self, num_steps: int, cache_slots: torch.Tensor | None = None) -> None:
+        """Write the staged core K/V of the new tokens (compressed strategies)."""
+        for index, (key, value) in self._pending.items():
+            if self.strategy == "average":
+                key, value = key / num_steps, value / num_steps
+            key, value = key.to(self._pending_dtype), value.to(self._pending_dtype)
+            slot = self._slot("core", index, 0)
+            past_k, past_v = self.keys[slot], self.values[slot]
+            if self.is_static:
+                past_k.index_copy_(2, cache_slots, key)
+                past_v.index_copy_(2, cache_slots, value)
+            elif past_k is None:
+                self.keys[slot], self.values[slot] = key, value
+            else:
+                self.keys[slot] = torch.cat([past_k, key], dim=2)
+                self.values[slot] = torch.cat([past_v, value], dim=2)
+        self._pending.clear()
+
+    def end_forward(self, num_new_tokens: int) -> None:
+        if self.is_static:
+            self._length.add_(num_new_tokens)
+        else:
+            self._length += num_new_tokens
+
+    def _allocate(self, like: torch.Tensor, scratch: bool = False) -> torch.Tensor:
+        shape = (like.shape[0], like.shape[1], self.max_cache_len + int(scratch), like.shape[3])
+        buf = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        if hasattr(torch, "_dynamo"):
+            torch._dynamo.mark_static_address(buf)  # lets CUDA graphs keep it in place
+        return buf
+
+    # ---- transformers' Cache interface ------------------------------------------------
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self._length)
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1 if self.max_cache_len is None else self.max_cache_len
+
+    def nbytes(self) -> int:
+        """Bytes held by the cached K/V (static: the whole preallocated buffers, scratch
+        columns included)."""
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
+
+    def _apply(self, fn) -> None:
+        for tensors in (self.keys, self.values):
+            for i, t in enumerate(tensors):
+                if t is not None:
+                    tensors[i] = fn(t)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._apply(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._apply(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._apply(lambda t: t[indices, ...])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last `-tokens_to_remove` tokens (transformers' convention: a negative count)."""
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove")
+        if tokens_to_remove == 0:
+            return
+        if self.is_static:
+            self._length.add_(tokens_to_remove)  # the buffers keep stale entries; masked
+            return
+        self._apply(lambda t: t[..., :tokens_to_remove, :])
+        self._length += tokens_to_remove
+
+    def reset(self) -> None:
+        """Forget every token. A static cache keeps (and zeroes) its buffers in place, so
+        compiled steps and CUDA graphs recorded on them stay valid."""
+        self._pending.clear()
+        self.num_recurrences = None
+        if self.is_static:
+            self._apply(lambda t: t.zero_())
+            self._length.zero_()
+        else:
+            self.keys, self.values = [], []
+            self._length = 0
+
+    @property
+    def is_compileable(self) -> bool:
+        # False even when static: generate() would otherwise build transformers' 4D masks
+        # and auto-compile; compile a decode step yourself (benchmarks/generate_bench.py).
+        return False
+
+    @property
+    def is_croppable(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            f"GRTCache(strategy={self.strategy!r}, tokens={self.get_seq_length()}, "
+            f"static={self.is_static}, bytes={self.nbytes()})"
+        )
+
+
+# ======================================================================================
+# Blocks
+# ======================================================================================
+
+
+def rope_inverse_frequencies(config: GRTConfig, device=None) -> torch.Tensor:
+    """torchtitan's `precompute_freqs_cis` frequencies, llama3 scaling included (fp32)."""
+    dim, theta = config.head_dim, config.rope_theta
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device)[: dim // 2].float() / dim))
+    scaling = config.rope_llama3_scaling
+    if scaling:
+        factor = scaling["scaling_factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        original = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / freqs
+        freqs = torch.where(wavelen > original / low, freqs / factor, freqs)
+        smooth = (original / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * freqs / factor + smooth * freqs
+        is_medium = ~(wavelen < original / high) * ~(wavelen > original / low)
+        freqs = torch.where(is_medium, smoothed, freqs)
+    return freqs
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of `x` [B, T, H, d_h] in fp32 (torchtitan's)."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    a, b = pairs[..., 0], pairs[..., 1]
+    out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+    return out.type_as(x)
+
+
+class GRTAttention(nn.Module):
+    """Causal self-attention (SDPA); GQA and RoPE for llama style, biases for gpt2 style."""
+
+    def __init__(self, config: GRTConfig):
+        super().__init__()
+        bias = config.block_style == "gpt2"
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        d = config.hidden_size
+        self.q_proj = nn.Linear(d, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=bias)
+
+    def forward(self, x, rope, mask, kv_update):
+        bsz, seqlen, _ = x.shape
+        q = self.q_proj(x).view(bsz, seqlen, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(bsz, seqlen, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(bsz, seqlen, self.num_kv_heads, self.head_dim)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if kv_update is not None:
+            k, v = kv_update(k, v)
+        # No mask: plain causal attention over this call's tokens (or one query, all keys).
+        is_causal = mask is None and seqlen > 1
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal,
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+
+class GRTMLP(nn.Module):
+    """gpt2: down(gelu_tanh(up(x))); llama: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: GRTConfig):
+        super().__init__()
+        d, hidden = config.hidden_size, config.intermediate_size
+        self.gated = config.block_style == "llama"
+        bias = not self.gated
+        if self.gated:
+            self.gate_proj = nn.Linear(d, hidden, bias=False)
+        self.up_proj = nn.Linear(d, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, d, bias=bias)
+
+    def forward(self, x):
+        if self.gated:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+
+def make_norm(config: GRTConfig) -> nn.Module:
+    if config.block_style == "gpt2":
+        return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+    return nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+
+
+class GRTBlock(nn.Module):
+    """Pre-norm transformer block: h = x + attn(norm(x)); out = h + mlp(norm(h))."""
+
+    def __init__(self, config: GRTConfig):
+        super().__init__()
+        self.input_layernorm = make_norm(config)
+        self.self_attn = GRTAttention(config)
+        self.post_attention_layernorm = make_norm(config)
+        self.mlp = GRTMLP(config)
+
+    def forward(self, x, rope, mask, kv_update=None):
+        h = x + self.self_attn(self.input_layernorm(x), rope, mask, kv_update)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class GRTGate(nn.Module):
+    """g = sigmoid(w_out(silu(w_in([LN(h); LN(h_pre)]))) / tau), or a constant (override)."""
+
+    def __init__(self, config: GRTConfig):
+        super().__init__()
+        d, hidden = config.hidden_size, config.gate_hidden_size
+        self.state_norm = nn.LayerNorm(d, eps=config.norm_eps)
+        self.anchor_norm = nn.LayerNorm(d, eps=config.norm_eps)
+        self.w_in = nn.Linear(2 * d, hidden)
+        self.w_out = nn.Linear(hidden, d)
+        self.temperature = config.gate_temperature
+        self.override = config.gate_override
+
+    def forward(self, h, h_pre):
+        if self.override is not None:
+            return torch.full_like(h, self.override)
+        features = torch.cat([self.state_norm(h), self.anchor_norm(h_pre)], dim=-1)
+        return torch.sigmoid(self.w_out(F.silu(self.w_in(features))) / self.temperature)
+
+
+# ======================================================================================
+# Models
+# ======================================================================================
+
+
+@dataclass
+class GRTModelOutput(CausalLMOutputWithPast):
+    """CausalLMOutputWithPast plus the recurrence, on request (`output_recurrence=True`).
+
+    recurrence_states: r + 1 states `[B, T, d]`: h_0 = h_pre (prelude output), h_1..h_r.
+    proposals: r core outputs o_s `[B, T, d]` (before the gate).
+    gate_values: r gates g_s `[B, T, d]` (1 keeps the state, 0 takes the proposal).
+    step_logits: r + 1 logits `[B, T, V]` of exiting after s = 0..r steps
+        (`output_step_logits=True`; the last equals `logits`).
+    """
+
+    recurrence_states: tuple[torch.Tensor, ...] | None = None
+    proposals: tuple[torch.Tensor, ...] | None = None
+    gate_values: tuple[torch.Tensor, ...] | None = None
+    step_logits: tuple[torch.Tensor, ...] | None = None
+
+
+class GRTPreTrainedModel(PreTrainedModel):
+    config_class = GRTConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["GRTBlock"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    supports_gradient_checkpointing = False
+
+    def _init_weights(self, module):
+        # Only runs for weights missing from a checkpoint (or a model built from a config).
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            if module.weight is not None:
+                nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        if isinstance(module, GRTGate):
+            # Paper: the gate's last bias starts at +4, g ~ 0.98 (near-identity recurrence).
+            nn.init.constant_(module.w_out.bias, 4.0)
+
+
+class GRTModel(GRTPreTrainedModel):
+    """Embeddings, prelude, recurrence (proj, shared core, gate), coda, final norm."""
+
+    def __init__(self, config: GRTConfig):
+        super().__init__(config)
+        d = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        if config.block_style == "gpt2":
+            self.embed_positions = nn.Embedding(config.max_position_embeddings, d)
+        self.prelude = nn.ModuleList(GRTBlock(config) for _ in range(config.num_prelude_layers))
+        if config.num_core_layers:
+            self.proj = nn.Linear(2 * d, d, bias=False)
+            self.core = nn.ModuleList(GRTBlock(config) for _ in range(config.num_core_layers))
+            self.gate = GRTGate(config)
+        self.coda = nn.ModuleList(GRTBlock(config) for _ in range(config.num_coda_layers))
+        self.norm = make_norm(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def resolve_depth(self, num_recurrences) -> int:
+        if num_recurrences is None:
+            return self.config.num_recurrences
+        if isinstance(num_recurrences, bool) or not isinstance(num_recurrences, int):
+            raise TypeError(f"num_recurrences must be an int, got {num_recurrences!r}")
+        if num_recurrences < 0:
+            raise ValueError(f"num_recurrences = {num_recurrences}; use r >= 0")
+        if num_recurrences and not self.config.num_core_layers:
+            raise ValueError(f"num_recurrences = {num_recurrences} given to a model without core layers")
+        return num_recurrences
+
+    def _rope(self, position_ids, device):
+        if self.config.block_style != "llama":
+            return None
+        inv_freq = rope_inverse_frequencies(self.config, device=device)
+        angles = position_ids.float()[..., None] * inv_freq  # [B or 1, T, d_h / 2]
+        return angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
+
+    @staticmethod
+    def _masks(attention_mask, cache, cache_slots, past, seqlen, batch, device):
+        """Boolean SDPA masks `[B, 1, T, K]` (True = attend), or None for plain causal.
+
+        `main`: keys are the cached tokens then the new ones (dynamic cache) or the static
+        buffer; `staged`: a static compressed core's buffer followed by the new tokens.
+        """
+        static = cache is not None and cache.is_static
+        if attention_mask is None and not static and (past == 0 or seqlen == 1):
+            return None, None
+        if static:
+            total = cache.max_cache_len
+        else:
+            total = past + seqlen
+        if attention_mask is None:
+            keep = torch.ones(batch, total, dtype=torch.bool, device=device)
+        else:
+            keep = attention_mask.to(device=device, dtype=torch.bool)
+            if static and keep.shape[1] < total:  # the buffer is longer than the mask so far
+                keep = F.pad(keep, (0, total - keep.shape[1]), value=False)
+            if keep.shape[1] != total:
+                raise ValueError(
+                    f"attention_mask covers {keep.shape[1]} tokens; expected "
+                    + (f"<= {total} (static cache)" if static else f"{total} ({past} cached + {seqlen} new)")
+                )
+        key_pos = torch.arange(total, device=device)
+        query_pos = cache_slots[:, None]  # [T, 1]
+        main = (key_pos[None, :] <= query_pos)[None] & keep[:, None, :]  # [B, T, total]
+        staged = None
+        if static and cache.compressed:
+            # Keys: the buffer (tokens before this call), its scratch column, then (T > 1)
+            # the new tokens; one new token sits in the scratch column instead.
+            past_part = ((key_pos < cache_slots[0])[None, None, :] & keep[:, None, :]).expand(-1, seqlen, -1)
+            scratch = torch.full((batch, seqlen, 1), seqlen == 1, dtype=torch.bool, device=device)
+            parts = [past_part, scratch]
+            if seqlen > 1:
+                new_keep = keep.index_select(1, cache_slots)  # [B, T]
+                causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=device).tril()
+                parts.append(causal[None] & new_keep[:, None, :])
+            staged = torch.cat(parts, dim=-1)
+            staged = staged | ~staged.any(-1, keepdim=True)
+            staged = staged[:, None]
+        # A query whose every key is padding (left padding) attends to all: finite garbage
+        # in a padded row, never read by real tokens, instead of NaN.
+        main = main | ~main.any(-1, keepdim=True)
+        return main[:, None], staged
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        use_cache=None,
+        num_recurrences=None,
+        kv_cache_strategy=None,
+        cache_slots=None,
+        output_hidden_states=None,
+        output_recurrence=False,
+        output_step_exits=False,
+        **kwargs,
+    ):
+        """Returns (last hidden state after the final norm, cache, extras dict)."""
+        config = self.config
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        batch, seqlen = inputs_embeds.shape[:2]
+        device = inputs_embeds.device
+        depth = self.resolve_depth(num_recurrences)
+        use_cache = config.use_cache if use_cache is None else use_cache
+
+        cache = past_key_values
+        if cache is not None and not isinstance(cache, GRTCache):
+            raise TypeError(
+                f"past_key_values must be a GRTCache (got {type(cache).__name__}); "
+                "a GRT needs its own cache across recurrence steps"
+            )
+        if cache is None and use_cache:
+            cache = GRTCache(config, strategy=kv_cache_strategy)
+        elif cache is not None and kv_cache_strategy not in (None, cache.strategy):
+            raise ValueError(
+                f"kv_cache_strategy = {kv_cache_strategy!r} but the given cache uses "
+                f"{cache.strategy!r}"
+            )
+        past = cache.get_seq_length() if cache is not None and not cache.is_static else 0
+        if cache_slots is None:
+            start = cache.get_seq_length() if cache is not None else 0
+            cache_slots = torch.arange(start, start + seqlen, device=device)
+        if position_ids is None:
+            if attention_mask is not None:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+                position_ids = position_ids[:, -seqlen:]
+            else:
+                position_ids = cache_slots[None]
+        if cache is not None:
+            cache.begin(depth)
+
+        h = inputs_embeds
+        if config.block_style == "gpt2":
+            if not torch.compiler.is_compiling() and int(position_ids.max()) >= config.max_position_embeddings:
+                raise ValueError(
+                    f"position {int(position_ids.max())} is beyond the learned positions "
+                    f"(max_position_embeddings = {config.max_position_embeddings})"
+                )
+            h = h + self.embed_positions(position_ids)
+        rope = self._rope(position_ids, device)
+        mask, staged_mask = self._masks(
+            attention_mask, cache, cache_slots, past, seqlen, batch, device
+        )
+        hidden_states = [h] if output_hidden_states else None
+
+        def kv(kind, index, step=0):
+            if cache is None:
+                return None
+            return lambda k, v: cache.update_kv(k, v, kind, index, step, cache_slots)
+
+        for i, block in enumerate(self.prelude):
+            h = block(h, rope, mask, kv("prelude", i))
+            if hidden_states is not None:
+                hidden_states.append(h)
+
+        h_pre = h
+        states, proposals, gates = [h_pre], [], []
+        core_mask = staged_mask if staged_mask is not None else mask
+        for step in range(depth):
+            x = self.proj(torch.cat([h, h_pre], dim=-1))
+            for j, block in enumerate(self.core):
+                x = block(x, rope, core_mask, kv("core", j, step))
+            g = self.gate(h, h_pre)
+            h = g * h + (1 - g) * x
+            if output_recurrence or output_step_exits:
+                states.append(h)
+                if output_recurrence:
+                    proposals.append(x)
+                    gates.append(g)
+            if hidden_states is not None:
+                hidden_states.append(h)
+        if cache is not None:
+            cache.end_recurrence(depth, cache_slots)
+
+        exits = None
+        if output_step_exits:
+            if past > 0:
+                raise ValueError(
+                    "output_step_logits needs the whole sequence in one call (no past cache): "
+                    "an early exit's coda has no cached K/V for earlier tokens"
+                )
+            exits = [self._exit(s, rope, mask) for s in states[:-1]]
+
+        for i, block in enumerate(self.coda):
+            h = block(h, rope, mask, kv("coda", i))
+            if hidden_states is not None:
+                hidden_states.append(h)
+        h = self.norm(h)
+        if exits is not None:
+            exits.append(h)
+        if cache is not None:
+            cache.end_forward(seqlen)
+
+        extras = {
+            "hidden_states": tuple(hidden_states) if hidden_states is not None else None,
+            "recurrence_states": tuple(states) if output_recurrence else None,
+            "proposals": tuple(proposals) if output_recurrence else None,
+            "gate_values": tuple(gates) if output_recurrence else None,
+            "step_exits": tuple(exits) if exits is not None else None,
+        }
+        return h, (cache if use_cache else None), extras
+
+    def _exit(self, h, rope, mask):
+        """Coda and final norm on an intermediate state, without cache (analysis only)."""
+        for block in self.coda:
+            h = block(h, rope, mask, None)
+        return self.norm(h)
+
+
+class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
+    """GRT language model. `forward`/`generate` take `num_recurrences` and `kv_cache_strategy`."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: GRTConfig):
+        super().__init__(config)
+        self.model = GRTModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate() must not build a DynamicCache: forward creates a GRTCache.
+        return False
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        num_recurrences=None,
+        kv_cache_strategy=None,
+        cache_slots=None,
+        output_hidden_states=None,
+        output_recurrence=False,
+        output_step_logits=False,
+        logits_to_keep=0,
+        return_dict=None,
+        **kwargs,
+    ):
+        r"""Logits `[B, T, V]` for `input_ids` `[B, T]`.
+
+        Args:
+            num_recurrences: depth r of this call (None: `config.num_recurrences`).
+            kv_cache_strategy: strategy of the cache this call creates (None: the config's);
+                ignored-but-checked when `past_key_values` is given.
+            cache_slots: cache slots of the new tokens (static caches); default: the
+                next T slots.
+            output_recurrence: also return `recurrence_states`, `proposals`, `gate_values`.
+            output_step_logits: also return `step_logits` for every exit s = 0..r.
+            logits_to_keep: compute logits for the last k positions only (0 = all).
+        """
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        h, cache, extras = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            num_recurrences=num_recurrences,
+            kv_cache_strategy=kv_cache_strategy,
+            cache_slots=cache_slots,
+            output_hidden_states=output_hidden_states,
+            output_recurrence=output_recurrence,
+            output_step_exits=output_step_logits,
+        )
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            logits = self.lm_head(h[:, -logits_to_keep:])
+        elif isinstance(logits_to_keep, torch.Tensor):
+            logits = self.lm_head(h[:, logits_to_keep])
+        else:
+            logits = self.lm_head(h)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+            )
+        step_logits = None
+        if extras["step_exits"] is not None:
+            step_logits = tuple(self.lm_head(e) for e in extras["step_exits"])
+        out = GRTModelOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=cache,
+            hidden_states=extras["hidden_states"],
+            recurrence_states=extras["recurrence_states"],
+            proposals=extras["proposals"],
+            gate_values=extras["gate_values"],
+            step_logits=step_logits,
+        )
+        if return_dict is False:
+            return out.to_tuple()
+        return out

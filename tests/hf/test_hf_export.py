@@ -1,0 +1,233 @@
+"""`grt-titan export-hf` / `import-hf`: folder contents, round trips, sharding, bad input."""
+
+import ast
+import json
+
+import pytest
+import torch
+
+from grt_titan.cli import main as cli
+from grt_titan.hf.checkpoint_io import load_checkpoint, save_checkpoint
+from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
+from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS
+from hf_helpers import load_hf, seeded_model, small_args
+
+EXPECTED_FILES = {
+    "config.json", "configuration_grt.py", "modeling_grt.py", "model.safetensors",
+    "generation_config.json", "vocab.json", "merges.txt", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "README.md",
+}
+
+
+def test_export_folder(debug_export, debug_checkpoint):
+    assert {p.name for p in debug_export.iterdir()} == EXPECTED_FILES
+    config = json.loads((debug_export / "config.json").read_text())
+    assert config["model_type"] == "grt"
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_grt.GRTConfig",
+        "AutoModelForCausalLM": "modeling_grt.GRTForCausalLM",
+    }
+    assert config["architectures"] == ["GRTForCausalLM"]
+    assert (config["num_prelude_layers"], config["num_core_layers"], config["num_coda_layers"]) == (1, 2, 1)
+    assert config["num_recurrences"] == 4 and config["tie_word_embeddings"] is True
+    for name in ("configuration_grt.py", "modeling_grt.py"):  # self-contained remote code
+        tree = ast.parse((debug_export / name).read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert {m.split(".")[0] for m in imported} <= {"__future__", "math", "dataclasses", "torch",
+                                                      "transformers", "configuration_grt"}, imported
+    card = (debug_export / "README.md").read_text()
+    assert "1 + 2x4 + 1" in card and "training steps: 60" in card
+    assert "training tokens: 61,440" in card and "validation loss: 5.2500" in card
+    _, native = debug_checkpoint
+    stored = sum(p.numel() for p in native.parameters())
+    assert f"{stored / 1e6:.2f}M" in card
+
+
+def test_exported_model_loads_and_matches(debug_export, debug_checkpoint):
+    _, native = debug_checkpoint
+    hf = load_hf(debug_export)
+    x = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (hf(x).logits - native(x)).abs().max().item() < 1e-4
+
+
+def test_export_import_export_round_trip(debug_export, debug_checkpoint, debug_config, tmp_path):
+    folder, native = debug_checkpoint
+    ckpt = tmp_path / "ft" / "checkpoint" / "step-0"
+    assert cli(["import-hf", "--hf-dir", str(debug_export), "--out", str(ckpt),
+                "--config", str(debug_config)]) == 0
+    # import is exact, and gives torchtitan a complete model state (draws restarts at 0).
+    args = native.model_args
+    imported, _ = load_checkpoint(ckpt, args)
+    original = native.state_dict()
+    assert set(imported) == set(original)
+    for key, value in original.items():
+        if key in TRAINING_ONLY_KEYS:
+            assert int(imported[key]) == 0
+        else:
+            assert torch.equal(imported[key], value), key
+    again = tmp_path / "again"
+    assert cli(["export-hf", "--checkpoint", str(ckpt), "--config", str(debug_config),
+                "--out", str(again)]) == 0
+    assert (again / SINGLE_FILE).read_bytes() == (debug_export / SINGLE_FILE).read_bytes()
+
+
+def test_model_only_checkpoint_and_hf_format_checkpoint(debug_checkpoint, debug_config, tmp_path):
+    """The layouts torchtitan writes with last_save_model_only and with last_save_in_hf."""
+    from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
+
+    _, native = debug_checkpoint
+    model_only = tmp_path / "checkpoint" / "step-7"
+    save_checkpoint(model_only, native.state_dict())
+    state, facts = load_checkpoint(model_only, native.model_args)
+    assert facts == {"step": 7, "tokens_seen": None}
+    hf_step = tmp_path / "hf" / "step-9"
+    hf_step.mkdir(parents=True)
+    from safetensors.torch import save_file
+
+    adapter = GRTStateDictAdapter(native.model_args, None)
+    save_file({k: v.contiguous() for k, v in adapter.to_hf(native.state_dict()).items()},
+              str(hf_step / "model-00001-of-00001.safetensors"))
+    out = tmp_path / "from_hf_step"
+    assert cli(["export-hf", "--checkpoint", str(hf_step), "--config", str(debug_config),
+                "--out", str(out), "--no-verify"]) == 0
+    from safetensors.torch import load_file
+
+    exported = load_file(str(out / SINGLE_FILE))
+    assert all(torch.equal(exported[k], v) for k, v in adapter.to_hf(state).items())
+    assert "training steps: 9" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_sharded_weights(style, native_models, tmp_path):
+    model = native_models[style]
+    out = write_hf_folder(tmp_path / "sharded", model.state_dict(), model.model_args,
+                          write_tokenizer=False, max_shard_size="200KB")
+    shards = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(shards) > 3 and not (out / SINGLE_FILE).exists()
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    hf = load_hf(out)
+    x = torch.randint(0, 512, (1, 8))
+    with torch.no_grad():
+        assert (hf(x).logits - model(x)).abs().max().item() < 1e-4
+    # torchtitan's adapter reads the same index to lay out its own HF saves.
+    from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
+
+    mapping = GRTStateDictAdapter(model.model_args, str(out)).fqn_to_index_mapping
+    assert set(mapping.values()) == set(range(1, len(shards) + 1))
+
+
+def test_bfloat16_export(native_models, tmp_path):
+    model = native_models["llama"]
+    out = write_hf_folder(tmp_path / "bf16", model.state_dict(), model.model_args,
+                          write_tokenizer=False, dtype="bfloat16")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    hf = load_hf(out, dtype=torch.bfloat16)
+    assert next(hf.parameters()).dtype == torch.bfloat16
+
+
+# ---- bad input: a clear error, and nothing left behind --------------------------------
+
+
+def _assert_nothing_written(parent):
+    assert [p.name for p in parent.iterdir()] == []
+
+
+def test_checkpoint_that_does_not_match_the_config(debug_checkpoint, tmp_path, capsys):
+    folder, _ = debug_checkpoint
+    from hf_helpers import REPO
+
+    out_parent = tmp_path / "out"
+    out_parent.mkdir()
+    rc = cli(["export-hf", "--checkpoint", str(folder), "--config",
+              str(REPO / "train_configs" / "dense_debug.toml"), "--out", str(out_parent / "x")])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "does not match the config" in err and "recurrence.step.proj.weight" in err
+    _assert_nothing_written(out_parent)
+
+
+def test_missing_files(debug_config, tmp_path, capsys):
+    out_parent = tmp_path / "out"
+    out_parent.mkdir()
+    assert cli(["export-hf", "--checkpoint", str(tmp_path / "nope"), "--config", str(debug_config),
+                "--out", str(out_parent / "x")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert cli(["export-hf", "--checkpoint", str(tmp_path), "--config", str(tmp_path / "missing.toml"),
+                "--out", str(out_parent / "x")]) == 1
+    assert "missing.toml does not exist" in capsys.readouterr().err
+    empty = tmp_path / "empty_step"
+    empty.mkdir()
+    assert cli(["export-hf", "--checkpoint", str(empty), "--config", str(debug_config),
+                "--out", str(out_parent / "x")]) == 1
+    assert "not a torchtitan checkpoint" in capsys.readouterr().err
+    assert cli(["import-hf", "--hf-dir", str(empty), "--out", str(out_parent / "y")]) == 1
+    assert "no config.json" in capsys.readouterr().err
+    _assert_nothing_written(out_parent)
+
+
+def test_missing_weight_file_on_import(debug_export, tmp_path, capsys):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(debug_export, broken)
+    (broken / SINGLE_FILE).unlink()
+    out_parent = tmp_path / "out"
+    out_parent.mkdir()
+    assert cli(["import-hf", "--hf-dir", str(broken), "--out", str(out_parent / "step-0")]) == 1
+    assert "no model.safetensors" in capsys.readouterr().err
+    _assert_nothing_written(out_parent)
+
+
+def test_dtypes_that_cannot_be_represented(tmp_path):
+    from grt_titan.hf.convert import ExportError
+
+    args = small_args("gpt2")
+    model = seeded_model(args)
+    with torch.no_grad():
+        model.coda.layers["0"].feed_forward.w1.weight[0, 0] = 1e6  # > float16's 65504
+    out_parent = tmp_path / "out"
+    out_parent.mkdir()
+    with pytest.raises(ExportError, match=r"coda\.0\.mlp\.up_proj\.weight.*cannot be represented in float16"):
+        write_hf_folder(out_parent / "fp16", model.state_dict(), args, write_tokenizer=False, dtype="float16")
+    with pytest.raises(ExportError, match=r"dtype = 'int8' cannot be exported; allowed: \['bfloat16', 'float16', 'float32'\]"):
+        write_hf_folder(out_parent / "i8", model.state_dict(), args, write_tokenizer=False, dtype="int8")
+    _assert_nothing_written(out_parent)
+    # bfloat16 has float32's range: fine.
+    write_hf_folder(out_parent / "bf16", model.state_dict(), args, write_tokenizer=False, dtype="bfloat16")
+
+
+def test_existing_output_and_failure_mid_write(native_models, tmp_path, monkeypatch):
+    from grt_titan.hf import convert
+    from grt_titan.hf.convert import ExportError
+
+    model = native_models["gpt2"]
+    out = tmp_path / "o"
+    out.mkdir()
+    with pytest.raises(ExportError, match="already exists"):
+        write_hf_folder(out, model.state_dict(), model.model_args, write_tokenizer=False)
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(convert, "_write_generation_config", boom)
+    with pytest.raises(OSError, match="disk full"):
+        write_hf_folder(tmp_path / "p", model.state_dict(), model.model_args, write_tokenizer=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]  # no partial folder
+
+
+def test_validation_loss_read_from_the_runs_tensorboard_logs(debug_checkpoint, debug_config, tmp_path):
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder, _ = debug_checkpoint  # <dump>/checkpoint/step-60; grt_debug.toml logs to <dump>/tb
+    writer = SummaryWriter(str(folder.parent.parent / "tb" / "20261129-0000"))
+    for step, loss in ((30, 5.5), (60, 5.0), (90, 4.0)):
+        writer.add_scalar("validation_metrics/loss", loss, step)
+    writer.close()
+    out = tmp_path / "card"
+    assert cli(["export-hf", "--checkpoint", str(folder), "--config", str(debug_config),
+                "--out", str(out), "--no-verify"]) == 0
+    assert "validation loss: 5.0000" in (out / "README.md").read_text()

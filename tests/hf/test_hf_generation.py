@@ -1,0 +1,156 @@
+"""generate() with the GRT KV cache: exactness, compressed strategies, memory, padding."""
+
+import importlib
+
+import pytest
+import torch
+
+from hf_helpers import SMALL_VOCAB
+
+STRATEGIES = ("per_step", "first", "last", "average")
+
+
+def prompt(batch=1, seq=10, seed=5):
+    return torch.randint(0, SMALL_VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def greedy(model, ids, n=32, **kwargs):
+    # No EOS in a 512-token vocabulary (eos_token_id is None), so exactly n tokens.
+    return model.generate(ids, max_new_tokens=n, do_sample=False, **kwargs)
+
+
+def cache_class(model):
+    return importlib.import_module(type(model).__module__).GRTCache
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_per_step_cache_equals_recomputing_the_prefix(style, hf_models):
+    hf = hf_models[style]
+    ids = prompt()
+    cached = greedy(hf, ids, kv_cache_strategy="per_step")
+    recomputed = greedy(hf, ids, use_cache=False)
+    assert cached.shape == (1, ids.shape[1] + 32)
+    assert torch.equal(cached, recomputed)
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_depth_per_generate_call(style, hf_models):
+    hf = hf_models[style]
+    ids = prompt(seed=6)
+    for r in (0, 2, 6):
+        assert torch.equal(greedy(hf, ids, n=8, num_recurrences=r), greedy(hf, ids, n=8, num_recurrences=r, use_cache=False))
+
+
+def decode_logits(hf, ids, strategy, r, steps=6):
+    """Teacher-forced decoding: prefill ids[:, :-steps], then feed the rest one by one."""
+    cache = cache_class(hf)(hf.config, strategy=strategy)
+    prefix = ids.shape[1] - steps
+    out = [hf(ids[:, :prefix], past_key_values=cache, num_recurrences=r).logits[:, -1]]
+    for t in range(prefix, ids.shape[1]):
+        out.append(hf(ids[:, t : t + 1], past_key_values=cache, num_recurrences=r).logits[:, -1])
+    return torch.stack(out, 1), cache
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_compressed_caches_differ_from_per_step_as_expected(style, hf_models):
+    hf = hf_models[style]
+    ids = prompt(seq=16, seed=7)
+    R = hf.config.num_recurrences
+    with torch.no_grad():
+        full = hf(ids, use_cache=False).logits[:, -7:]
+        ref, _ = decode_logits(hf, ids, "per_step", R)
+        # per_step is exact.
+        assert (ref - full).abs().max().item() < 1e-4
+        diffs = {}
+        for strategy in ("first", "last", "average"):
+            got, _ = decode_logits(hf, ids, strategy, R)
+            # The prefill is exact under every strategy ...
+            assert (got[:, 0] - ref[:, 0]).abs().max().item() < 1e-5
+            # ... later tokens see approximate core K/V for past tokens.
+            diffs[strategy] = (got[:, 1:] - ref[:, 1:]).abs().max().item()
+            assert diffs[strategy] > 1e-3
+            # With one step, first = last = average = per step: identical.
+            one, _ = decode_logits(hf, ids, strategy, 1)
+            ref_one, _ = decode_logits(hf, ids, "per_step", 1)
+            assert (one - ref_one).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_cache_bytes_match_the_formula(style, strategy, hf_models):
+    hf = hf_models[style]
+    c = hf.config
+    batch, seq, r = 3, 11, 5
+    ids = prompt(batch=batch, seq=seq, seed=8)
+    with torch.no_grad():
+        _, cache = decode_logits(hf, ids, strategy, r, steps=4)
+    assert cache.get_seq_length() == seq
+    core_caches = c.num_core_layers * (r if strategy == "per_step" else 1)
+    layers = c.num_prelude_layers + core_caches + c.num_coda_layers
+    per_token_per_layer = 2 * c.num_key_value_heads * c.head_dim * 4  # K and V, fp32
+    assert cache.nbytes() == batch * seq * per_token_per_layer * layers
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_static_cache_equals_dynamic_cache(style, strategy, hf_models):
+    """The preallocated (compile-friendly) cache computes what the growing one does."""
+    hf = hf_models[style]
+    ids = prompt(batch=2, seq=12, seed=9)
+    R = hf.config.num_recurrences
+    with torch.no_grad():
+        ref, _ = decode_logits(hf, ids, strategy, R, steps=4)
+        cache = cache_class(hf)(hf.config, strategy=strategy, max_cache_len=20)
+        out = [hf(ids[:, :8], past_key_values=cache, cache_slots=torch.arange(8)).logits[:, -1]]
+        for t in range(8, 12):
+            out.append(hf(ids[:, t : t + 1], past_key_values=cache, cache_slots=torch.tensor([t]),
+                          position_ids=torch.tensor([[t]])).logits[:, -1])
+        got = torch.stack(out, 1)
+    assert (got - ref).abs().max().item() < 1e-4
+    assert cache.get_seq_length() == 12
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+@pytest.mark.parametrize("strategy", ["per_step", "average"])
+def test_left_padded_batch_equals_each_prompt_alone(style, strategy, hf_models):
+    hf = hf_models[style]
+    prompts = [prompt(seq=n, seed=10 + n)[0] for n in (4, 9, 7)]
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = p
+        mask[i, width - len(p):] = 1
+    batched = greedy(hf, ids, n=12, attention_mask=mask, pad_token_id=0, kv_cache_strategy=strategy)
+    for i, p in enumerate(prompts):
+        alone = greedy(hf, p[None], n=12, kv_cache_strategy=strategy)
+        assert torch.equal(batched[i, width:], alone[0, len(p):]), f"row {i}"
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_sampling(style, hf_models):
+    hf = hf_models[style]
+    ids = prompt(batch=2)
+    torch.manual_seed(0)
+    a = hf.generate(ids, max_new_tokens=16, do_sample=True, top_k=50, temperature=0.9)
+    torch.manual_seed(0)
+    b = hf.generate(ids, max_new_tokens=16, do_sample=True, top_k=50, temperature=0.9)
+    assert a.shape == (2, 26) and torch.equal(a, b)
+    assert ((a >= 0) & (a < SMALL_VOCAB)).all()
+
+
+def test_bad_cache_use_is_an_error(hf_models):
+    hf = hf_models["gpt2"]
+    GRTCache = cache_class(hf)
+    with pytest.raises(ValueError, match="kv_cache_strategy = 'median'"):
+        GRTCache(hf.config, strategy="median")
+    cache = GRTCache(hf.config, strategy="per_step")
+    ids = prompt()
+    with torch.no_grad():
+        hf(ids, past_key_values=cache, num_recurrences=4)
+        with pytest.raises(ValueError, match="keep r fixed"):
+            hf(ids[:, :1], past_key_values=cache, num_recurrences=5)
+        with pytest.raises(ValueError, match="uses 'per_step'"):
+            hf(ids[:, :1], past_key_values=cache, kv_cache_strategy="average")
+        with pytest.raises(ValueError, match="needs the whole sequence"):
+            hf(ids[:, :1], past_key_values=cache, num_recurrences=4, output_step_logits=True)

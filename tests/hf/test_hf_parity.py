@@ -1,0 +1,121 @@
+"""The exported transformers model computes the torchtitan model's logits."""
+
+import json
+
+import pytest
+import torch
+
+from grt_titan.hf.convert import write_hf_folder
+from grt_titan.model import grt_flavors
+
+from hf_helpers import SMALL_VOCAB, load_hf, seeded_model
+
+# fp32 on CPU: the two models run the same ops in the same order except RoPE (complex
+# multiply vs its real form) and SDPA kernels; observed <= 2e-6, 1e-4 leaves headroom.
+ATOL = 1e-4
+
+
+def tokens(batch=2, seq=24, seed=3):
+    return torch.randint(0, SMALL_VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+@pytest.mark.parametrize("depth", ["0", "1", "R", "R+2"])
+def test_logits_match_torchtitan(style, depth, native_models, hf_models):
+    native, hf = native_models[style], hf_models[style]
+    R = native.model_args.num_recurrences
+    r = {"0": 0, "1": 1, "R": R, "R+2": R + 2}[depth]
+    x = tokens()
+    with torch.no_grad():
+        ref = native(x, num_recurrences=r)
+        got = hf(x, num_recurrences=r).logits
+    assert got.shape == ref.shape
+    assert (got - ref).abs().max().item() < ATOL
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_default_depth_is_the_eval_depth(style, native_models, hf_models):
+    native, hf = native_models[style], hf_models[style]
+    assert hf.config.num_recurrences == native.model_args.num_recurrences
+    x = tokens(seed=4)
+    with torch.no_grad():
+        assert (hf(x).logits - native(x)).abs().max().item() < ATOL
+
+
+def test_eval_recurrences_becomes_the_default_depth(tmp_path):
+    args = grt_flavors["debug"].replace(vocab_size=SMALL_VOCAB, eval_recurrences=2)
+    native = seeded_model(args)
+    out = write_hf_folder(tmp_path / "m", native.state_dict(), args, write_tokenizer=False)
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_recurrences"] == 2 and config["train_recurrences"] == 4
+    hf = load_hf(out)
+    x = tokens()
+    with torch.no_grad():
+        assert (hf(x).logits - native(x)).abs().max().item() < ATOL
+
+
+def test_dense_twin(tmp_path):
+    args = grt_flavors["dense_debug"].replace(vocab_size=SMALL_VOCAB, n_prelude_layers=3)
+    native = seeded_model(args)
+    out = write_hf_folder(tmp_path / "dense", native.state_dict(), args, write_tokenizer=False)
+    hf = load_hf(out)
+    assert hf.config.num_recurrences == 0 and not hasattr(hf.model, "core")
+    x = tokens()
+    with torch.no_grad():
+        assert (hf(x).logits - native(x)).abs().max().item() < ATOL
+    with pytest.raises(ValueError, match="without core layers"):
+        hf(x, num_recurrences=2)
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_bf16_load(style, exported, native_models):
+    hf = load_hf(exported[style], dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in hf.parameters())
+    x = tokens()
+    with torch.no_grad():
+        got = hf(x).logits.float()
+        ref = native_models[style](x)
+    assert torch.isfinite(got).all()
+    # bf16 keeps ~3 significant digits; through ~10 blocks the logits drift by a few 1e-2.
+    assert (got - ref).abs().max().item() < 0.25
+    # ... and the argmax mostly agrees.
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() > 0.9
+    # generate() in bf16, with the cache (greedy) and sampling.
+    greedy = hf.generate(x[:1, :6], max_new_tokens=5, do_sample=False)
+    sampled = hf.generate(x[:1, :6], max_new_tokens=5, do_sample=True, top_k=20)
+    assert greedy.shape == sampled.shape == (1, 11)
+
+
+def test_gate_override_model(tmp_path):
+    args = grt_flavors["debug"].replace(vocab_size=SMALL_VOCAB, gate_override=1.0)
+    native = seeded_model(args)
+    hf = load_hf(write_hf_folder(tmp_path / "g1", native.state_dict(), args, write_tokenizer=False))
+    x = tokens()
+    with torch.no_grad():
+        # g = 1 copies the state: every depth gives the prelude-only logits.
+        assert (hf(x, num_recurrences=5).logits - hf(x, num_recurrences=0).logits).abs().max() == 0
+        assert (hf(x).logits - native(x)).abs().max().item() < ATOL
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_recurrence_outputs_for_analysis(style, hf_models):
+    hf = hf_models[style]
+    x = tokens(batch=1, seq=12)
+    r = 3
+    with torch.no_grad():
+        out = hf(x, num_recurrences=r, output_recurrence=True, output_step_logits=True, use_cache=False)
+        d = hf.config.hidden_size
+        assert len(out.recurrence_states) == r + 1 and len(out.gate_values) == r == len(out.proposals)
+        assert all(s.shape == (1, 12, d) for s in out.recurrence_states + out.gate_values + out.proposals)
+        assert all(((g >= 0) & (g <= 1)).all() for g in out.gate_values)
+        # h_s = g_s h_{s-1} + (1 - g_s) o_s
+        for s in range(r):
+            g, h = out.gate_values[s], out.recurrence_states[s]
+            expected = g * h + (1 - g) * out.proposals[s]
+            assert torch.allclose(out.recurrence_states[s + 1], expected, atol=1e-6)
+        # Exit after s steps == a forward at depth s.
+        assert len(out.step_logits) == r + 1
+        assert torch.equal(out.step_logits[-1], out.logits)
+        for s in range(r + 1):
+            direct = hf(x, num_recurrences=s, use_cache=False).logits
+            assert (out.step_logits[s] - direct).abs().max().item() < ATOL
