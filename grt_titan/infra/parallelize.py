@@ -49,6 +49,7 @@ from torchtitan.tools.logging import logger
 from grt_titan.model import GRTModel
 
 FLOAT8_CONVERTER = "quantize.linear.float8"
+RECURRENCE_CHECKPOINT_MODES = ("block", "step")
 
 
 def grt_stacks(model: GRTModel) -> list[nn.Module]:
@@ -72,6 +73,10 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
         )
     if parallel_dims.cp_enabled:
         raise ValueError("parallelism.context_parallel_degree > 1 is not supported by grt")
+    if recurrence_checkpoint not in RECURRENCE_CHECKPOINT_MODES:
+        raise ValueError(
+            f"grt.recurrence_checkpoint = {recurrence_checkpoint!r}; allowed: {RECURRENCE_CHECKPOINT_MODES}"
+        )
 
     if parallel_dims.tp_enabled:
         tp_mesh = parallel_dims.get_mesh("tp")
@@ -209,8 +214,15 @@ def apply_recurrence_ac(model: GRTModel, ac_config, recurrence_checkpoint: str, 
                 op_sac_save_list=_op_sac_save_list,
             )
     if model.recurrence is not None and recurrence_checkpoint == "step":
-        # The step has no RNG inside (noise is an input), so recomputation is exact.
-        model.recurrence.step = checkpoint_wrapper(model.recurrence.step, preserve_rng_state=True)
+        # torchtitan's full-AC wrapper around the whole step. The step has no RNG inside
+        # (its noise is an input), so the recomputation is exact either way.
+        model.recurrence.step = checkpoint_wrapper(
+            model.recurrence.step,
+            preserve_rng_state=ac_config.preserve_rng_state,
+            determinism_check=ac_config.determinism_check,
+            early_stop=ac_config.early_stop,
+            debug=ac_config.debug,
+        )
         logger.info("Checkpointing each recurrence step (W_proj + core + gate) as one region")
 
 
