@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.lr_scheduler import build_lr_schedulers
-from torchtitan.components.optimizer import build_optimizers
 from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_train_spec
 
 from grt_titan.components.metrics import build_grt_metrics_processor
+from grt_titan.components.optimizer import build_grt_optimizers
 from grt_titan.components.validate import build_grt_validator
 from grt_titan.data.loader import build_dataloader
 from grt_titan.infra.parallelize import parallelize_grt
@@ -25,7 +25,7 @@ def build_grt_train_spec() -> TrainSpec:
         parallelize_fn=parallelize_grt,
         # A shared core cannot be split across pipeline stages; pp > 1 fails at start-up.
         pipelining_fn=None,
-        build_optimizers_fn=build_optimizers,
+        build_optimizers_fn=build_grt_optimizers,
         build_lr_schedulers_fn=build_lr_schedulers,
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_tokenizer,

@@ -165,6 +165,9 @@ class GRTModelArgs(BaseModelArgs):
         if self.block_style == "llama":
             self.max_seq_len = max(self.max_seq_len, seq_len)
         self.validate(where=f"flavor {job_config.model.flavor!r} with [grt] overrides")
+        from grt_titan.config_checks import check_job_config
+
+        check_job_config(job_config, self)
 
     # ---- FLOPs -----------------------------------------------------------------------
 

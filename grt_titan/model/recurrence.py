@@ -192,7 +192,9 @@ class Recurrence(nn.Module):
         freqs_cis: torch.Tensor | None,
         num_recurrences: int | None = None,
     ) -> torch.Tensor:
-        h = h_pre
+        # A distinct tensor, not h_pre itself: a compiled step guards on its inputs
+        # aliasing, and step 1 would otherwise compile a second graph.
+        h = h_pre.clone()
         depth = self.resolve_depth(num_recurrences)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
         grad_enabled = torch.is_grad_enabled()
