@@ -12,6 +12,7 @@ by `GRTModelArgs.update_from_config`, with the key named in the error.
 from dataclasses import dataclass, field
 from typing import Literal
 
+from grt_titan.components.metrics import GRTMetricsConfig
 from grt_titan.data.config import DataConfig
 
 
@@ -68,3 +69,4 @@ class GRTConfig:
 class JobConfig:
     grt: GRTConfig = field(default_factory=GRTConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    grt_metrics: GRTMetricsConfig = field(default_factory=GRTMetricsConfig)

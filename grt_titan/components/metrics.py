@@ -1,23 +1,237 @@
-"""Metrics processor whose FLOPs follow the depths actually sampled.
+"""Metrics processor of the `grt` spec: r-aware FLOPs and what the recurrence does.
 
 torchtitan fixes `num_flops_per_token` at start-up; for the GRT it depends on r. Before
 each log this processor sets it to eq. 1 at the mean depth sampled since the last log
 (so MFU and TFLOPS are right), and logs `grt/r_mean` and `grt/r_last`.
+
+With `[grt_metrics] enable = true` (the default) it also logs, for the step being logged,
+the sampled depth `grt/r` and per recurrence step i (paper appendix E, figure 10):
+
+| tag                          | value                                              |
+|------------------------------|----------------------------------------------------|
+| `grt_gate_mean/step{i}`      | mean of g over batch, tokens and features          |
+| `grt_gate_std/step{i}`       | standard deviation of the same values              |
+| `grt_gate_copy_frac/step{i}` | share of g > 0.95 (copy-saturated)                 |
+| `grt_gate_write_frac/step{i}`| share of g < 0.05 (write-saturated)                |
+| `grt_update_ratio/step{i}`   | rho = ||h_i - h_{i-1}|| / ||o_i - h_{i-1}|| (eq. 6) |
+
+Cost: nothing on steps that are not logged. The processor arms the recurrence's step
+observer (`Recurrence.observer`) from a forward pre-hook only for training forwards of a
+step that `should_log` will log; the observer reduces each step to a few device scalars
+(no host sync); they are all-reduced and read with one `.tolist()` in `log()`. With
+`enable = false` no hook is installed at all. See docs/observability.md.
 """
 
-from __future__ import annotations
+from dataclasses import dataclass
+from typing import Any
 
+import torch
+from torch import nn
 from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.tools.logging import logger
 
 from grt_titan.model.args import GRTModelArgs
-from grt_titan.model.recurrence import DepthSampler
+from grt_titan.model.recurrence import DepthSampler, Recurrence, StepRecord
+
+# No `from __future__ import annotations`: torchtitan resolves GRTMetricsConfig's field
+# types when it merges the section into its JobConfig.
+
+COPY_THRESHOLD = 0.95  # g above: the step copies the state (paper figure 10b)
+WRITE_THRESHOLD = 0.05  # g below: the step writes the proposal
+
+
+@dataclass
+class GRTMetricsConfig:
+    """The `[grt_metrics]` TOML section (docs/observability.md)."""
+
+    enable: bool = True
+    """Log per-recurrence-step gate statistics and the update ratio on log steps
+    (`metrics.log_freq`). False installs no hook: zero cost."""
+
+    validation_depths: bool = True
+    """At each validation also evaluate every depth r in {0..R, R+2} and log
+    `validation_metrics/loss_r{r}`, `validation_metrics/flops_per_token_r{r}` and a plot.
+    Costs R/2 + 2 to R + 2 times a plain validation (docs/observability.md)."""
+
+
+def metrics_config(job_config) -> GRTMetricsConfig:
+    cfg = getattr(job_config, "grt_metrics", None)
+    return cfg if cfg is not None else GRTMetricsConfig()
+
+
+def find_recurrence(model_parts: list[nn.Module] | None) -> Recurrence | None:
+    """The Recurrence module of a (possibly FSDP/TP-wrapped) GRT, None for dense flavors."""
+    for part in model_parts or ():
+        for module in part.modules():
+            if isinstance(module, Recurrence):
+                return module
+    return None
+
+
+def _local(x: torch.Tensor) -> torch.Tensor:
+    # Under TP a state may be a DTensor: take this rank's shard (the sums are all-reduced).
+    to_local = getattr(x, "to_local", None)
+    return (to_local() if to_local is not None else x).detach()
+
+
+class RecurrenceStats:
+    """Per-step sums of one training step, kept on the device until `summary()`.
+
+    Row i-1 of `sums` holds, for recurrence step i, summed over every armed forward
+    (gradient-accumulation microbatches) and, after `all_reduce`, over ranks:
+    `SUMS` = number of gate values, sum g, sum g^2, #(g > 0.95), #(g < 0.05),
+    ||h_i - h_{i-1}||^2, ||o_i - h_{i-1}||^2.
+    """
+
+    SUMS = ("count", "gate", "gate_sq", "copy", "write", "update_sq", "proposal_delta_sq")
+
+    def __init__(self) -> None:
+        self.sums: torch.Tensor | None = None
+        self.depths: list[int] = []  # r of each observed forward
+
+    def reset(self) -> None:
+        self.sums = None
+        self.depths = []
+
+    @torch.no_grad()
+    def observe(self, record: StepRecord) -> None:
+        g = _local(record.gate)
+        h, h_new, o = _local(record.state), _local(record.new_state), _local(record.proposal)
+        f64 = torch.float64
+        row = torch.stack([
+            torch.sum(g, dtype=f64),
+            torch.sum(g.float().square(), dtype=f64),
+            torch.count_nonzero(g > COPY_THRESHOLD).to(f64),
+            torch.count_nonzero(g < WRITE_THRESHOLD).to(f64),
+            torch.linalg.vector_norm(h_new - h, dtype=torch.float32).to(f64).square(),
+            torch.linalg.vector_norm(o - h, dtype=torch.float32).to(f64).square(),
+        ])
+        if self.sums is None:
+            self.sums = torch.zeros(record.depth, len(self.SUMS), dtype=f64, device=row.device)
+        elif self.sums.shape[0] < record.depth:  # a deeper forward in the same step
+            pad = self.sums.new_zeros(record.depth - self.sums.shape[0], len(self.SUMS))
+            self.sums = torch.cat([self.sums, pad])
+        i = record.index - 1
+        self.sums[i, 0] += g.numel()  # a fill kernel, no host-device copy
+        self.sums[i, 1:] += row
+        if record.index == 1:
+            self.depths.append(record.depth)
+
+    def all_reduce(self, meshes) -> None:
+        """Sum over the given device meshes (data-parallel `loss` mesh, `tp` mesh).
+
+        Every rank runs the same depths (the depth sampler is rank-synchronous), so the
+        tensors have the same shape on every rank.
+        """
+        if self.sums is None:
+            return
+        import torch.distributed._functional_collectives as funcol
+
+        for mesh in meshes:
+            if mesh is not None:
+                self.sums = funcol.all_reduce(self.sums, reduceOp="sum", group=mesh)
+
+    def summary(self) -> list[dict[str, float]]:
+        """Per step i = 1.. : gate_mean, gate_std, gate_copy_frac, gate_write_frac, update_ratio."""
+        if self.sums is None:
+            return []
+        out = []
+        for count, gate, gate_sq, copy, write, upd, prop in self.sums.tolist():
+            if count == 0:
+                break
+            mean = gate / count
+            out.append({
+                "gate_mean": mean,
+                "gate_std": max(gate_sq / count - mean * mean, 0.0) ** 0.5,
+                "gate_copy_frac": copy / count,
+                "gate_write_frac": write / count,
+                "update_ratio": (upd / prop) ** 0.5 if prop > 0 else 0.0,
+            })
+        return out
 
 
 class GRTMetricsProcessor(MetricsProcessor):
+    """torchtitan's MetricsProcessor plus the GRT's depth-aware FLOPs and recurrence stats.
+
+    Hooks are installed when the Trainer assigns `model_parts` and `optimizers` (plain
+    attribute assignments in torchtitan's Trainer.__init__), so no trainer code changes.
+    """
+
     def __init__(self, job_config, parallel_dims, model_args: GRTModelArgs, tag: str | None = None):
+        self._model_parts: list[nn.Module] | None = None
+        self._optimizers = None
+        self._recurrence: Recurrence | None = None
+        self._hooks: list[Any] = []
         super().__init__(job_config, parallel_dims, tag)
         self.model_args = model_args
+        self.config = metrics_config(job_config)
         self._sampler: DepthSampler | None = None
+        self.stats = RecurrenceStats()
+        # Step bookkeeping: which training step the next forward belongs to.
+        self._last_logged_step: int | None = None  # None until the first log (resume)
+        self._steps_since_log = 0
+        self._optimizer_steps = 0
+        self._stats_step = -1  # value of _optimizer_steps while `stats` was filled
+
+    # ---- wiring (the Trainer sets these two attributes) --------------------------------
+
+    @property
+    def model_parts(self) -> list[nn.Module] | None:
+        return self._model_parts
+
+    @model_parts.setter
+    def model_parts(self, parts: list[nn.Module] | None) -> None:
+        self._model_parts = parts
+        self._sampler = None
+        if parts and getattr(self, "config", None) is not None and self.config.enable:
+            self._install_observer(find_recurrence(parts))
+
+    @property
+    def optimizers(self):
+        return self._optimizers
+
+    @optimizers.setter
+    def optimizers(self, optimizers) -> None:
+        self._optimizers = optimizers
+        if optimizers is not None and getattr(self, "config", None) is not None and self.config.enable:
+            self._hooks.append(optimizers.register_step_post_hook(self._after_optimizer_step))
+
+    def _install_observer(self, recurrence: Recurrence | None) -> None:
+        self._recurrence = recurrence
+        if recurrence is not None:
+            self._hooks.append(recurrence.register_forward_pre_hook(self._before_recurrence))
+
+    def remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        if self._recurrence is not None and self._recurrence.observer == self.stats.observe:
+            self._recurrence.observer = None
+
+    def _after_optimizer_step(self, *args, **kwargs) -> None:
+        self._optimizer_steps += 1
+        self._steps_since_log += 1
+
+    def upcoming_step(self) -> int | None:
+        """The training step the next forward belongs to; None before the first log."""
+        if self._last_logged_step is None:
+            return None
+        return self._last_logged_step + self._steps_since_log + 1
+
+    def _before_recurrence(self, module: Recurrence, args) -> None:
+        step = self.upcoming_step()
+        # Before the first log of this process the step is unknown (a resumed run starts
+        # at its checkpoint's step): observe every step until then, at most log_freq.
+        armed = module.training and (step is None or self.should_log(step))
+        if armed:
+            if self._stats_step != self._optimizer_steps:  # first forward of a new step
+                self.stats.reset()
+                self._stats_step = self._optimizer_steps
+            module.observer = self.stats.observe
+        elif module.observer == self.stats.observe:
+            module.observer = None
+
+    # ---- logging -----------------------------------------------------------------------
 
     def depth_sampler(self) -> DepthSampler | None:
         if self._sampler is None and self.model_parts:
@@ -26,6 +240,26 @@ class GRTMetricsProcessor(MetricsProcessor):
                 None,
             )
         return self._sampler
+
+    def recurrence_metrics(self) -> dict[str, float]:
+        """Scalars of the step that just ran (empty if it was not observed); collective."""
+        fresh = self._stats_step == self._optimizer_steps - 1 and self.stats.sums is not None
+        if not fresh:
+            self.stats.reset()
+            return {}
+        pd = self.parallel_dims
+        self.stats.all_reduce([
+            pd.get_optional_mesh("loss") if pd.dp_cp_enabled else None,
+            pd.get_optional_mesh("tp") if pd.tp_enabled else None,
+        ])
+        metrics: dict[str, float] = {}
+        if self.stats.depths:
+            metrics["grt/r"] = sum(self.stats.depths) / len(self.stats.depths)
+        for i, row in enumerate(self.stats.summary(), start=1):
+            for name, value in row.items():
+                metrics[f"grt_{name}/step{i}"] = value
+        self.stats.reset()
+        return metrics
 
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         extra_metrics = dict(extra_metrics or {})
@@ -38,7 +272,35 @@ class GRTMetricsProcessor(MetricsProcessor):
             self.num_flops_per_token = int(
                 self.model_args.train_flops_per_token(self.job_config.training.seq_len, r_mean)
             )
+        grt = self.recurrence_metrics() if self.config.enable and self._recurrence is not None else {}
+        extra_metrics.update(grt)
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
+        if grt:
+            logger.info(console_line(grt))
+        self._last_logged_step = step
+        self._steps_since_log = 0
+
+    def close(self):
+        self.remove_hooks()
+        super().close()
+
+
+def console_line(metrics: dict[str, float]) -> str:
+    """`grt  r: 3  gate: .97 .95 .94  copy: .80 .71 .69  rho: .04 .06 .07` (one number per step)."""
+
+    def row(name: str) -> str:
+        values, i = [], 1
+        while f"grt_{name}/step{i}" in metrics:
+            values.append(f"{metrics[f'grt_{name}/step{i}']:.3f}".lstrip("0") or "0")
+            i += 1
+        return " ".join(values)
+
+    r = metrics.get("grt/r")
+    r_text = f"{r:g}" if r is not None else "?"
+    return (
+        f"grt  r: {r_text}  gate: {row('gate_mean')}  copy: {row('gate_copy_frac')}  "
+        f"rho: {row('update_ratio')}"
+    )
 
 
 def build_grt_metrics_processor(job_config, parallel_dims, model_args=None, tag=None) -> GRTMetricsProcessor:

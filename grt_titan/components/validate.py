@@ -1,14 +1,50 @@
-"""torchtitan's Validator, reading the validation split of grt_titan's token shards.
+"""torchtitan's Validator on grt_titan's validation split, plus depth-wise validation.
 
-Evaluation runs in eval mode, so the model uses its eval depth (default R) and no noise.
+Evaluation runs in eval mode, so the model uses its eval depth (default R) and no noise;
+that loss is torchtitan's `validation_metrics/loss`, as for any model.
+
+With `[grt_metrics] validation_depths = true` (the default) each validation also scores
+the same batches at every depth r in {0..R} and at R + 2 (`model(tokens,
+num_recurrences=r)`): the early-exit / compute-quality curve of paper figure 3. It logs
+`validation_metrics/loss_r{r}` and `validation_metrics/flops_per_token_r{r}` (eq. 1 at
+depth r, forward, validation seq_len) and, on rank 0 with TensorBoard, the image
+`validation_metrics/depth_curve`. Dense flavors log no per-r values.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+from torch import nn
+from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.validate import BaseValidator, Validator
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.tools import utils as tt_utils
 from torchtitan.tools.logging import logger
 
+from grt_titan.components.metrics import find_recurrence, metrics_config
 from grt_titan.data.loader import build_validation_dataloader
+
+
+def validation_depths(num_recurrences: int) -> list[int]:
+    """{0..R} and R + 2 (extrapolation), in increasing order."""
+    return list(range(num_recurrences + 1)) + [num_recurrences + 2]
+
+
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    # With loss parallel (TP) the loss is a replicated DTensor.
+    full_tensor = getattr(x, "full_tensor", None)
+    return (full_tensor() if full_tensor is not None else x).detach()
+
+
+def tensorboard_writers(metrics_processor) -> list[Any]:
+    """SummaryWriters of torchtitan's TensorBoard loggers (only on the logging rank)."""
+    from torchtitan.components.metrics import TensorBoardLogger
+
+    root = getattr(metrics_processor, "logger", None)
+    loggers = getattr(root, "_loggers", [root])  # LoggerContainer keeps them in `_loggers`
+    return [(lg.writer, lg.tag) for lg in loggers if isinstance(lg, TensorBoardLogger)]
 
 
 class GRTValidator(Validator):
@@ -46,8 +82,103 @@ class GRTValidator(Validator):
         self.pp_schedule = pp_schedule
         self.pp_has_first_stage = pp_has_first_stage
         self.pp_has_last_stage = pp_has_last_stage
+        self.depthwise = metrics_config(job_config).validation_depths
+        self._warned_no_plot = False
         if job_config.validation.steps == -1:
             logger.warning("validation.steps = -1 may hang if ranks hold unequal sample counts")
+
+    def validate(self, model_parts: list[nn.Module], step: int) -> None:
+        recurrence = find_recurrence(model_parts)
+        if not self.depthwise or recurrence is None or self.parallel_dims.pp_enabled:
+            return super().validate(model_parts, step)
+        return self.validate_depthwise(model_parts, step, recurrence.eval_recurrences)
+
+    @torch.no_grad()
+    def validate_depthwise(self, model_parts: list[nn.Module], step: int, eval_depth: int) -> dict[int, float]:
+        """torchtitan's validation loop, scoring each batch at every depth; returns {r: loss}."""
+        assert len(model_parts) == 1, "the GRT has no pipeline stages"
+        model = model_parts[0]
+        args = model.model_args
+        depths = validation_depths(args.num_recurrences)
+        # The eval-depth loss is one of the depths unless eval_recurrences is set elsewhere.
+        runs: list[int | None] = depths + ([] if eval_depth in depths else [None])
+        model.eval()
+        parallel_dims = self.parallel_dims
+        device = tt_utils.device_type
+        totals = torch.zeros(len(runs), dtype=torch.float64, device=device)
+        num_steps = 0
+        for input_dict, labels in self.validation_dataloader:
+            if self.job_config.validation.steps != -1 and num_steps >= self.job_config.validation.steps:
+                break
+            self.metrics_processor.ntokens_since_last_log += labels.numel()
+            input_dict = {k: v.to(device) for k, v in input_dict.items()}
+            labels = labels.to(device)
+            inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(
+                input_dict, labels, model_parts
+            )
+            local_valid_tokens = (labels != IGNORE_INDEX).sum()
+            if parallel_dims.dp_enabled:
+                global_valid_tokens = dist_utils.dist_sum(local_valid_tokens, parallel_dims.get_mesh("batch"))
+            else:
+                global_valid_tokens = local_valid_tokens.float()
+            losses = []
+            with self.validation_context(), self.maybe_enable_amp:
+                for r in runs:
+                    pred = model(inputs, **extra_inputs, **extra_kwargs, num_recurrences=r)
+                    losses.append(_plain(self.loss_fn(pred, labels)).double() / global_valid_tokens)
+                    del pred
+            totals += torch.stack(losses)
+            num_steps += 1
+        totals /= max(num_steps, 1)
+        if parallel_dims.dp_cp_enabled:
+            import torch.distributed._functional_collectives as funcol
+
+            totals = funcol.all_reduce(totals, reduceOp="sum", group=parallel_dims.get_optional_mesh("loss"))
+        values = totals.tolist()
+        by_run = dict(zip(runs, values))
+        loss_at = {r: by_run[r] for r in depths}
+        eval_loss = by_run[eval_depth if eval_depth in depths else None]
+
+        seq_len = self.job_config.validation.seq_len
+        flops = {r: args.forward_flops_per_token(seq_len, r) for r in depths}
+        extra = {}
+        for r in depths:
+            extra[f"validation_metrics/loss_r{r}"] = loss_at[r]
+            extra[f"validation_metrics/flops_per_token_r{r}"] = flops[r]
+        self.metrics_processor.log_validation(loss=eval_loss, step=step, extra_metrics=extra)
+        logger.info(
+            f"validate step {step:2}  loss by depth r: "
+            + "  ".join(f"{r}: {loss_at[r]:.4f}" for r in depths)
+        )
+        self._log_depth_curve(step, args, depths, loss_at, flops)
+        model.train()
+        return loss_at
+
+    def _log_depth_curve(self, step, args, depths, loss_at, flops) -> None:
+        writers = tensorboard_writers(self.metrics_processor)
+        if not writers:
+            return
+        try:
+            from grt_titan.analysis.plots import early_exit_figure
+        except ImportError as e:  # matplotlib missing: scalars are still logged
+            if not self._warned_no_plot:
+                logger.warning(f"no depth-curve image in TensorBoard ({e}); pip install matplotlib")
+                self._warned_no_plot = True
+            return
+        fig = early_exit_figure(
+            depths=depths,
+            loss=[loss_at[r] for r in depths],
+            flops=[flops[r] for r in depths],
+            layers=[args.n_prelude_layers + r * args.n_core_layers + args.n_coda_layers for r in depths],
+            trained_depth=args.num_recurrences,
+            title=f"validation, step {step}",
+        )
+        for writer, tag in writers:
+            name = "validation_metrics/depth_curve"
+            writer.add_figure(name if tag is None else f"{tag}/{name}", fig, step, close=False)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
 
 
 def build_grt_validator(job_config, dp_world_size, dp_rank, tokenizer, parallel_dims, loss_fn,

@@ -198,16 +198,14 @@ class Recurrence(nn.Module):
         depth = self.resolve_depth(num_recurrences)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
         grad_enabled = torch.is_grad_enabled()
-        observer = self.observer
         for index in range(depth):
             noise = (self._noise(h, self.state_noise_std), self._noise(h, self.gate_noise_std))
             with torch.set_grad_enabled(grad_enabled and index >= first_tracked):
-                out = self.step(h, h_pre, freqs_cis, *noise, return_parts=observer is not None)
-            if observer is None:
-                h = out
-            else:
-                observer(StepRecord(index + 1, depth, h, out[0], out[1], out[2]))
-                h = out[0]
+                # Always with its parts: one compiled graph whether an observer looks or not.
+                new_h, gate, proposal = self.step(h, h_pre, freqs_cis, *noise, return_parts=True)
+            if self.observer is not None:
+                self.observer(StepRecord(index + 1, depth, h, new_h, gate, proposal))
+            h = new_h
         return h
 
     def init_weights(self) -> None:

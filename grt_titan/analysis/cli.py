@@ -1,0 +1,82 @@
+"""`grt-titan analyze`: the paper's appendix-E figures for your checkpoint.
+
+    grt-titan analyze outputs/grt_debug/checkpoint/step-60 \
+        --config train_configs/grt_debug.toml --data grt_default --out analysis/grt_debug
+    grt-titan analyze exports/grt_debug --data data/my_corpus --out analysis/grt_debug
+
+Writes analysis.json and fig3_early_exit.png, fig9_loss_kl.png, fig10_gate.png,
+fig11_updates.png, fig8_gate_heatmap.png (docs/observability.md explains each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from grt_titan.analysis.report import DEFAULT_PROMPTS, JSON_NAME, PLOTS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="grt-titan analyze",
+        description="Per-recurrence-step diagnostics of a trained GRT (paper figures 3, 8-11).",
+    )
+    p.add_argument("model", help="checkpoint step folder (or its checkpoint/ parent: latest step) "
+                                 "with --config, or an exported Hugging Face folder")
+    p.add_argument("--config", help="training TOML (flavor, [grt] overrides, tokenizer, dataset)")
+    p.add_argument("--data", help="prepared dataset folder (`grt-titan prepare`) or 'grt_default'; "
+                                  "default: the config's [validation] dataset, else grt_default")
+    p.add_argument("--split", default="val", help="split to score (default: val)")
+    p.add_argument("--out", required=True, help="output folder (created)")
+    p.add_argument("--num-sequences", type=int, default=32, help="sequences scored (default 32)")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, help="default: the config's validation seq_len, else "
+                                                "min(1024, max_seq_len)")
+    p.add_argument("--max-depth", type=int, help="deepest r scored (default R + 2)")
+    p.add_argument("--prompt", action="append", dest="prompts",
+                   help="prompt for the gate heatmap (repeatable; default: four example prompts)")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+
+    from grt_titan.analysis.load import load_model
+    from grt_titan.analysis.report import analyze
+    from grt_titan.data.config import DataConfig
+    from grt_titan.data.loader import TokenSequenceDataset, data_config, open_dataset_split
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        loaded = load_model(args.model, args.config, device=device)
+        job_config = loaded.job_config
+        data_cfg = data_config(job_config) if job_config is not None else DataConfig()
+        dataset_name, dataset_path = args.data, None
+        if dataset_name is None and job_config is not None:
+            dataset_name, dataset_path = job_config.validation.dataset, job_config.validation.dataset_path
+        dataset_name = dataset_name or "grt_default"
+        seq_len = args.seq_len or (
+            job_config.validation.seq_len if job_config is not None else min(1024, loaded.args.max_seq_len)
+        )
+        stream = open_dataset_split(dataset_name, dataset_path, args.split, loaded.tokenizer, data_cfg, "analyze")
+        dataset = TokenSequenceDataset(stream, seq_len, dp_rank=0, dp_world_size=1, seed=0, shuffle=False)
+        result = analyze(
+            loaded.model, loaded.tokenizer, dataset, args.out,
+            num_sequences=args.num_sequences, batch_size=args.batch_size, max_depth=args.max_depth,
+            prompts=args.prompts or DEFAULT_PROMPTS, source=loaded.source,
+            progress=not args.no_progress,
+        )
+    except (ValueError, FileNotFoundError) as e:
+        print(f"grt-titan analyze: error: {e}", file=sys.stderr)
+        return 2
+    losses = result["early_exit"]["loss"]
+    print("loss by depth r: " + "  ".join(f"{r}: {v:.4f}" for r, v in enumerate(losses)))
+    print(f"wrote {args.out}/{JSON_NAME} and " + ", ".join(PLOTS.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Load a trained GRT into one process for analysis: checkpoint + config, or an HF export.
+
+Reading and checking weights is grt_titan.hf's job (`load_checkpoint` reads DCP step
+folders, full or model-only, and `last_save_in_hf` safetensors; `native_state_from_hf`
+reads exported folders); this module only picks the route and builds the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grt_titan.model import GRTModel
+from grt_titan.model.args import GRTModelArgs
+
+
+@dataclass
+class LoadedModel:
+    model: GRTModel  # eval mode, float32
+    args: GRTModelArgs
+    tokenizer: Any
+    job_config: Any | None  # the --config's JobConfig, if one was given
+    source: dict[str, Any]  # what was loaded: kind, path, step
+
+
+def latest_step_folder(path: Path) -> Path:
+    """`path` itself, or its `step-N` child with the largest N (a checkpoint folder)."""
+    steps = [
+        (int(m.group(1)), p)
+        for p in path.iterdir()
+        if p.is_dir() and (m := re.fullmatch(r"step-(\d+)", p.name))
+    ] if path.is_dir() else []
+    return max(steps)[1] if steps else path
+
+
+def is_hf_export(path: Path) -> bool:
+    config = path / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        return json.loads(config.read_text()).get("model_type") == "grt"
+    except (OSError, ValueError):
+        return False
+
+
+def load_model(path: str | Path, config_file: str | Path | None = None, device: str = "cpu") -> LoadedModel:
+    """The model at `path` (HF export folder, or checkpoint step folder with `config_file`).
+
+    Raises:
+        ValueError / FileNotFoundError: with the path and what was expected.
+    """
+    from grt_titan.tokenizer import GPT2Tokenizer, build_tokenizer, resolve_tokenizer_path
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist (expected a checkpoint step folder or an HF export)")
+    job_config = None
+    cfg_args = None
+    if config_file is not None:
+        from grt_titan.hf.export import load_model_args
+
+        cfg_args, job_config = load_model_args(config_file)
+
+    if is_hf_export(path):
+        from grt_titan.hf.checkpoint_io import native_state_from_hf
+        from grt_titan.hf.convert import model_args_from_hf_config, read_hf_weights
+
+        args = model_args_from_hf_config(json.loads((path / "config.json").read_text()))
+        if cfg_args is not None:  # run-time settings of the config (eval depth, ...)
+            args = dataclasses.replace(args, eval_recurrences=cfg_args.eval_recurrences)
+        state = native_state_from_hf(read_hf_weights(path), args)
+        source = {"kind": "hf_export", "path": str(path), "step": None}
+        # An export carries HF tokenizer files, not tiktoken ranks: GPT-2 unless --config says.
+        tokenizer = build_tokenizer(job_config) if job_config is not None else GPT2Tokenizer(
+            resolve_tokenizer_path(str(path))
+        )
+    else:
+        if cfg_args is None:
+            raise ValueError(
+                f"{path} is not a Hugging Face export (no config.json of model_type 'grt'); "
+                "a torchtitan checkpoint needs --config <the training TOML>"
+            )
+        from grt_titan.hf.checkpoint_io import load_checkpoint
+
+        path = latest_step_folder(path)
+        args = cfg_args
+        state, facts = load_checkpoint(path, args)
+        source = {"kind": "checkpoint", "path": str(path), "step": facts.get("step"),
+                  "config": str(config_file), "flavor": job_config.model.flavor}
+        tokenizer = build_tokenizer(job_config)
+
+    model = GRTModel(args)
+    with torch.no_grad():
+        model.init_weights()
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    allowed = {"recurrence.depth.draws"} | ({"output.weight"} if args.tie_embeddings else set())
+    if unexpected or not set(missing) <= allowed:
+        raise ValueError(f"{path}: weights do not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    model.tie_weights()
+    model.to(device).eval()
+    return LoadedModel(model, args, tokenizer, job_config, source)

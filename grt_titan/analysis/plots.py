@@ -1,0 +1,173 @@
+"""Matplotlib figures of the paper's diagnostics (figures 3, 8, 9, 10, 11) for one model.
+
+Figures are built as `matplotlib.figure.Figure` objects (Agg canvas) without pyplot, so
+no global backend is selected and nothing is left open; `save(fig, path)` writes a PNG.
+Every function takes plain lists, so the same code draws the validator's TensorBoard
+image and `grt-titan analyze`'s files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+
+def _figure(ncols: int, width: float = 4.6, height: float = 3.6, nrows: int = 1) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def save(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
+    path = Path(path)
+    fig.savefig(path, dpi=dpi, format="png")
+    return path
+
+
+def _mark_trained(ax, x: Sequence[float], y: Sequence[float], depths: Sequence[int], trained_depth: int) -> None:
+    """Filled markers up to the trained depth R, hollow beyond (extrapolation), r labels."""
+    inside = [i for i, r in enumerate(depths) if r <= trained_depth]
+    beyond = [i for i, r in enumerate(depths) if r > trained_depth]
+    ax.plot([x[i] for i in inside], [y[i] for i in inside], "o-", color="C0", label=f"r <= R = {trained_depth}")
+    if beyond:
+        ax.plot([x[i] for i in beyond], [y[i] for i in beyond], "o", mfc="none", color="C3",
+                label="r > R (extrapolation)")
+    for xi, yi, r in zip(x, y, depths):
+        ax.annotate(f"r={r}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+
+
+def early_exit_figure(
+    depths: Sequence[int],
+    loss: Sequence[float],
+    flops: Sequence[float],
+    layers: Sequence[int],
+    trained_depth: int,
+    title: str = "",
+) -> Figure:
+    """Figure 3: validation loss vs equivalent layer depth p + r n + c and vs FLOPs/token."""
+    fig, (ax_layers, ax_flops) = _figure(2)
+    _mark_trained(ax_layers, layers, loss, depths, trained_depth)
+    ax_layers.set_xlabel("equivalent layer depth p + r n + c")
+    ax_layers.set_ylabel("validation loss (nats/token)")
+    ax_layers.set_title("(a) early exit: loss vs depth")
+    gflops = [f / 1e9 for f in flops]
+    _mark_trained(ax_flops, gflops, loss, depths, trained_depth)
+    ax_flops.set_xlabel("forward GFLOPs per token (eq. 1 + LM head)")
+    ax_flops.set_title("(b) compute-quality dial")
+    for ax in (ax_layers, ax_flops):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def convergence_figure(
+    depths: Sequence[int], loss: Sequence[float], kl: Sequence[float], final_depth: int
+) -> Figure:
+    """Figure 9: (a) loss at each recurrence step r (0 = prelude only), (b) KL to the final step."""
+    fig, (ax_loss, ax_kl) = _figure(2)
+    _mark_trained(ax_loss, depths, loss, depths, final_depth)
+    ax_loss.set_xlabel("recurrence step r (0 = prelude output)")
+    ax_loss.set_ylabel("loss (nats/token)")
+    ax_loss.set_title("(a) loss per recurrence step")
+    ax_kl.plot(depths, kl, "o-", color="C1")
+    ax_kl.axvline(final_depth, color="grey", ls=":", lw=1)
+    ax_kl.set_xlabel("recurrence step r")
+    ax_kl.set_ylabel(f"KL(p_final || p_r), final r = {final_depth}")
+    ax_kl.set_title("(b) KL to the final step")
+    for ax in (ax_loss, ax_kl):
+        ax.grid(alpha=0.3)
+        ax.set_xticks(list(depths))
+    return fig
+
+
+def gate_figure(
+    steps: Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    copy_frac: Sequence[float],
+    write_frac: Sequence[float],
+    update_ratio: Sequence[float],
+) -> Figure:
+    """Figure 10: (a) gate mean +- std, (b) saturation shares, (c) effective openness rho."""
+    fig, (ax_mean, ax_sat, ax_rho) = _figure(3, width=4.0)
+    ax_mean.errorbar(steps, mean, yerr=std, fmt="o-", capsize=3)
+    ax_mean.set_ylabel("gate g")
+    ax_mean.set_title("(a) gate mean +- std")
+    # Two axes: write saturation is orders of magnitude rarer in a trained model (< 1e-4).
+    ax_sat.plot(steps, [100 * c for c in copy_frac], "o-", color="C0", label="g > 0.95 (copy)")
+    ax_sat.set_ylabel("g > 0.95 (copy-saturated), %", color="C0")
+    ax_write = ax_sat.twinx()
+    ax_write.plot(steps, [100 * w for w in write_frac], "s--", color="C1", label="g < 0.05 (write)")
+    ax_write.set_ylabel("g < 0.05 (write-saturated), %", color="C1")
+    ax_sat.set_title("(b) saturated gate values")
+    ax_rho.plot(steps, update_ratio, "o-", color="C2")
+    ax_rho.set_ylabel("||h_r - h_{r-1}|| / ||o_r - h_{r-1}||")
+    ax_rho.set_title("(c) effective gate openness (eq. 6)")
+    for ax in (ax_mean, ax_sat, ax_rho):
+        ax.set_xlabel("recurrence step")
+        ax.set_xticks(list(steps))
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def updates_figure(
+    steps: Sequence[int],
+    update_norm: Sequence[float],
+    proposal_norm: Sequence[float],
+    state_cosine: Sequence[float],
+    proposal_cosine: Sequence[float],
+    relative_update: Sequence[float],
+) -> Figure:
+    """Figure 11 (a, b) and 14 (b): norms, cosines to the previous state, relative update."""
+    fig, (ax_norm, ax_cos, ax_rel) = _figure(3, width=4.0)
+    ax_norm.plot(steps, proposal_norm, "o-", label="proposal ||o_r||")
+    ax_norm.plot(steps, update_norm, "s-", label="applied update ||h_r - h_{r-1}||")
+    ax_norm.set_ylabel("mean per-token L2 norm")
+    ax_norm.set_title("(a) proposal vs applied update")
+    ax_norm.legend(fontsize=8)
+    ax_cos.plot(steps, state_cosine, "o-", label="cos(h_r, h_{r-1})")
+    ax_cos.plot(steps, proposal_cosine, "s-", label="cos(o_r, h_{r-1})")
+    ax_cos.set_ylabel("mean per-token cosine")
+    ax_cos.set_title("(b) cosine to the previous state")
+    ax_cos.legend(fontsize=8)
+    ax_rel.plot(steps, relative_update, "o-", color="C2")
+    ax_rel.set_ylabel("||h_r - h_{r-1}||_F / ||h_{r-1}||_F")
+    ax_rel.set_title("(c) relative update (fig. 14b)")
+    for ax in (ax_norm, ax_cos, ax_rel):
+        ax.set_xlabel("recurrence step")
+        ax.set_xticks(list(steps))
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def gate_heatmap_figure(prompts: Sequence[dict]) -> Figure:
+    """Figure 8: mean_d g per token (columns) and recurrence step (rows), one panel per prompt.
+
+    Each prompt is `{"text", "tokens": [str], "gate_mean": [[float] * tokens] * steps}`.
+    Bright = lower g = write-heavy (the paper's colouring); dark = copy-heavy.
+    """
+    n = max(len(prompts), 1)
+    width = max(6.0, 0.45 * max((len(p["tokens"]) for p in prompts), default=8) + 2)
+    fig, axes = _figure(1, width=width, height=2.2 + 0.25 * max((len(p["gate_mean"]) for p in prompts), default=4),
+                        nrows=n)
+    vmin = min((min(min(row) for row in p["gate_mean"]) for p in prompts if p["gate_mean"]), default=0.0)
+    vmax = max((max(max(row) for row in p["gate_mean"]) for p in prompts if p["gate_mean"]), default=1.0)
+    image = None
+    for ax, prompt in zip(axes, prompts):
+        matrix = prompt["gate_mean"]
+        image = ax.imshow(matrix, aspect="auto", cmap="viridis_r", vmin=vmin, vmax=vmax, interpolation="nearest")
+        ax.set_xticks(range(len(prompt["tokens"])))
+        ax.set_xticklabels([repr(t)[1:-1] for t in prompt["tokens"]], rotation=60, ha="right", fontsize=8)
+        ax.set_yticks(range(len(matrix)))
+        ax.set_yticklabels([str(i + 1) for i in range(len(matrix))], fontsize=8)
+        ax.set_ylabel("step")
+        ax.set_title(prompt["text"][:80], fontsize=9)
+    if image is not None:
+        fig.colorbar(image, ax=axes, label="mean_d g (bright = write-heavy)", shrink=0.9)
+    return fig
