@@ -15,15 +15,14 @@ import argparse
 import multiprocessing as mp
 import os
 import re
-import shutil
 import sys
-import uuid
 from collections import deque
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from grt_titan.atomic_dir import atomic_directory
 from grt_titan.data import shards as sh
 from grt_titan.data.sources import collect_inputs, iter_documents
 
@@ -177,9 +176,7 @@ def prepare(
     dtype = sh.dtype_for_vocab(tokenizer.get_vocab_size())
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic_directory(out, overwrite) as tmp:
         writers = [sh.ShardWriter(tmp, s, shard_tokens, dtype) for s in sh.SPLITS]
         stats = _Stats()
         tasks = _tasks(iter_documents(sources, text_field), val_fraction, invalid_utf8,
@@ -219,10 +216,6 @@ def prepare(
             "splits": split_info,
         }
         sh.write_manifest(tmp, manifest)
-        _publish(tmp, out, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest
 
 
@@ -262,18 +255,6 @@ def _run(tasks, writers, tokenizer, workers: int, progress: bool) -> None:
     finally:
         bar.close()
         _ENC = None
-
-
-def _publish(tmp: Path, out: Path, overwrite: bool) -> None:
-    old = None
-    if out.exists():
-        if not overwrite:
-            raise FileExistsError(f"--out {str(out)!r} appeared while preparing; not replaced")
-        old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 
+from grt_titan.atomic_dir import atomic_directory
 from grt_titan.model.args import GRTModelArgs, llama_ffn_hidden_dim
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter, TRAINING_ONLY_KEYS
 
@@ -314,10 +314,7 @@ def write_hf_folder(
             raise ExportError("gpt2 style ties output.weight to tok_embeddings.weight, but they differ")
     hf = cast_for_export({k: hf[k] for k in adapter.hf_keys}, dtype)
 
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with atomic_directory(out, overwrite) as tmp:
         files = write_weights(tmp, hf, max_shard_size)
         config = build_hf_config(model_args, dtype)
         config.to_json_file(str(tmp / "config.json"), use_diff=False)
@@ -334,12 +331,6 @@ def write_hf_folder(
             if dtype != "float32":
                 raise ExportError("--verify compares float32 logits; export in float32 to verify")
             verify_hf_folder(tmp, native_state_dict, model_args)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

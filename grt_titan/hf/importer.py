@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 
+from grt_titan.atomic_dir import atomic_directory
 from grt_titan.model.args import GRTModelArgs
 
 from .convert import ExportError, model_args_from_hf_config, read_hf_weights
@@ -75,16 +74,8 @@ def import_hf(hf_dir: str | Path, out: str | Path, config_file: str | Path | Non
         args = _check_against_config(args, config_file)
     state = native_state_from_hf(read_hf_weights(hf_dir), args)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with atomic_directory(out, overwrite) as tmp:
         save_checkpoint(tmp, state)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -1,7 +1,6 @@
 """End to end through torchtitan's Trainer on CPU/gloo, launched by torchrun."""
 
 import json
-from pathlib import Path
 
 import pytest
 from conftest import step_losses

@@ -1,6 +1,5 @@
 """Parameter counts, eq. 1 FLOPs by hand, depth sampling, config validation."""
 
-import random
 
 import pytest
 import torch
