@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -36,3 +37,17 @@ def step_losses(output: str) -> dict[int, float]:
 @pytest.fixture
 def run_torchrun():
     return torchrun
+
+
+def build_model(flavor: str = "debug", seed: int = 0, **changes):
+    """A GRT flavor built on meta, materialised on CPU and initialised from `seed`, in train mode."""
+    from grt_titan.model import GRTModel, grt_flavors
+
+    args = grt_flavors[flavor].replace(**changes)
+    with torch.device("meta"):
+        model = GRTModel(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.init_weights()
+    return model.train()

@@ -6,20 +6,14 @@ from torchtitan.config.job_config import ActivationCheckpoint
 
 from grt_titan.infra.memory_stats import saved_activation_bytes
 from grt_titan.infra.parallelize import apply_recurrence_ac
+from conftest import build_model
 from grt_titan.model import GRTModel, grt_flavors
 
 VOCAB = 512
 
 
 def build(**changes) -> GRTModel:
-    args = grt_flavors["debug"].replace(vocab_size=VOCAB, **changes)
-    with torch.device("meta"):
-        model = GRTModel(args)
-    model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        model.init_weights()
-    return model.train()
+    return build_model(vocab_size=VOCAB, **changes)
 
 
 def run(model, depth, seed=5):

@@ -6,20 +6,14 @@ from torch._dynamo.utils import counters
 from torchtitan.config.job_config import ActivationCheckpoint, Compile
 
 from grt_titan.infra.parallelize import apply_recurrence_ac, apply_recurrence_compile
+from conftest import build_model
 from grt_titan.model import GRTModel, grt_flavors
 
 VOCAB = 512
 
 
-def build() -> GRTModel:
-    args = grt_flavors["debug"].replace(vocab_size=VOCAB)
-    with torch.device("meta"):
-        model = GRTModel(args)
-    model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        model.init_weights()
-    return model.train()
+def build(**changes) -> GRTModel:
+    return build_model(vocab_size=VOCAB, **changes)
 
 
 @pytest.mark.slow

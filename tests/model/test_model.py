@@ -6,20 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grt_titan.model import GRTModel, grt_flavors
+from conftest import build_model
 
 VOCAB = 50257
 
 
-def build(flavor="debug", seed=0, **changes) -> GRTModel:
-    args = grt_flavors[flavor].replace(**changes)
-    with torch.device("meta"):
-        model = GRTModel(args)
-    model.to_empty(device="cpu")
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        model.init_weights()
-    return model
+build = build_model
 
 
 def tokens(batch=2, seq=32, seed=1):
