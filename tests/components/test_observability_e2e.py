@@ -14,7 +14,7 @@ CONFIG = "train_configs/grt_debug.toml"
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """20 steps of grt_debug, logs every 5, validation at steps 1 and 20, model-only checkpoint."""
-    from conftest import torchrun
+    from grt_test_helpers import torchrun
 
     tmp = tmp_path_factory.mktemp("grt_debug_run")
     proc = torchrun(1, [

@@ -6,7 +6,7 @@ from torchtitan.config.job_config import ActivationCheckpoint
 
 from grt_titan.infra.memory_stats import saved_activation_bytes
 from grt_titan.infra.parallelize import apply_recurrence_ac
-from conftest import build_model
+from grt_test_helpers import build_model
 from grt_titan.model import GRTModel, grt_flavors
 
 VOCAB = 512

@@ -6,7 +6,7 @@ from torch._dynamo.utils import counters
 from torchtitan.config.job_config import ActivationCheckpoint, Compile
 
 from grt_titan.infra.parallelize import apply_recurrence_ac, apply_recurrence_compile
-from conftest import build_model
+from grt_test_helpers import build_model
 from grt_titan.model import GRTModel, grt_flavors
 
 VOCAB = 512

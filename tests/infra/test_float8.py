@@ -13,7 +13,7 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.model_converter import build_model_converters
 
 import grt_titan  # noqa: F401
-from conftest import REPO, step_losses
+from grt_test_helpers import REPO, step_losses
 from grt_titan.model import GRTModel, grt_flavors
 
 

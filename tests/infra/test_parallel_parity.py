@@ -34,16 +34,19 @@ def scalars(run_dir: Path, tag: str) -> list[float]:
     return [e.value for e in acc.Scalars(tag)]
 
 
-@pytest.fixture(scope="module")
-def seed_checkpoint(tmp_path_factory):
-    from conftest import torchrun
+def make_seed_checkpoint(tmp, extra_args=()):
+    from grt_test_helpers import torchrun
 
-    tmp = tmp_path_factory.mktemp("seed")
-    proc = torchrun(1, [*COMMON, "--job.dump_folder", str(tmp), "--checkpoint.enable",
+    proc = torchrun(1, [*COMMON, *extra_args, "--job.dump_folder", str(tmp), "--checkpoint.enable",
                         "--checkpoint.create_seed_checkpoint",
                         "--parallelism.data_parallel_shard_degree", "1"], tmp)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return tmp / "checkpoint" / "step-0"
+
+
+@pytest.fixture(scope="module")
+def seed_checkpoint(tmp_path_factory):
+    return make_seed_checkpoint(tmp_path_factory.mktemp("seed"))
 
 
 def layout_args(run_dir, seed, nproc, extra, global_batch=4):
@@ -90,7 +93,7 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def reference(seed_checkpoint, tmp_path_factory):
-    from conftest import torchrun
+    from grt_test_helpers import torchrun
 
     tmp = tmp_path_factory.mktemp("ref")
     return train(torchrun, tmp, seed_checkpoint, "one_rank", 1, ONE_RANK)
@@ -98,7 +101,7 @@ def reference(seed_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference_grads(seed_checkpoint, tmp_path_factory):
-    from conftest import torchrun
+    from grt_test_helpers import torchrun
 
     return grad_norms(torchrun, tmp_path_factory.mktemp("refgrads"), seed_checkpoint, "one_rank", 1, ONE_RANK)
 
@@ -150,3 +153,18 @@ def test_compiled_fsdp_matches_one_rank_without_recompiles(reference, seed_check
     losses = scalars(run_dir, "loss_metrics/global_avg_loss")
     # Inductor reorders fp32 reductions: compiled and eager runs agree to ~1e-6 per step.
     assert losses == pytest.approx(reference[0], rel=1e-4)
+
+
+LLAMA = ["--grt.block_style", "llama"]
+
+
+@pytest.mark.slow
+def test_llama_blocks_tensor_parallel_match_one_rank(run_torchrun, tmp_path):
+    """The llama-style plan (torchtitan's block, RoPE, SwiGLU w3) under TP and FSDP x TP."""
+    seed = make_seed_checkpoint(tmp_path / "seed", LLAMA)
+    ref_losses, _ = train(run_torchrun, tmp_path, seed, "one_rank", 1, {**ONE_RANK, "args": LLAMA})
+    assert ref_losses[-1] < ref_losses[0]
+    for layout in ("tp2", "fsdp2_tp2"):
+        nproc, extra = LAYOUTS[layout]
+        losses, _ = train(run_torchrun, tmp_path, seed, layout, nproc, {**extra, "args": LLAMA})
+        assert losses == pytest.approx(ref_losses, rel=1e-5), layout

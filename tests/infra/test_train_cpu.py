@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import step_losses
+from grt_test_helpers import step_losses
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import build_model
+from grt_test_helpers import build_model
 
 VOCAB = 50257
 

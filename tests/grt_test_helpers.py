@@ -1,0 +1,47 @@
+"""Shared test helpers: torchrun on CPU (gloo), torchtitan's step lines, a small model."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.naninf]+)\s+grad_norm:\s*([0-9.naninf]+)")
+
+
+def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, module: str = "grt_titan.train",
+             env: dict | None = None) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node=nproc -m module args` from the repo root; output kept in tmp_path."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--local-ranks-filter=0",
+        "-m", module, *args,
+    ]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "torchrun.log").write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+def step_losses(output: str) -> dict[int, float]:
+    output = ANSI.sub("", output)
+    return {int(m.group(1)): float(m.group(2)) for m in STEP_LINE.finditer(output)}
+
+
+def build_model(flavor: str = "debug", seed: int = 0, **changes):
+    """A GRT flavor built on meta, materialised on CPU and initialised from `seed`, in train mode."""
+    from grt_titan.model import GRTModel, grt_flavors
+
+    args = grt_flavors[flavor].replace(**changes)
+    with torch.device("meta"):
+        model = GRTModel(args)
+    model.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.init_weights()
+    return model.train()

@@ -1,0 +1,38 @@
+"""torchtitan's own HF checkpointing through the spec's state-dict adapter, under torchrun."""
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from grt_test_helpers import step_losses
+from grt_titan.model import grt_flavors
+from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
+
+COMMON = ["--job.config_file", "train_configs/grt_debug.toml", "--validation.no-enable",
+          "--metrics.log_freq", "1", "--training.seq_len", "64", "--checkpoint.enable"]
+
+
+@pytest.mark.slow
+def test_last_save_in_hf_then_initial_load_in_hf(run_torchrun, tmp_path):
+    save = run_torchrun(2, [*COMMON, "--job.dump_folder", str(tmp_path / "a"), "--training.steps", "6",
+                            "--checkpoint.last_save_in_hf", "--checkpoint.last_save_model_only"], tmp_path / "a")
+    assert save.returncode == 0, (save.stdout + save.stderr)[-3000:]
+    folder = tmp_path / "a" / "checkpoint" / "step-6"
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    adapter = GRTStateDictAdapter(grt_flavors["debug"], None)
+    assert set(index["weight_map"]) == set(adapter.hf_keys)  # no training-only buffer, one tied head
+    with safe_open(str(folder / sorted(set(index["weight_map"].values()))[0]), "pt") as f:
+        assert all("draws" not in key for key in f.keys())
+
+    trained = step_losses(save.stdout + save.stderr)
+    load = run_torchrun(1, [*COMMON, "--job.dump_folder", str(tmp_path / "b"), "--training.steps", "1",
+                            "--parallelism.data_parallel_shard_degree", "1",
+                            "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"],
+                        tmp_path / "b")
+    output = load.stdout + load.stderr
+    assert load.returncode == 0, output[-3000:]
+    assert "loading from HF safetensors" in output
+    # The loaded weights are the trained ones: its first loss is near the trained run's
+    # last losses, far below an untrained model's ln(50257) = 10.8.
+    assert step_losses(output)[1] < trained[1] - 0.5
