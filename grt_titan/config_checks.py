@@ -1,8 +1,392 @@
-"""Start-up checks of a whole job config against the model it builds (docs/reliability.md)."""
+"""Start-up checks of a whole job config against the model it builds (docs/reliability.md).
+
+`check_job_config` runs at the end of `GRTModelArgs.update_from_config`, i.e. where
+torchtitan's Trainer turns the flavor into model args: after the process group, the
+tokenizer and the training dataloader exist, before the model, its parallel plans, the
+optimizer, the checkpointer or the validator are built. Every problem found is reported
+in one `ValueError`, one line per problem, each naming the TOML key (`[section] key`) and
+what is allowed, instead of an assertion or a traceback from deep inside torch later.
+
+`Flavors` is the spec's flavor table: an unknown `[model] flavor` raises the same kind of
+error naming the known flavors (torchtitan looks the flavor up before update_from_config).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+import types
+import typing
+from typing import Any, Literal, Union
+
+# torchtitan's flag in [quantize.linear.float8] filter_fqns that lets torchao skip small layers.
+FLOAT8_AUTO_FILTER = "auto_filter_small_kn"
+OPTIMIZERS = ("Adam", "AdamW")  # what torchtitan 0.2.2's build_optimizers knows
+
+
+class UnknownFlavorError(KeyError, ValueError):
+    """`[model] flavor` is not in the table (a KeyError for Mapping semantics, a ValueError
+    like every other config error)."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0])
+
+
+class Flavors(dict):
+    """The spec's `model_args`: a dict whose missing keys name the allowed flavors."""
+
+    def __missing__(self, key):
+        raise UnknownFlavorError(
+            f"[model] flavor = {key!r} is not a grt flavor; allowed: {', '.join(sorted(self))}"
+        )
+
+
+# ---- generic: types and Literal choices of every config field ---------------------------
+
+
+def _literal_choices(annotation) -> tuple | None:
+    """The allowed values of `Literal[...]` or `Literal[...] | None`, else None."""
+    if typing.get_origin(annotation) is Literal:
+        return typing.get_args(annotation)
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        args = typing.get_args(annotation)
+        literals = [a for a in args if typing.get_origin(a) is Literal]
+        if literals and all(a is type(None) or a in literals for a in args):
+            choices = tuple(c for lit in literals for c in typing.get_args(lit))
+            return choices + ((None,) if type(None) in args else ())
+    return None
+
+
+def _scalar_types(annotation) -> tuple[type, ...] | None:
+    """(int,), (float,), (bool,), (str,) or with NoneType for `X | None`; None if not scalar."""
+    scalars = (bool, int, float, str)
+    if annotation in scalars:
+        return (annotation,)
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if all(a in scalars or a is type(None) for a in args):
+            return tuple(args)
+    return None
+
+
+def _type_ok(value, allowed: tuple[type, ...]) -> bool:
+    if value is None:
+        return type(None) in allowed
+    if isinstance(value, bool):
+        return bool in allowed
+    if isinstance(value, int):
+        return int in allowed or float in allowed
+    return isinstance(value, tuple(t for t in allowed if t is not type(None)))
+
+
+def _type_name(allowed: tuple[type, ...]) -> str:
+    return " or ".join("unset" if t is type(None) else t.__name__ for t in allowed)
+
+
+def field_problems(obj, where: str, hints: dict[str, Any] | None = None,
+                   only_changed: bool = False) -> list[str]:
+    """Type, Literal-choice and finiteness problems of a dataclass's scalar fields.
+
+    torchtitan checks command-line values (tyro) but not TOML ones; this covers both.
+    `only_changed` skips fields still at their default (torchtitan's own defaults are not
+    always of their declared type).
+    """
+    if hints is None:
+        try:
+            hints = typing.get_type_hints(type(obj))
+        except Exception:  # an unresolvable annotation: fall back to the raw field types
+            hints = {}
+    problems = []
+    for f in dataclasses.fields(obj):
+        if f.name.startswith("_"):
+            continue
+        value = getattr(obj, f.name)
+        annotation = hints.get(f.name, f.type)
+        if only_changed and f.default is not dataclasses.MISSING and value == f.default:
+            continue
+        choices = _literal_choices(annotation)
+        if choices is not None:
+            if value not in choices:
+                allowed = ", ".join("unset" if c is None else repr(c) for c in choices)
+                problems.append(f"{where} {f.name} = {value!r} is invalid; allowed: {allowed}")
+            continue
+        allowed_types = _scalar_types(annotation)
+        if allowed_types is None:
+            continue
+        if not _type_ok(value, allowed_types):
+            problems.append(
+                f"{where} {f.name} = {value!r} is invalid; allowed: {_type_name(allowed_types)}"
+            )
+        elif isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{where} {f.name} = {value!r} is invalid; allowed: a finite number")
+    return problems
+
+
+def _sections(config, prefix: str = ""):
+    """(`[name]`, dataclass instance) for every (nested) section of the job config."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            name = f"{prefix}.{f.name}" if prefix else f.name
+            yield f"[{name}]", value
+            yield from _sections(value, name)
+
+
+# ---- the job config against the model ---------------------------------------------------
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _world_size(job_config) -> int | None:
+    """The trainer's world size (its process group exists already), else the launcher's."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    value = os.environ.get("NGPU" if job_config.comm.mode != "default" else "WORLD_SIZE")
+    return int(value) if value and value.isdigit() else None
+
+
+def _parallelism_problems(job_config, args) -> list[str]:
+    p, problems = job_config.parallelism, []
+    for key in ("pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree"):
+        if getattr(p, key) != 1:
+            why = {
+                "pipeline_parallel_degree": "the shared core cannot be split across stages",
+                "context_parallel_degree": "the GRT's plans do not shard attention over context",
+                "expert_parallel_degree": "the GRT has no experts",
+            }[key]
+            problems.append(f"[parallelism] {key} = {getattr(p, key)} is not supported ({why}); allowed: 1")
+    tp = p.tensor_parallel_degree
+    if tp < 1:
+        problems.append(f"[parallelism] tensor_parallel_degree = {tp} is invalid; allowed: >= 1")
+        return problems
+    if tp > 1:
+        heads = args.n_heads if args.n_kv_heads is None else math.gcd(args.n_heads, args.n_kv_heads)
+        if args.n_heads % tp or (args.n_kv_heads is not None and args.n_kv_heads % tp):
+            kv = "" if args.n_kv_heads is None else f" and n_kv_heads = {args.n_kv_heads}"
+            problems.append(
+                f"[parallelism] tensor_parallel_degree = {tp} must divide the flavor's "
+                f"n_heads = {args.n_heads}{kv}; allowed: {_divisors(heads)}"
+            )
+        hidden = _ffn_hidden(args)
+        if hidden % tp:
+            problems.append(
+                f"[parallelism] tensor_parallel_degree = {tp} must divide the MLP hidden size "
+                f"{hidden}; allowed: {_divisors(math.gcd(hidden, heads))}"
+            )
+    # parallelize_grt's rule (torchtitan's seq_len_divisor: tp x 2 x cp), checked here first.
+    divisor = tp * 2 * max(p.context_parallel_degree, 1)
+    seq_len = job_config.training.seq_len
+    if seq_len >= 1 and seq_len % divisor:
+        problems.append(
+            f"[training] seq_len = {seq_len} must be divisible by {divisor} "
+            "(2 x tensor_parallel_degree x context_parallel_degree); allowed: a multiple of it"
+        )
+    v = job_config.validation
+    if tp > 1 and v.enable and v.seq_len >= 1 and v.seq_len % tp:
+        problems.append(
+            f"[validation] seq_len = {v.seq_len} must be divisible by tensor_parallel_degree = {tp} "
+            "(sequence parallel); allowed: a multiple of it"
+        )
+    dp_replicate, dp_shard = p.data_parallel_replicate_degree, p.data_parallel_shard_degree
+    if dp_replicate < 1:
+        problems.append(f"[parallelism] data_parallel_replicate_degree = {dp_replicate} is invalid; allowed: >= 1")
+    if dp_shard != -1 and dp_shard < 1:
+        problems.append(f"[parallelism] data_parallel_shard_degree = {dp_shard} is invalid; allowed: -1 or >= 1")
+    world = _world_size(job_config)
+    t = job_config.training
+    if world and dp_replicate >= 1 and t.local_batch_size >= 1 and t.global_batch_size > 0:
+        others = dp_replicate * tp * max(p.context_parallel_degree, 1) * max(p.pipeline_parallel_degree, 1)
+        shard = dp_shard if dp_shard >= 1 else world // others
+        dp = dp_replicate * shard
+        if dp >= 1 and t.global_batch_size % (t.local_batch_size * dp):
+            problems.append(
+                f"[training] global_batch_size = {t.global_batch_size} must be a multiple of "
+                f"local_batch_size x data-parallel degree = {t.local_batch_size} x {dp}; "
+                "allowed: -1 (no gradient accumulation) or a multiple of that"
+            )
+    return problems
+
+
+def _ffn_hidden(args) -> int:
+    if args.block_style == "llama":
+        from grt_titan.model.args import llama_ffn_hidden_dim
+
+        return llama_ffn_hidden_dim(args)
+    return 4 * args.dim
+
+
+def _sequence_problems(job_config, args) -> list[str]:
+    problems = []
+    sections = [("training", job_config.training)]
+    if job_config.validation.enable:
+        sections.append(("validation", job_config.validation))
+    for name, cfg in sections:
+        if cfg.seq_len < 1:
+            problems.append(f"[{name}] seq_len = {cfg.seq_len} is invalid; allowed: >= 1")
+        elif args.block_style == "gpt2" and cfg.seq_len > args.max_seq_len:
+            problems.append(
+                f"[{name}] seq_len = {cfg.seq_len} exceeds the learned positions of flavor "
+                f"{job_config.model.flavor!r}; allowed: 1 .. {args.max_seq_len}"
+            )
+        if cfg.local_batch_size < 1:
+            problems.append(f"[{name}] local_batch_size = {cfg.local_batch_size} is invalid; allowed: >= 1")
+    return problems
+
+
+def _tokenizer_vocab_size(job_config) -> int:
+    from grt_titan.tokenizer import GPT2_VOCAB_SIZE, GPT2Tokenizer, resolve_tokenizer_path
+
+    model = job_config.model
+    path = resolve_tokenizer_path(getattr(model, "tokenizer_path", None)) or resolve_tokenizer_path(
+        getattr(model, "hf_assets_path", None)
+    )
+    return GPT2_VOCAB_SIZE if path is None else GPT2Tokenizer(path).get_vocab_size()
+
+
+def _vocab_problems(job_config, args) -> list[str]:
+    vocab = _tokenizer_vocab_size(job_config)
+    if args.vocab_size < vocab:
+        return [
+            f"[model] flavor = {job_config.model.flavor!r} has vocab_size = {args.vocab_size}, "
+            f"smaller than the tokenizer's {vocab} ([model] hf_assets_path = "
+            f"{job_config.model.hf_assets_path!r}); allowed: a flavor with vocab_size >= {vocab} "
+            "or the tokenizer it was made for"
+        ]
+    return []
+
+
+def _float8_problems(job_config, args) -> list[str]:
+    """Linears that float8 would silently leave in high precision (dims not multiples of 16).
+
+    torchtitan's filter skips such a layer without a word; a model whose width is not a
+    multiple of 16 would then train (almost) entirely in bf16. The LM head is exempt: its
+    rows are the vocabulary (GPT-2: 50257), which torchtitan documents as skipped.
+    """
+    from grt_titan.infra.parallelize import FLOAT8_CONVERTER
+
+    if FLOAT8_CONVERTER not in job_config.model.converters:
+        return []
+    filter_fqns = list(job_config.quantize.linear.float8.filter_fqns)
+    if FLOAT8_AUTO_FILTER in filter_fqns:
+        return []  # torchao chooses which layers to convert
+    import torch
+    from torch import nn
+
+    from grt_titan.model import GRTModel
+
+    with torch.device("meta"):
+        model = GRTModel(args)
+    bad = []
+    for fqn, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or fqn == "output":
+            continue
+        if any(f in fqn for f in filter_fqns):
+            continue
+        out_features, in_features = module.weight.shape
+        if out_features % 16 or in_features % 16:
+            bad.append(f"{fqn} ({in_features} -> {out_features})")
+    if not bad:
+        return []
+    shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+    return [
+        f"[model] converters = {list(job_config.model.converters)!r}: float8 needs both "
+        f"dimensions of a linear to be multiples of 16, and {len(bad)} linear(s) are not: "
+        f"{shown}. They would silently stay in high precision; allowed: a flavor whose dims "
+        f"are multiples of 16, or name them in [quantize.linear.float8] filter_fqns "
+        f"(or add {FLOAT8_AUTO_FILTER!r})"
+    ]
+
+
+def _dataset_problems(job_config) -> list[str]:
+    from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
+    from grt_titan.data.shards import find_manifest
+
+    problems = []
+    sections = [("training", job_config.training)]
+    if job_config.validation.enable:
+        sections.append(("validation", job_config.validation))
+    for name, cfg in sections:
+        if cfg.dataset == DEFAULT_DATASET:
+            continue  # prepared on first use, at dataset_path or in the cache
+        key, value = (
+            (f"[{name}] dataset_path", cfg.dataset_path) if cfg.dataset_path
+            else (f"[{name}] dataset", cfg.dataset)
+        )
+        if not value:
+            problems.append(f"{key} is empty; allowed: {DEFAULT_DATASET!r} or a folder made by `grt-titan prepare`")
+            continue
+        try:
+            find_manifest(value, key)
+        except FileNotFoundError as e:
+            problems.append(f"{e}; allowed: {DEFAULT_DATASET!r} or a folder made by `grt-titan prepare`")
+    return problems
+
+
+def _training_problems(job_config) -> list[str]:
+    t, o, s = job_config.training, job_config.optimizer, job_config.lr_scheduler
+    checks = [
+        ("[training] steps", t.steps, t.steps >= 1, ">= 1"),
+        ("[training] max_norm", t.max_norm, t.max_norm > 0, "> 0"),
+        ("[optimizer] name", o.name, o.name in OPTIMIZERS, ", ".join(OPTIMIZERS)),
+        ("[optimizer] lr", o.lr, o.lr >= 0, ">= 0"),
+        ("[optimizer] eps", o.eps, o.eps >= 0, ">= 0"),
+        ("[optimizer] beta1", o.beta1, 0 <= o.beta1 < 1, "[0, 1)"),
+        ("[optimizer] beta2", o.beta2, 0 <= o.beta2 < 1, "[0, 1)"),
+        ("[optimizer] weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
+        ("[lr_scheduler] warmup_steps", s.warmup_steps, s.warmup_steps >= 0, ">= 0"),
+        ("[lr_scheduler] min_lr_factor", s.min_lr_factor, 0 <= s.min_lr_factor <= 1, "[0, 1]"),
+        ("[lr_scheduler] decay_ratio", s.decay_ratio,
+         s.decay_ratio is None or 0 <= s.decay_ratio <= 1, "unset or [0, 1]"),
+        ("[metrics] log_freq", job_config.metrics.log_freq, job_config.metrics.log_freq >= 1, ">= 1"),
+    ]
+    v = job_config.validation
+    if v.enable:
+        checks += [
+            ("[validation] freq", v.freq, v.freq >= 1, ">= 1"),
+            ("[validation] steps", v.steps, v.steps == -1 or v.steps >= 1, "-1 (whole split) or >= 1"),
+        ]
+    c = job_config.checkpoint
+    if c.enable:
+        checks += [
+            ("[checkpoint] interval", c.interval, c.interval >= 1, ">= 1"),
+            ("[checkpoint] keep_latest_k", c.keep_latest_k, c.keep_latest_k == 0 or c.keep_latest_k >= 2,
+             "0 (keep all) or >= 2 (the newest may be half-written)"),
+            ("[checkpoint] last_save_in_hf", c.last_save_in_hf, not c.last_save_in_hf or c.last_save_model_only,
+             "true only with last_save_model_only = true"),
+        ]
+    d = getattr(job_config, "data", None)
+    if d is not None:
+        checks.append(("[data] default_val_fraction", d.default_val_fraction,
+                       0 <= d.default_val_fraction < 1, "[0, 1)"))
+    return [f"{key} = {value!r} is invalid; allowed: {allowed}" for key, value, ok, allowed in checks if not ok]
+
 
 def check_job_config(job_config, model_args) -> None:
-    """Raise ValueError naming the key and the allowed values for a config that cannot run."""
-    return None
+    """Raise ValueError naming the key and the allowed values for a config that cannot run.
+
+    All problems are collected first and reported together, one per line.
+    """
+    problems = []
+    for where, section in _sections(job_config):
+        problems += field_problems(section, where, only_changed=True)
+    if problems:  # wrong types would make the range checks below raise TypeError
+        _raise(problems)
+    problems += _training_problems(job_config)
+    problems += _sequence_problems(job_config, model_args)
+    problems += _parallelism_problems(job_config, model_args)
+    problems += _vocab_problems(job_config, model_args)
+    problems += _float8_problems(job_config, model_args)
+    problems += _dataset_problems(job_config)
+    if problems:
+        _raise(problems)
+
+
+def _raise(problems: list[str]) -> None:
+    if len(problems) == 1:
+        raise ValueError(f"invalid job config: {problems[0]}")
+    raise ValueError("invalid job config:\n" + "\n".join(f"  - {p}" for p in problems))

@@ -66,7 +66,23 @@ class GRTConfig:
 
 
 @dataclass
+class GRTOptimizerConfig:
+    """Fields grt_titan adds to torchtitan's `[optimizer]` section (merged into it).
+
+    They live there, not in `[grt]`, because the spec's optimizer builder receives only the
+    `[optimizer]` section (docs/reliability.md).
+    """
+
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A step whose gradient norm is NaN or inf (a non-finite loss makes it so): `stop`
+    raises before the optimizer step, naming the step, so no NaN weight reaches a
+    checkpoint; `skip` leaves parameters and optimizer state unchanged for that step, logs a
+    warning naming it and trains on (the learning-rate schedule still advances)."""
+
+
+@dataclass
 class JobConfig:
     grt: GRTConfig = field(default_factory=GRTConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    optimizer: GRTOptimizerConfig = field(default_factory=GRTOptimizerConfig)
     grt_metrics: GRTMetricsConfig = field(default_factory=GRTMetricsConfig)

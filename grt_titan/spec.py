@@ -9,6 +9,7 @@ from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_
 from grt_titan.components.metrics import build_grt_metrics_processor
 from grt_titan.components.optimizer import build_grt_optimizers
 from grt_titan.components.validate import build_grt_validator
+from grt_titan.config_checks import Flavors
 from grt_titan.data.loader import build_dataloader
 from grt_titan.infra.parallelize import parallelize_grt
 from grt_titan.model import GRTModel, grt_flavors
@@ -21,7 +22,7 @@ SPEC_NAME = "grt"
 def build_grt_train_spec() -> TrainSpec:
     return TrainSpec(
         model_cls=GRTModel,
-        model_args=grt_flavors,
+        model_args=Flavors(grt_flavors),
         parallelize_fn=parallelize_grt,
         # A shared core cannot be split across pipeline stages; pp > 1 fails at start-up.
         pipelining_fn=None,

@@ -43,7 +43,7 @@ class GRTConfig(PretrainedConfig):
     """
 
     model_type = "grt"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
 
     def __init__(
         self,

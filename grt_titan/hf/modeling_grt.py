@@ -429,6 +429,11 @@ class GRTGate(nn.Module):
 # ======================================================================================
 
 
+# transformers >= 5.24 names the cache `cache` (in outputs and forward kwargs), earlier
+# releases `past_key_values`: accept both, return under the release's own name.
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
 @dataclass
 class GRTModelOutput(CausalLMOutputWithPast):
     """CausalLMOutputWithPast plus the recurrence, on request (`output_recurrence=True`).
@@ -450,7 +455,7 @@ class GRTPreTrainedModel(PreTrainedModel):
     config_class = GRTConfig
     base_model_prefix = "model"
     _no_split_modules = ["GRTBlock"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = ["past_key_values", "cache"]
     _supports_sdpa = True
     supports_gradient_checkpointing = False
 
@@ -569,6 +574,7 @@ class GRTModel(GRTPreTrainedModel):
         position_ids=None,
         past_key_values=None,
         inputs_embeds=None,
+        cache=None,
         use_cache=None,
         num_recurrences=None,
         kv_cache_strategy=None,
@@ -589,7 +595,7 @@ class GRTModel(GRTPreTrainedModel):
         depth = self.resolve_depth(num_recurrences)
         use_cache = config.use_cache if use_cache is None else use_cache
 
-        cache = past_key_values
+        cache = past_key_values if past_key_values is not None else cache
         if cache is not None and not isinstance(cache, GRTCache):
             raise TypeError(
                 f"past_key_values must be a GRTCache (got {type(cache).__name__}); "
@@ -728,6 +734,7 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
         position_ids=None,
         past_key_values=None,
         inputs_embeds=None,
+        cache=None,
         labels=None,
         use_cache=None,
         num_recurrences=None,
@@ -758,7 +765,7 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            past_key_values=past_key_values if past_key_values is not None else cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             num_recurrences=num_recurrences,
@@ -785,7 +792,7 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
         out = GRTModelOutput(
             loss=loss,
             logits=logits,
-            past_key_values=cache,
+            **{CACHE_FIELD: cache},
             hidden_states=extras["hidden_states"],
             recurrence_states=extras["recurrence_states"],
             proposals=extras["proposals"],

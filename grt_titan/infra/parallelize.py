@@ -77,6 +77,9 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
         raise ValueError(
             f"grt.recurrence_checkpoint = {recurrence_checkpoint!r}; allowed: {RECURRENCE_CHECKPOINT_MODES}"
         )
+    if model.recurrence is not None and dist.is_initialized():
+        # Noise of training forward t from (depth_seed, t, rank): exact resume, independent ranks.
+        model.recurrence.noise_rank = dist.get_rank()
 
     if parallel_dims.tp_enabled:
         tp_mesh = parallel_dims.get_mesh("tp")

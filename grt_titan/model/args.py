@@ -106,6 +106,12 @@ class GRTModelArgs(BaseModelArgs):
         def bad(field: str, value, allowed: str) -> ValueError:
             return ValueError(f"{where}: {field} = {value!r} is invalid; {allowed}")
 
+        # Types first (TOML values are not type-checked by torchtitan), NaN/inf floats too.
+        from grt_titan.config_checks import field_problems
+
+        problems = field_problems(self, f"{where}:")
+        if problems:
+            raise ValueError(problems[0])
         if self.block_style not in get_args(BlockStyle):
             raise bad("block_style", self.block_style, f"allowed: {get_args(BlockStyle)}")
         if self.depth_sampling not in get_args(DepthSampling):
@@ -124,6 +130,10 @@ class GRTModelArgs(BaseModelArgs):
         for name in ("n_prelude_layers", "n_core_layers", "n_coda_layers"):
             if getattr(self, name) < 0:
                 raise bad(name, getattr(self, name), "must be >= 0")
+        if self.norm_eps <= 0:
+            raise bad("norm_eps", self.norm_eps, "must be > 0")
+        if self.gate_hidden_dim is not None and self.gate_hidden_dim < 1:
+            raise bad("gate_hidden_dim", self.gate_hidden_dim, "must be >= 1 or unset")
         if self.unrolled_layers < 1 and self.n_core_layers == 0:
             raise bad("n_prelude_layers", self.n_prelude_layers, "the model needs a block")
         if not self.is_recurrent:

@@ -51,10 +51,15 @@ class DepthSampler(nn.Module):
         rng = random.Random(self.seed * 1_000_003 + index)
         return rng.randint(self.min_recurrences, self.max_recurrences)
 
-    def sample(self) -> int:
+    @property
+    def forwards(self) -> int:
+        """Training forwards sampled so far (the persistent `draws` counter)."""
         if self._draws is None:
             self._draws = int(self.draws.item())
-        depth = self.depth_at(self._draws)
+        return self._draws
+
+    def sample(self) -> int:
+        depth = self.depth_at(self.forwards)
         self._draws += 1
         self.draws.fill_(self._draws)
         self.history.append(depth)
@@ -168,6 +173,12 @@ class Recurrence(nn.Module):
         self.backprop_recurrences = args.backprop_recurrences
         # Called eagerly with a StepRecord after every step when set (metrics, analysis).
         self.observer: Callable[[StepRecord], None] | None = None
+        # None: training noise from the global torch RNG (eager use, tests). An int, set by
+        # parallelize_grt to the global rank: the noise of training forward t comes from a
+        # generator seeded by (depth_seed, t, rank), so a resumed run draws exactly the noise
+        # an uninterrupted one would, and every rank (DP or TP shard) draws its own noise.
+        self.noise_seed = args.depth_seed
+        self.noise_rank: int | None = None
 
     def resolve_depth(self, num_recurrences: int | None) -> int:
         if num_recurrences is None:
@@ -181,10 +192,21 @@ class Recurrence(nn.Module):
             )
         return num_recurrences
 
-    def _noise(self, like: torch.Tensor, std: float) -> torch.Tensor | None:
+    def _noise_generator(self, like: torch.Tensor) -> torch.Generator | None:
+        if self.noise_rank is None or not self.training:
+            return None
+        index = self.depth.forwards  # counts this forward: depth.sample() has just run
+        seed = ((self.noise_seed * 1_000_003 + index) * 65_537 + self.noise_rank) % 2**63
+        return torch.Generator(device=like.device).manual_seed(seed)
+
+    def _noise(
+        self, like: torch.Tensor, std: float, generator: torch.Generator | None
+    ) -> torch.Tensor | None:
         if not self.training or std == 0:
             return None
-        return torch.randn_like(like) * std
+        if generator is None:
+            return torch.randn_like(like) * std
+        return torch.randn(like.shape, generator=generator, device=like.device, dtype=like.dtype) * std
 
     def forward(
         self,
@@ -196,10 +218,14 @@ class Recurrence(nn.Module):
         # aliasing, and step 1 would otherwise compile a second graph.
         h = h_pre.clone()
         depth = self.resolve_depth(num_recurrences)
+        generator = self._noise_generator(h)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
         grad_enabled = torch.is_grad_enabled()
         for index in range(depth):
-            noise = (self._noise(h, self.state_noise_std), self._noise(h, self.gate_noise_std))
+            noise = (
+                self._noise(h, self.state_noise_std, generator),
+                self._noise(h, self.gate_noise_std, generator),
+            )
             with torch.set_grad_enabled(grad_enabled and index >= first_tracked):
                 # Always with its parts: one compiled graph whether an observer looks or not.
                 new_h, gate, proposal = self.step(h, h_pre, freqs_cis, *noise, return_parts=True)

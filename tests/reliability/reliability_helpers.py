@@ -1,0 +1,102 @@
+"""Helpers of the reliability tests: small CPU/gloo runs, TensorBoard scalars, checkpoints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = "tests.reliability.reliability_worker"
+STEPS = 6
+
+# grt_debug, small and fully deterministic: fp32, a fixed seed (every fresh run starts from
+# the same weights), deterministic kernels, a loss/grad-norm/lr/r scalar at every step.
+COMMON = [
+    "--job.config_file", "train_configs/grt_debug.toml",
+    "--training.steps", str(STEPS),
+    "--training.seq_len", "64",
+    "--training.local_batch_size", "2",
+    "--lr_scheduler.warmup_steps", "2",
+    "--metrics.log_freq", "1",
+    "--validation.no-enable",
+    "--checkpoint.enable",
+    "--checkpoint.interval", "2",
+    "--debug.seed", "7",
+    "--debug.deterministic",
+]
+NOISE_OFF = ["--grt.state_noise_std", "0", "--grt.gate_noise_std", "0"]
+
+
+def launch_args(nproc: int, args: list[str], max_restarts: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--local-ranks-filter=0"]
+    if max_restarts is not None:
+        cmd.append(f"--max-restarts={max_restarts}")
+    return [*cmd, "-m", WORKER, *args]
+
+
+# torch 2.13's torchrun reuses one rendezvous TCPStore across restarts, and restarted workers
+# can read the previous attempt's addresses (gloo/NCCL "connection refused"; pytorch#135712,
+# #167288). Every launch with --max-restarts needs this (docs/reliability.md).
+RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def run_env(env: dict | None = None) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
+def train(nproc: int, dump: Path, *extra: str, env: dict | None = None, timeout: int = 300,
+          max_restarts: int | None = None) -> subprocess.CompletedProcess:
+    """One torchrun job of the worker; its output is kept next to the dump folder."""
+    args = [*COMMON, "--job.dump_folder", str(dump), *extra]
+    env = {**(RESTART_ENV if max_restarts else {}), **(env or {})}
+    proc = subprocess.run(launch_args(nproc, args, max_restarts), cwd=REPO, env=run_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+    dump.mkdir(parents=True, exist_ok=True)
+    with open(dump.parent / f"{dump.name}.log", "a") as f:
+        f.write(proc.stdout + proc.stderr)
+    return proc
+
+
+def output(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+def scalars(run_dir: Path) -> dict[str, dict[int, float]]:
+    """Every TensorBoard scalar of a run folder, by tag and step, over all its event files
+    (a stopped and a resumed run write one file each into the same tb/ folder)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[int, float]] = {}
+    for events in sorted((run_dir / "tb").rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            for e in acc.Scalars(tag):
+                out.setdefault(tag, {})[e.step] = e.value
+    return out
+
+
+def checkpoint_state(folder: Path, tmp: Path) -> dict:
+    """A DCP checkpoint folder as one flat state dict (all shards gathered)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = tmp / f"{folder.parent.parent.name}-{folder.name}.pt"
+    dcp_to_torch_save(str(folder), str(out))
+    return torch.load(out, weights_only=False)
+
+
+def model_tensors(state: dict) -> dict[str, torch.Tensor]:
+    """The model entries of a checkpoint (torchtitan stores them flat, by FQN)."""
+    skip = ("optimizer", "lr_scheduler", "dataloader", "train_state")
+    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and not k.startswith(skip)}
+
+
+def assert_same_tensors(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
