@@ -45,3 +45,27 @@ def build_model(flavor: str = "debug", seed: int = 0, **changes):
     with torch.no_grad():
         model.init_weights()
     return model.train()
+
+
+def write_token_dataset(root: Path, tokenizer, splits: dict, shard_tokens: int, val_fraction: float) -> Path:
+    """A prepared dataset (shards + manifest, as `grt-titan prepare` writes) holding the given
+    token arrays per split, for tests that need exact control of the tokens."""
+    from grt_titan.data import shards as sh
+
+    root.mkdir(parents=True, exist_ok=True)
+    dtype = sh.dtype_for_vocab(tokenizer.get_vocab_size())
+    written = {}
+    for split, tokens in splits.items():
+        writer = sh.ShardWriter(root, split, shard_tokens, dtype)
+        writer.write(tokens)
+        written[split] = writer.close()
+    sh.write_manifest(root, {
+        "format": sh.FORMAT_NAME, "version": sh.FORMAT_VERSION,
+        "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.sha256,
+                      "vocab_size": tokenizer.get_vocab_size(), "eot_id": tokenizer.eos_id},
+        "dtype": dtype.name, "document_separator": "eot_after_each_document",
+        "inputs": ["synthetic"], "text_field": "text", "val_fraction": val_fraction,
+        "shard_tokens": shard_tokens, "documents": 1,
+        "skipped_documents": {"invalid_utf8": 0, "empty": 0}, "splits": written,
+    })
+    return root

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from grt_test_helpers import write_token_dataset
 from grt_titan.components.metrics import GRTMetricsConfig
-from grt_titan.data import shards as sh
 from grt_titan.data.config import DataConfig
 from grt_titan.model import GRTModel
 from grt_titan.model.args import GRTModelArgs
@@ -58,24 +58,9 @@ def tiny_model(seed: int = 0, **changes) -> GRTModel:
 
 def make_dataset(root: Path, tokens: int = 4000, seed: int = 0) -> Path:
     """A prepared dataset of random byte ids (train and val splits)."""
-    root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    dtype = sh.dtype_for_vocab(VOCAB)
-    splits = {}
-    for split in ("train", "val"):
-        w = sh.ShardWriter(root, split, tokens, dtype)
-        w.write(rng.integers(0, VOCAB - 1, size=tokens, dtype=np.int64))
-        splits[split] = w.close()
-    tok = ByteTokenizer()
-    sh.write_manifest(root, {
-        "format": sh.FORMAT_NAME, "version": sh.FORMAT_VERSION,
-        "tokenizer": {"name": tok.name, "sha256": tok.sha256, "vocab_size": VOCAB, "eot_id": tok.eos_id},
-        "dtype": dtype.name, "document_separator": "eot_after_each_document",
-        "inputs": ["synthetic"], "text_field": "text", "val_fraction": 0.5,
-        "shard_tokens": tokens, "documents": 1,
-        "skipped_documents": {"invalid_utf8": 0, "empty": 0}, "splits": splits,
-    })
-    return root
+    splits = {split: rng.integers(0, VOCAB - 1, size=tokens, dtype=np.int64) for split in ("train", "val")}
+    return write_token_dataset(root, ByteTokenizer(), splits, tokens, val_fraction=0.5)
 
 
 def job_config(dataset: str, seq_len: int = 32, batch_size: int = 2, log_freq: int = 3,

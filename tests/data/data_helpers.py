@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grt_titan.data import shards as sh
+from grt_test_helpers import write_token_dataset
 from grt_titan.data.config import DataConfig
 
 DOCS = [
@@ -34,22 +34,8 @@ def make_synthetic_dataset(
     first token tells which sequence it is."""
     assert train_tokens < 50_000 and val_tokens < 50_000
     root.mkdir(parents=True)
-    dtype = sh.dtype_for_vocab(tokenizer.get_vocab_size())
-    splits = {}
-    for split, n in (("train", train_tokens), ("val", val_tokens)):
-        w = sh.ShardWriter(root, split, shard_tokens, dtype)
-        w.write(np.arange(n, dtype=np.int64))
-        splits[split] = w.close()
-    sh.write_manifest(root, {
-        "format": sh.FORMAT_NAME, "version": sh.FORMAT_VERSION,
-        "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.sha256,
-                      "vocab_size": tokenizer.get_vocab_size(), "eot_id": tokenizer.eos_id},
-        "dtype": dtype.name, "document_separator": "eot_after_each_document",
-        "inputs": ["synthetic"], "text_field": "text", "val_fraction": 0.0,
-        "shard_tokens": shard_tokens, "documents": 1,
-        "skipped_documents": {"invalid_utf8": 0, "empty": 0}, "splits": splits,
-    })
-    return root
+    splits = {"train": np.arange(train_tokens, dtype=np.int64), "val": np.arange(val_tokens, dtype=np.int64)}
+    return write_token_dataset(root, tokenizer, splits, shard_tokens, val_fraction=0.0)
 
 
 def job_config(dataset: str, seq_len: int = 16, batch_size: int = 4, num_workers: int = 0,
