@@ -83,3 +83,21 @@ def test_float8_tensor_parallel_builds_and_steps_on_fake_backend(tmp_path):
     assert proc.returncode == 0, output[-3000:]
     assert "Applied Float8 tensorwise Tensor Parallelism to the GRT" in output
     assert sorted(step_losses(output)) == [1, 2]
+
+
+@pytest.mark.slow
+def test_core_weights_are_cast_once_per_step_whatever_the_depth(tmp_path):
+    """FSDP float8 all-gather casts the core once; r calls of its Float8Linears reuse it."""
+    import json
+
+    out = tmp_path / "casts.json"
+    proc = subprocess.run([sys.executable, "-m", "tests.infra.float8_cast_worker", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    casts = json.loads(out.read_text())
+    core_linears = 1 + 2 * 6 + 2  # W_proj, 2 core blocks x (wq, wk, wv, wo, w1, w2), gate w_in/w_out
+    for depth in ("1", "4"):
+        assert casts[depth]["all_gather:WEIGHT"] == core_linears  # cast once, when gathered
+        assert "linear:WEIGHT" not in casts[depth]  # never re-cast by the r calls
+    # Activations are cast per call, as they must be: r times as many.
+    assert casts["4"]["linear:INPUT"] == 4 * casts["1"]["linear:INPUT"]
