@@ -189,7 +189,8 @@ def test_stats_all_reduce_pools_ranks(run_torchrun, tmp_path):
 
     out = tmp_path / "stats.json"
     here = os.path.dirname(__file__)
-    env = {"PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    # The worker imports components_helpers (here) and grt_test_helpers (tests/).
+    env = {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
     proc = run_torchrun(2, [str(out)], tmp_path, timeout=300, module="stats_reduce_worker", env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     result = json.loads(out.read_text())
