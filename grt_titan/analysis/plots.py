@@ -22,6 +22,14 @@ def _figure(ncols: int, width: float = 4.6, height: float = 3.6, nrows: int = 1)
     return fig, [ax for row in axes for ax in row]
 
 
+def _recurrence_step_axes(axes, steps: Sequence[int]) -> None:
+    """Panels whose x axis is the recurrence step."""
+    for ax in axes:
+        ax.set_xlabel("recurrence step")
+        ax.set_xticks(list(steps))
+        ax.grid(alpha=0.3)
+
+
 def save(fig: Figure, path: str | Path, dpi: int = 120) -> Path:
     path = Path(path)
     fig.savefig(path, dpi=dpi, format="png")
@@ -109,10 +117,7 @@ def gate_figure(
     ax_rho.plot(steps, update_ratio, "o-", color="C2")
     ax_rho.set_ylabel("||h_r - h_{r-1}|| / ||o_r - h_{r-1}||")
     ax_rho.set_title("(c) effective gate openness (eq. 6)")
-    for ax in (ax_mean, ax_sat, ax_rho):
-        ax.set_xlabel("recurrence step")
-        ax.set_xticks(list(steps))
-        ax.grid(alpha=0.3)
+    _recurrence_step_axes((ax_mean, ax_sat, ax_rho), steps)
     return fig
 
 
@@ -139,10 +144,7 @@ def updates_figure(
     ax_rel.plot(steps, relative_update, "o-", color="C2")
     ax_rel.set_ylabel("||h_r - h_{r-1}||_F / ||h_{r-1}||_F")
     ax_rel.set_title("(c) relative update (fig. 14b)")
-    for ax in (ax_norm, ax_cos, ax_rel):
-        ax.set_xlabel("recurrence step")
-        ax.set_xticks(list(steps))
-        ax.grid(alpha=0.3)
+    _recurrence_step_axes((ax_norm, ax_cos, ax_rel), steps)
     return fig
 
 

@@ -234,11 +234,9 @@ class GRTMetricsProcessor(MetricsProcessor):
     # ---- logging -----------------------------------------------------------------------
 
     def depth_sampler(self) -> DepthSampler | None:
-        if self._sampler is None and self.model_parts:
-            self._sampler = next(
-                (m for part in self.model_parts for m in part.modules() if isinstance(m, DepthSampler)),
-                None,
-            )
+        if self._sampler is None:
+            recurrence = find_recurrence(self.model_parts)
+            self._sampler = recurrence.depth if recurrence is not None else None
         return self._sampler
 
     def recurrence_metrics(self) -> dict[str, float]:
