@@ -46,6 +46,11 @@ from torchtitan.models.llama3.infra.parallelize import (
 )
 from torchtitan.tools.logging import logger
 
+from grt_titan.infra.torch_workarounds import (
+    clone_embedding_output,
+    disable_autograd_cache_for_uneven_shards,
+    install_rng_state_order_fix,
+)
 from grt_titan.model import GRTModel
 
 FLOAT8_CONVERTER = "quantize.linear.float8"
@@ -95,7 +100,21 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
         maybe_enable_async_tp(job_config, tp_mesh)
 
     compile_enabled = job_config.compile.enable and "model" in job_config.compile.components
-    if job_config.activation_checkpoint.mode != "none":
+    ac_enabled = job_config.activation_checkpoint.mode != "none"
+    # Contained workarounds for torch defects, each described in torch_workarounds.py.
+    if parallel_dims.tp_enabled and compile_enabled:
+        if model.pos_embeddings is None:
+            clone_embedding_output(model.tok_embeddings)
+        if ac_enabled and install_rng_state_order_fix():
+            logger.info("TP + compile + AC: saved RNG states ordered before DeviceMesh objects")
+    if parallel_dims.tp_enabled and job_config.compile.enable:
+        uneven = disable_autograd_cache_for_uneven_shards(model)
+        if uneven:
+            logger.warning(
+                f"TP shards {', '.join(uneven)} unevenly: the AOTAutograd compile cache is off for "
+                "this run (a torch 2.13 defect); [grt] vocab_multiple_of = 128 avoids it"
+            )
+    if ac_enabled:
         apply_recurrence_ac(model, job_config.activation_checkpoint, recurrence_checkpoint, compile_enabled)
     if compile_enabled:
         apply_recurrence_compile(model, job_config.compile)
