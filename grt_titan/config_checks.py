@@ -6,6 +6,8 @@ tokenizer and the training dataloader exist, before the model, its parallel plan
 optimizer, the checkpointer or the validator are built. Every problem found is reported
 in one `ValueError`, one line per problem, each naming the TOML key (`[section] key`) and
 what is allowed, instead of an assertion or a traceback from deep inside torch later.
+That includes the checkpoint a resume would load: one holding only the model weights
+(torchtitan's model-only last save) is reported here, not by DCP at load time.
 
 `Flavors` is the spec's flavor table: an unknown `[model] flavor` raises the same kind of
 error naming the known flavors (torchtitan looks the flavor up before update_from_config).
@@ -302,6 +304,102 @@ def _float8_problems(job_config, args) -> list[str]:
     ]
 
 
+def _converter_problems(job_config) -> list[str]:
+    """`[model] converters` names torchtitan does not know (it would fail with a bare
+    `KeyError` when building the converters, after the model)."""
+    import difflib
+
+    import torchtitan.components.quantization  # noqa: F401  registers float8 and mx
+    from torchtitan.protocols.model_converter import _registry_model_converter_cls
+
+    registered = sorted(_registry_model_converter_cls)
+    problems = []
+    for name in job_config.model.converters:
+        if name in registered:
+            continue
+        # "float8" -> "quantize.linear.float8": same last component, linear before grouped_mm.
+        tail = str(name).rsplit(".", 1)[-1]
+        close = sorted((r for r in registered if r.rsplit(".", 1)[-1] == tail),
+                       key=lambda r: ".linear." not in r)
+        close = close or difflib.get_close_matches(str(name), registered, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        problems.append(
+            f"[model] converters: unknown converter {name!r}{hint}; "
+            f"allowed: {', '.join(registered)}"
+        )
+    return problems
+
+
+# torchtitan's checkpoint entries besides the model's (CheckpointManager.states).
+RESUME_STATES = ("train_state", "optimizer", "lr_scheduler", "dataloader")
+
+
+def _resume_problems(job_config) -> list[str]:
+    """A resume whose checkpoint holds only the model weights.
+
+    torchtitan saves the last step model-only while `[checkpoint] last_save_model_only`
+    (default true); extending a finished run (more `[training] steps`, same dump folder)
+    would load that folder and fail inside DCP (`Missing key in checkpoint state_dict:
+    dataloader.dp_rank_0`). The folder is the one torchtitan's `CheckpointManager.load`
+    picks: `load_step`, or the newest `step-N` with `.metadata` (or, from
+    `last_save_in_hf`, `model.safetensors.index.json`).
+    """
+    c = job_config.checkpoint
+    if not c.enable:
+        return []
+    folder = os.path.join(job_config.job.dump_folder, c.folder)
+    if not os.path.isdir(folder):
+        return []  # a fresh run (initial_load_path, if any, is loaded as configured)
+    steps = _checkpoint_steps(folder)
+    step = c.load_step if c.load_step != -1 else (max(steps) if steps else -1)
+    if step <= 0:
+        return []  # nothing to resume, or step 0 (torchtitan loads it model-only)
+    wanted = [k for k in RESUME_STATES if k not in c.exclude_from_loading]
+    path = os.path.join(folder, f"step-{step}")
+    if not wanted or _saved_states(path) != set():
+        return []
+    full = next((s for s in sorted(steps, reverse=True)
+                 if s < step and _saved_states(os.path.join(folder, f"step-{s}"))), None)
+    earlier = "" if full is None else (
+        f"resume from the newest full checkpoint with --checkpoint.load_step {full}, or ")
+    return [
+        f"[checkpoint] last_save_model_only: {path} holds only the model weights (torchtitan "
+        "saves the last step model-only while last_save_model_only = true), so the run cannot "
+        f"resume from it (no {', '.join(RESUME_STATES)}); allowed: {earlier}start from these "
+        "weights with a fresh optimizer and LR schedule in a new folder (--job.dump_folder "
+        f"<new> --checkpoint.initial_load_path {path} --checkpoint.initial_load_model_only); "
+        "set last_save_model_only = false in runs you may extend"
+    ]
+
+
+def _checkpoint_steps(folder: str) -> list[int]:
+    """The steps torchtitan's `_find_load_step` considers: `step-N` with DCP or HF metadata."""
+    import re
+
+    steps = []
+    for name in os.listdir(folder):
+        match = re.search(r"step-(\d+)", name)  # as _find_load_step
+        path = os.path.join(folder, name)
+        if match and (os.path.isfile(os.path.join(path, ".metadata"))
+                      or os.path.isfile(os.path.join(path, "model.safetensors.index.json"))):
+            steps.append(int(match.group(1)))
+    return steps
+
+
+def _saved_states(path: str) -> set[str] | None:
+    """Which of RESUME_STATES the checkpoint `path` holds: set() for a model-only one (DCP
+    or HF safetensors), None if it cannot be told (missing or unreadable: DCP reports it)."""
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        return set() if os.path.isfile(os.path.join(path, "model.safetensors.index.json")) else None
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        keys = FileSystemReader(path).read_metadata().state_dict_metadata
+    except Exception:
+        return None
+    return {k.split(".", 1)[0] for k in keys} & set(RESUME_STATES)
+
+
 def _dataset_problems(job_config) -> list[str]:
     from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
     from grt_titan.data.shards import find_manifest
@@ -380,8 +478,10 @@ def check_job_config(job_config, model_args) -> None:
     problems += _sequence_problems(job_config, model_args)
     problems += _parallelism_problems(job_config, model_args)
     problems += _vocab_problems(job_config, model_args)
+    problems += _converter_problems(job_config)
     problems += _float8_problems(job_config, model_args)
     problems += _dataset_problems(job_config)
+    problems += _resume_problems(job_config)
     if problems:
         _raise(problems)
 
