@@ -55,6 +55,13 @@ class GRTConfig:
     """Truncated backprop through depth: gradients flow through the last k steps only
     (the earlier ones run without autograd); unset = through all r steps."""
 
+    vocab_multiple_of: int | None = None
+    """Pad the embedding and LM head rows to a multiple of this (e.g. 128: GPT-2's 50257 ->
+    50304), so tensor-parallel vocabulary shards are equal and the head matmul has an
+    aligned size. The padded ids are never inputs or targets; their logits stay in the
+    training softmax (as in nanoGPT / Megatron) and the Hugging Face export drops them.
+    Default 1 (no padding); `vocab_size` stays the tokenizer's."""
+
     recurrence_checkpoint: Literal["block", "step"] = "block"
     """With [activation_checkpoint] mode != none: `block` applies torchtitan's mode to every
     prelude, core and coda block; `step` checkpoints each recurrence step (W_proj + core +

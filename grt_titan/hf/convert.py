@@ -5,6 +5,11 @@ modeling_grt.py, model.safetensors (or model-0000i-of-0000N.safetensors + index 
 `max_shard_size`), generation_config.json, GPT-2 tokenizer files and README.md (model card).
 It is written into a temporary sibling folder and renamed into place only when complete,
 so a failure never leaves a partial output folder.
+
+Vocabulary padding (`vocab_multiple_of`): the folder holds the true vocabulary. config.json's
+vocab_size is the tokenizer's, embed_tokens / lm_head have vocab_size rows (the adapter drops
+the padded rows), and the padding multiple is kept in `training_settings` so that import
+pads the rows back (with zeros) for training.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
         depth = 0
     return dict(
         block_style=args.block_style,
-        vocab_size=args.vocab_size,
+        vocab_size=args.vocab_size,  # the true vocabulary, never padded_vocab_size
         hidden_size=args.dim,
         num_attention_heads=args.n_heads,
         num_key_value_heads=(args.n_kv_heads or args.n_heads) if args.block_style == "llama" else args.n_heads,
@@ -379,7 +384,8 @@ def verify_hf_folder(
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model_args.vocab_size, (1, min(16, model_args.max_seq_len)), generator=generator)
     with torch.no_grad():
-        ref = native(tokens)
+        # The HF model has the true vocabulary; drop the padded columns (vocab_multiple_of).
+        ref = native(tokens)[..., : model_args.vocab_size]
         got = hf_model(tokens).logits
     diff = (ref - got).abs().max().item()
     if not diff < atol:

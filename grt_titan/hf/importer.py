@@ -7,7 +7,9 @@ Writes a DCP model-only checkpoint (model FQNs at the top level, fp32), which to
 loads as its step-0 checkpoint (`<dump>/<checkpoint.folder>/step-0`) or through
 `[checkpoint] initial_load_path = <out>` with `initial_load_model_only = true`.
 Export -> import is exact for float32 exports; the depth sampler's counter
-(`recurrence.depth.draws`, never exported) starts at 0.
+(`recurrence.depth.draws`, never exported) starts at 0. With `vocab_multiple_of` > 1 the
+embedding / LM head rows beyond vocab_size (not exported) are imported as zeros, so
+export -> import -> export gives the same weights.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from grt_titan.model.args import GRTModelArgs
 from .convert import ExportError, model_args_from_hf_config, read_hf_weights
 
 # Fields that fix the weights' names and shapes: a --config must agree on them.
+# `vocab_multiple_of` is not one: the HF weights have vocab_size rows whatever the padding,
+# and the import pads them (zero rows) to the --config's (or the export's) padded_vocab_size.
 ARCHITECTURE_FIELDS = (
     "block_style",
     "dim",

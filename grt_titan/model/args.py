@@ -26,6 +26,7 @@ CONFIGURABLE_FIELDS = (
     "gate_bias_init",
     "gate_override",
     "backprop_recurrences",
+    "vocab_multiple_of",
 )
 
 
@@ -41,7 +42,9 @@ class GRTModelArgs(BaseModelArgs):
     dim: int = 768
     n_heads: int = 12
     n_kv_heads: int | None = None  # llama style only (grouped-query attention)
-    vocab_size: int = 50257
+    vocab_size: int = 50257  # the tokenizer's vocabulary (ids it can emit)
+    # Embedding / LM head rows are padded up to a multiple of this (see padded_vocab_size).
+    vocab_multiple_of: int = 1
     max_seq_len: int = 1024  # gpt2: learned positions; llama: RoPE table length
     norm_eps: float = 1e-5
 
@@ -72,6 +75,20 @@ class GRTModelArgs(BaseModelArgs):
     @property
     def is_recurrent(self) -> bool:
         return self.n_core_layers > 0
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of tok_embeddings and of the LM head: vocab_size rounded up to a multiple of
+        vocab_multiple_of (GPT-2: 50257 -> 50304 for 128, as nanoGPT and Megatron's
+        make-vocab-size-divisible-by do), so tensor-parallel vocabulary shards are equal.
+
+        The extra rows are never a target and never an input (the tokenizer never emits
+        those ids). Training leaves their logits in the softmax (as nanoGPT / Megatron do;
+        the loss pushes them down); the Hugging Face export drops the rows, so an exported
+        model cannot generate them.
+        """
+        m = self.vocab_multiple_of
+        return -(-self.vocab_size // m) * m
 
     @property
     def head_dim(self) -> int:
@@ -118,7 +135,7 @@ class GRTModelArgs(BaseModelArgs):
             raise bad(
                 "depth_sampling", self.depth_sampling, f"allowed: {get_args(DepthSampling)}"
             )
-        for name in ("dim", "n_heads", "vocab_size", "max_seq_len"):
+        for name in ("dim", "n_heads", "vocab_size", "vocab_multiple_of", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise bad(name, getattr(self, name), "must be >= 1")
         if self.dim % self.n_heads:
@@ -200,6 +217,8 @@ class GRTModelArgs(BaseModelArgs):
         """Eq. 1 at depth r, plus the LM head: (p + n r + c)(24 d^2 + 4 S d) + r 10 d^2 + 2 d V.
 
         For llama blocks 24 d^2 becomes 2x the block's matmul weights (SwiGLU, GQA).
+        V is `padded_vocab_size` (what the head matmul computes), not the tokenizer's
+        vocab_size; the two differ only with `vocab_multiple_of` > 1.
         """
         r = self.expected_recurrences if recurrences is None else recurrences
         if not self.is_recurrent:
@@ -209,7 +228,7 @@ class GRTModelArgs(BaseModelArgs):
         return (
             blocks * per_block
             + r * 2 * self.recurrence_matmul_params()
-            + 2 * self.dim * self.vocab_size
+            + 2 * self.dim * self.padded_vocab_size
         )
 
     def train_flops_per_token(self, seq_len: int, recurrences: float | None = None) -> float:

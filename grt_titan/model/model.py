@@ -14,6 +14,11 @@ Initialisation (`init_weights`, run after the meta-device build):
 | gate w_in / w_out                       | trunc normal(0, 0.02); w_out bias = +4      |
 | norms                                   | weight 1, bias 0                            |
 | output (llama, untied)                  | trunc normal(0, dim^-0.5), cut at 3 std     |
+
+tok_embeddings and output have `padded_vocab_size` rows (`vocab_multiple_of`, default 1 =
+no padding); rows >= vocab_size are initialised like the others, are never an input id or a
+target, and their logits stay in the training softmax (nanoGPT / Megatron do the same).
+The Hugging Face export drops them (grt_titan/hf/convert.py), so generation never emits them.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ class GRTModel(ModelProtocol):
         super().__init__(model_args)
         model_args.validate()
         self.model_args = args = model_args
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.tok_embeddings = nn.Embedding(args.padded_vocab_size, args.dim)
         self.pos_embeddings = (
             nn.Embedding(args.max_seq_len, args.dim) if args.block_style == "gpt2" else None
         )
@@ -52,7 +57,7 @@ class GRTModel(ModelProtocol):
         )
         norm_cls = nn.LayerNorm if args.block_style == "gpt2" else nn.RMSNorm
         self.norm = norm_cls(args.dim, eps=args.norm_eps)
-        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.output = nn.Linear(args.dim, args.padded_vocab_size, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -101,7 +106,8 @@ class GRTModel(ModelProtocol):
         positions: torch.Tensor | None = None,
         num_recurrences: int | None = None,
     ) -> torch.Tensor:
-        """Logits for `tokens` [B, S].
+        """Logits [B, S, padded_vocab_size] for `tokens` [B, S] (columns >= vocab_size are
+        the padding rows of `vocab_multiple_of`; the tokenizer never emits those ids).
 
         `num_recurrences`: depth r of this call (0 = prelude only, r < R early exit,
         r > R extrapolation). None: sampled per the config in training, the eval depth

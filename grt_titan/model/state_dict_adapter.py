@@ -23,6 +23,14 @@ Values are passed through untouched (no wq/wk permutation: modeling_grt.py appli
 interleaved pairs exactly like torchtitan), so `to_hf` works on DTensors and on the empty
 sharded state dict torchtitan builds its HF read plan from, and `from_hf` is its exact
 inverse.
+
+One exception, with `vocab_multiple_of` > 1 (`padded_vocab_size` > `vocab_size`): the HF
+side holds the true vocabulary. `to_hf` keeps the first `vocab_size` rows of
+tok_embeddings.weight and output.weight (a view for plain tensors; a DTensor sharded over the
+vocabulary comes back replicated, i.e. gathered), and `from_hf` appends zero rows up to
+`padded_vocab_size`, restoring the sharding `to_hf` saw. torchtitan's `last_save_in_hf` thus
+writes what `grt-titan export-hf` writes, and `initial_load_in_hf` / import leave the padded
+rows at zero (they are never a target or an input id).
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from .args import GRTModelArgs
 
 # Buffers that exist only for training and are never exported; import leaves them alone.
 TRAINING_ONLY_KEYS = frozenset({"recurrence.depth.draws"})
+# Native weights whose rows are the (padded) vocabulary; the HF side has vocab_size rows.
+VOCAB_ROW_KEYS = frozenset({"tok_embeddings.weight", "output.weight"})
 
 _STACKS = (
     ("prelude.layers.", "model.prelude."),
@@ -128,6 +138,10 @@ class GRTStateDictAdapter(StateDictAdapter):
         self.from_hf_map = {v: k for k, v in self.to_hf_map.items()}
         assert len(self.from_hf_map) == len(self.to_hf_map), "HF key map is not one-to-one"
         self.fqn_to_index_mapping = self._read_index(hf_assets_path)
+        self.vocab_size = model_args.vocab_size
+        self.padded_vocab_size = model_args.padded_vocab_size
+        # (mesh, placements) of the padded DTensors `to_hf` trimmed, for `from_hf` to restore.
+        self._vocab_layouts: dict[str, tuple[Any, tuple]] = {}
 
     def _read_index(self, hf_assets_path: str | None) -> dict[str, int] | None:
         if not hf_assets_path or not os.path.isdir(hf_assets_path):
@@ -151,7 +165,8 @@ class GRTStateDictAdapter(StateDictAdapter):
         return list(self.from_hf_map)
 
     def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        """Rename native keys to HF keys; drops training-only buffers and the tied head."""
+        """Rename native keys to HF keys; drops training-only buffers and the tied head, and
+        trims padded vocabulary rows (`vocab_multiple_of`) to vocab_size."""
         hf = {}
         for key, value in state_dict.items():
             if key in TRAINING_ONLY_KEYS or (self.tied and key == "output.weight"):
@@ -161,11 +176,14 @@ class GRTStateDictAdapter(StateDictAdapter):
                     f"unexpected GRT state-dict key {key!r} for this model (block_style="
                     f"{self.block_style!r}); the checkpoint and the config do not match"
                 )
+            if key in VOCAB_ROW_KEYS:
+                value = self._trim_vocab(key, value)
             hf[self.to_hf_map[key]] = value
         return hf
 
     def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
-        """Rename HF keys to native keys (exact inverse of `to_hf`)."""
+        """Rename HF keys to native keys (inverse of `to_hf`; padded vocabulary rows, dropped
+        by `to_hf`, come back as zeros)."""
         native = {}
         for key, value in hf_state_dict.items():
             if key not in self.from_hf_map:
@@ -173,5 +191,39 @@ class GRTStateDictAdapter(StateDictAdapter):
                     f"unexpected Hugging Face key {key!r} for this GRT model; the weights and "
                     "the config do not match"
                 )
-            native[self.from_hf_map[key]] = value
+            native_key = self.from_hf_map[key]
+            if native_key in VOCAB_ROW_KEYS:
+                value = self._pad_vocab(native_key, value)
+            native[native_key] = value
         return native
+
+    # ---- vocabulary padding (vocab_multiple_of) ---------------------------------------
+
+    def _trim_vocab(self, key: str, value: Any) -> Any:
+        """The first vocab_size rows of a padded vocabulary weight; other shapes unchanged
+        (a mismatched checkpoint is reported by the shape checks, not here)."""
+        if self.padded_vocab_size == self.vocab_size or value.shape[0] != self.padded_vocab_size:
+            return value
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(value, DTensor):
+            self._vocab_layouts[key] = (value.device_mesh, tuple(value.placements))
+        # Plain tensor: a view (a DCP load into it fills the original rows). DTensor sharded
+        # over dim 0: DTensor gathers it (Replicate), every rank then holds the full rows.
+        return value.narrow(0, 0, self.vocab_size)
+
+    def _pad_vocab(self, key: str, value: Any) -> Any:
+        """vocab_size rows -> padded_vocab_size rows, the new rows zero; other shapes unchanged."""
+        if self.padded_vocab_size == self.vocab_size or value.shape[0] != self.vocab_size:
+            return value
+        from torch.distributed.tensor import DTensor, Replicate
+
+        extra = self.padded_vocab_size - self.vocab_size
+        if not isinstance(value, DTensor):
+            return torch.cat([value, value.new_zeros((extra, *value.shape[1:]))])
+        mesh, placements = self._vocab_layouts.get(key, (value.device_mesh, tuple(value.placements)))
+        full = value.full_tensor()
+        padded = torch.cat([full, full.new_zeros((extra, *full.shape[1:]))])
+        # Replicated -> the native sharding: a local split, no communication.
+        replicated = DTensor.from_local(padded, mesh, [Replicate()] * mesh.ndim, run_check=False)
+        return replicated.redistribute(mesh, placements)

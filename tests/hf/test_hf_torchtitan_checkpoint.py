@@ -36,3 +36,33 @@ def test_last_save_in_hf_then_initial_load_in_hf(run_torchrun, tmp_path):
     # The loaded weights are the trained ones: its first loss is near the trained run's
     # last losses, far below an untrained model's ln(50257) = 10.8.
     assert step_losses(output)[1] < trained[1] - 0.5
+
+
+@pytest.mark.slow
+def test_padded_vocab_hf_save_under_tp_then_load_under_fsdp(run_torchrun, tmp_path):
+    """`[grt] vocab_multiple_of = 128`: the vocabulary-sharded (TP) embedding is saved with
+    its 50257 true rows, and loads (padded with zero rows) into an FSDP-sharded 50304-row one."""
+    pad = ["--grt.vocab_multiple_of", "128"]
+    save = run_torchrun(2, [*COMMON, *pad, "--job.dump_folder", str(tmp_path / "a"), "--training.steps", "6",
+                            "--parallelism.data_parallel_shard_degree", "1",
+                            "--parallelism.tensor_parallel_degree", "2",
+                            "--checkpoint.last_save_in_hf", "--checkpoint.last_save_model_only"], tmp_path / "a")
+    assert save.returncode == 0, (save.stdout + save.stderr)[-3000:]
+    folder = tmp_path / "a" / "checkpoint" / "step-6"
+    padded = grt_flavors["debug"].replace(vocab_multiple_of=128)
+    adapter = GRTStateDictAdapter(padded, None)
+    shapes = {}
+    for path in folder.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
+    assert set(shapes) == set(adapter.hf_keys)
+    assert shapes["model.embed_tokens.weight"] == (50257, padded.dim)  # the true vocabulary
+
+    trained = step_losses(save.stdout + save.stderr)
+    load = run_torchrun(2, [*COMMON, *pad, "--job.dump_folder", str(tmp_path / "b"), "--training.steps", "1",
+                            "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"],
+                        tmp_path / "b")
+    output = load.stdout + load.stderr
+    assert load.returncode == 0, output[-3000:]
+    assert "loading from HF safetensors" in output
+    assert step_losses(output)[1] < trained[1] - 0.5
