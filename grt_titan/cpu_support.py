@@ -1,4 +1,4 @@
-"""The one contained shim: run torchtitan 0.2.2's own Trainer on a CPU-only machine.
+"""The CPU-support shim: run torchtitan 0.2.2's own Trainer on a CPU-only machine.
 
 Why it exists: torchtitan 0.2.2 fixes its device type when `torchtitan.tools.utils` is
 first imported (`_get_available_device_type() or "cuda"`), and several modules copy that

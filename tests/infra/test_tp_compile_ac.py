@@ -7,6 +7,9 @@ the losses of 3 steps with TP 2 eager without AC. Same layout, same seed: identi
 initial weights, depths and noise, so only compile and AC differ.
 """
 
+import re
+from datetime import datetime
+
 import pytest
 
 from grt_test_helpers import step_losses
@@ -30,6 +33,26 @@ AC = {
     "step": ["--activation_checkpoint.mode", "full", "--grt.recurrence_checkpoint", "step"],
 }
 STYLES = ("gpt2", "llama")
+
+
+def recompiles_after_step_1(output: str) -> list[str]:
+    """`TORCH_LOGS=recompiles` lines logged after step 1 finished.
+
+    The first step compiles every distinct module once. torchtitan's checkpoint wrapper is
+    one code object for every wrapped module, so the second module it wraps (with another
+    arity) is logged as a recompile of it; that happens inside step 1. Later steps sample
+    other depths r and must compile nothing.
+    """
+    step_1 = re.search(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ .*step:\s+1\s", output)
+    assert step_1, output[-2000:]
+    done = datetime.strptime(step_1.group(1), "%Y-%m-%d %H:%M:%S")
+    late = []
+    for match in re.finditer(r"[VWI](\d{2})(\d{2}) (\d\d:\d\d:\d\d)\.\d+ .*Recompiling function.*", output):
+        month, day, clock = match.groups()
+        when = datetime.strptime(f"{done.year}-{month}-{day} {clock}", "%Y-%m-%d %H:%M:%S")
+        if when > done:
+            late.append(match.group(0))
+    return late
 
 
 def run(run_torchrun, tmp_path, name, args, env=None):
@@ -60,6 +83,6 @@ def test_tp2_compile_ac_matches_eager_on_cold_and_warm_cache(style, ac, eager_lo
         losses, output = run(run_torchrun, tmp_path, f"{attempt}", args, env)
         # Inductor reorders fp32 reductions; compiled and eager losses agree to ~1e-6 relative.
         assert losses == pytest.approx(eager_losses[style], rel=1e-4), attempt
-        assert "Recompiling function" not in output, attempt
+        assert not recompiles_after_step_1(output), attempt
     # GPT-2's 50257-row vocabulary shards unevenly over TP 2: the cache workaround said so.
     assert "unevenly: the AOTAutograd compile cache is off" in output

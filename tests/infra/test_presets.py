@@ -1,0 +1,83 @@
+"""Every shipped TOML starts at the layout its header says it is a preset for.
+
+Each file in train_configs/ runs with its own parallelism, compile, AC and float8 settings as
+rank 0 of its intended world size on torchtitan's fake backend (real plans, shapes, compile
+and a full step; collectives return without communicating), one step at sequence 64. The
+world size comes from the header's first line: "2 CPU processes", "one node of 8 x ...",
+"4+ nodes of 8 x ..." (4 x 8 = 32). A header this test cannot read fails it, so no preset
+promises a layout that is not run here.
+"""
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import tomli
+
+from benchmarks.parallel_matrix import run_fake_backend
+from grt_test_helpers import step_losses
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "train_configs").glob("*.toml"))
+_WORDS = {"one": 1, "two": 2}
+MESH_LINE = re.compile(r"Building device mesh with parallelism: .*")
+
+
+def intended_world_size(path: Path) -> int:
+    header = path.read_text().splitlines()[0]
+    if match := re.match(r"# Preset: (\d+) CPU processes", header):
+        return int(match.group(1))
+    if match := re.match(r"# Preset: (one|two|\d+)\+? nodes? of (\d+) x ", header):
+        nodes = _WORDS.get(match.group(1)) or int(match.group(1))
+        return nodes * int(match.group(2))
+    raise AssertionError(f"{path.name}: header {header!r} names no layout this test can run")
+
+
+def preset_args(path: Path, dump_folder: Path) -> list[str]:
+    return [
+        "--job.config_file", str(path), "--job.dump_folder", str(dump_folder),
+        "--training.steps", "1", "--training.seq_len", "64", "--training.local_batch_size", "1",
+        "--training.global_batch_size", "-1", "--checkpoint.no-enable", "--validation.no-enable",
+        "--metrics.log_freq", "1", "--metrics.no-enable-tensorboard",
+    ]
+
+
+@pytest.fixture(scope="module")
+def preset_runs(tmp_path_factory):
+    """All presets, two at a time (each is one process; compile dominates)."""
+    tmp = tmp_path_factory.mktemp("presets")
+
+    def run(path):
+        proc = run_fake_backend(intended_world_size(path), preset_args(path, tmp / path.stem), timeout=1200)
+        (tmp / f"{path.stem}.log").write_text(proc.stdout + proc.stderr)
+        return path.stem, proc
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(run, CONFIGS))
+
+
+def test_every_header_names_a_world_size():
+    sizes = {path.stem: intended_world_size(path) for path in CONFIGS}
+    assert sizes["grt_debug"] == 2 and sizes["grt_large"] == 8 and sizes["grt_llama_1b"] == 32
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_preset_starts_at_its_layout(path, preset_runs):
+    proc = preset_runs[path.stem]
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    losses = step_losses(output)
+    assert list(losses) == [1], output[-2000:]
+    assert 5 < losses[1] < 12  # a fresh model's loss on a 50k vocabulary (ln 50257 = 10.8)
+    # The layout that ran is the preset's: its degrees multiply to the intended world size.
+    mesh = MESH_LINE.search(output)
+    assert mesh, output[-2000:]
+    degrees = {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", mesh.group(0))}
+    assert degrees["dp_replicate"] * degrees["dp_shard"] * degrees["tp"] == intended_world_size(path)
+    toml = tomli.loads(path.read_text())
+    assert degrees["tp"] == toml.get("parallelism", {}).get("tensor_parallel_degree", 1)
+    if toml.get("compile", {}).get("enable"):
+        assert "Compiling each TransformerBlock with torch.compile" in output
+    if toml.get("activation_checkpoint", {}).get("mode", "none") != "none":
+        assert "activation checkpointing to the model" in output
