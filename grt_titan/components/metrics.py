@@ -22,7 +22,7 @@ step that `should_log` will log; the observer reduces each step to a few device 
 `enable = false` no hook is installed at all. See docs/observability.md.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -32,12 +32,10 @@ from torchtitan.tools.logging import logger
 
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.recurrence import DepthSampler, Recurrence, StepRecord
+from grt_titan.model.step_stats import TRAINING_SUMS, step_row, summarize
 
 # No `from __future__ import annotations`: torchtitan resolves GRTMetricsConfig's field
 # types when it merges the section into its JobConfig.
-
-COPY_THRESHOLD = 0.95  # g above: the step copies the state (paper figure 10b)
-WRITE_THRESHOLD = 0.05  # g below: the step writes the proposal
 
 
 @dataclass
@@ -77,13 +75,10 @@ def _local(x: torch.Tensor) -> torch.Tensor:
 class RecurrenceStats:
     """Per-step sums of one training step, kept on the device until `summary()`.
 
-    Row i-1 of `sums` holds, for recurrence step i, summed over every armed forward
-    (gradient-accumulation microbatches) and, after `all_reduce`, over ranks:
-    `SUMS` = number of gate values, sum g, sum g^2, #(g > 0.95), #(g < 0.05),
-    ||h_i - h_{i-1}||^2, ||o_i - h_{i-1}||^2.
+    Row i-1 of `sums` holds the `TRAINING_SUMS` of recurrence step i
+    (grt_titan/model/step_stats.py), summed over every armed forward (gradient-accumulation
+    microbatches) and, after `all_reduce`, over ranks.
     """
-
-    SUMS = ("count", "gate", "gate_sq", "copy", "write", "update_sq", "proposal_delta_sq")
 
     def __init__(self) -> None:
         self.sums: torch.Tensor | None = None
@@ -95,25 +90,17 @@ class RecurrenceStats:
 
     @torch.no_grad()
     def observe(self, record: StepRecord) -> None:
-        g = _local(record.gate)
-        h, h_new, o = _local(record.state), _local(record.new_state), _local(record.proposal)
-        f64 = torch.float64
-        row = torch.stack([
-            torch.sum(g, dtype=f64),
-            torch.sum(g.float().square(), dtype=f64),
-            torch.count_nonzero(g > COPY_THRESHOLD).to(f64),
-            torch.count_nonzero(g < WRITE_THRESHOLD).to(f64),
-            torch.linalg.vector_norm(h_new - h, dtype=torch.float32).to(f64).square(),
-            torch.linalg.vector_norm(o - h, dtype=torch.float32).to(f64).square(),
-        ])
+        local = replace(
+            record, state=_local(record.state), new_state=_local(record.new_state),
+            gate=_local(record.gate), proposal=_local(record.proposal),
+        )
+        row = step_row(local, full=False)  # on the device: no host sync
         if self.sums is None:
-            self.sums = torch.zeros(record.depth, len(self.SUMS), dtype=f64, device=row.device)
+            self.sums = row.new_zeros(record.depth, len(TRAINING_SUMS))
         elif self.sums.shape[0] < record.depth:  # a deeper forward in the same step
-            pad = self.sums.new_zeros(record.depth - self.sums.shape[0], len(self.SUMS))
+            pad = self.sums.new_zeros(record.depth - self.sums.shape[0], len(TRAINING_SUMS))
             self.sums = torch.cat([self.sums, pad])
-        i = record.index - 1
-        self.sums[i, 0] += g.numel()  # a fill kernel, no host-device copy
-        self.sums[i, 1:] += row
+        self.sums[record.index - 1] += row
         if record.index == 1:
             self.depths.append(record.depth)
 
@@ -132,22 +119,9 @@ class RecurrenceStats:
                 self.sums = funcol.all_reduce(self.sums, reduceOp="sum", group=mesh)
 
     def summary(self) -> list[dict[str, float]]:
-        """Per step i = 1.. : gate_mean, gate_std, gate_copy_frac, gate_write_frac, update_ratio."""
-        if self.sums is None:
-            return []
-        out = []
-        for count, gate, gate_sq, copy, write, upd, prop in self.sums.tolist():
-            if count == 0:
-                break
-            mean = gate / count
-            out.append({
-                "gate_mean": mean,
-                "gate_std": max(gate_sq / count - mean * mean, 0.0) ** 0.5,
-                "gate_copy_frac": copy / count,
-                "gate_write_frac": write / count,
-                "update_ratio": (upd / prop) ** 0.5 if prop > 0 else 0.0,
-            })
-        return out
+        """Per step i = 1.. : the `TRAINING_STATISTICS` (gate_mean, gate_std, gate_copy_frac,
+        gate_write_frac, update_ratio)."""
+        return summarize(self.sums) if self.sums is not None else []
 
 
 class GRTMetricsProcessor(MetricsProcessor):

@@ -120,8 +120,15 @@ class GRTModel(ModelProtocol):
             h = self.recurrence(h, self.freqs_cis, num_recurrences)
         elif num_recurrences:
             raise ValueError(f"num_recurrences = {num_recurrences} given to a dense model (no core)")
-        h = self.coda(h, self.freqs_cis)
-        return self.output(self.norm(h))
+        return self.logits_from_state(h)
+
+    def logits_from_state(self, h: torch.Tensor) -> torch.Tensor:
+        """Coda, final norm and LM head on a state h [B, S, dim]: the end of `forward`.
+
+        Its own method so that a state captured after any recurrence step can be read out
+        (per-depth loss in `grt-titan analyze`, early exit) exactly as `forward` would.
+        """
+        return self.output(self.norm(self.coda(h, self.freqs_cis)))
 
     def get_attention_masks(self, *args, **kwargs):
         # TypeError is what torchtitan's trainer and validator expect for sdpa models.

@@ -1,4 +1,5 @@
-"""Helpers of the metrics / validation / analysis tests: tiny models, data, configs."""
+"""Helpers of the metrics / validation / analysis tests: tiny models, data, configs
+(tests/analysis/conftest.py puts this folder on the import path)."""
 
 import json
 import math

@@ -173,7 +173,7 @@ def test_metrics_section_parses_from_toml(tmp_path):
 
     toml = tmp_path / "run.toml"
     toml.write_text(
-        '[job]\ncustom_config_module = "components_job_config"\n'
+        '[job]\ncustom_config_module = "grt_titan.job_config"\n'
         '[model]\nname = "grt"\nflavor = "debug"\n'
         "[grt_metrics]\nenable = false\n"
     )

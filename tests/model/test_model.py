@@ -52,6 +52,7 @@ def test_training_forward_matches_hand_written_recurrence(block_style):
     h = h_pre
     for (_, _, _, state_noise, gate_noise) in captured:
         h = reference_step(model.recurrence.step, h, h_pre, state_noise, gate_noise, model.freqs_cis, 0.7)
+    # The readout written out as well (elsewhere: model.logits_from_state).
     expected = model.output(model.norm(model.coda(h, model.freqs_cis)))
     assert len(captured) == 3
     # fp32, identical op order except the functional layer norms: bit-level noise only.
@@ -88,7 +89,7 @@ def test_gate_zero_writes_core_output():
 def test_depth_zero_is_prelude_only_and_negative_is_rejected():
     model = build().eval()
     x = tokens()
-    expected = model.output(model.norm(model.coda(prelude_output(model, x), None)))
+    expected = model.logits_from_state(prelude_output(model, x))
     torch.testing.assert_close(model(x, num_recurrences=0), expected, rtol=0, atol=0)
     with pytest.raises(ValueError, match="num_recurrences = -1"):
         model(x, num_recurrences=-1)
@@ -166,7 +167,7 @@ def test_truncated_backprop_matches_detached_reference():
     with torch.no_grad():
         h = ref.recurrence.step(ref.recurrence.step(h_pre, h_pre, None), h_pre, None)
     h = ref.recurrence.step(h, h_pre, None)  # only the last step carries gradient
-    ref.output(ref.norm(ref.coda(h, None))).square().mean().backward()
+    ref.logits_from_state(h).square().mean().backward()
     for (name, p), (_, q) in zip(full.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-8, msg=name)
 

@@ -1,4 +1,6 @@
-"""`grt-titan analyze`: per-depth numbers against independent forwards, files it writes."""
+"""`grt-titan analyze`: per-depth numbers against independent forwards, files it writes,
+command-line errors. (Analyzing a trained checkpoint / HF export: the end-to-end run in
+tests/components/test_observability_e2e.py.)"""
 
 import pytest
 import torch
@@ -7,6 +9,7 @@ from components_helpers import ByteTokenizer, check_analysis_output, hand_step_s
 
 from grt_titan.analysis.diagnostics import DepthAnalysis, gate_heatmap
 from grt_titan.analysis.report import analyze
+from grt_titan.cli import main as cli_main
 from grt_titan.data.config import DataConfig
 from grt_titan.data.loader import TokenSequenceDataset, open_dataset_split
 
@@ -76,3 +79,10 @@ def test_analyze_writes_every_plot_and_the_json(tmp_path):
 def test_analyze_rejects_a_dense_model(tmp_path):
     with pytest.raises(ValueError, match="no recurrence"):
         analyze(tiny_model(n_core_layers=0), ByteTokenizer(), [None], tmp_path, progress=False)
+
+
+def test_analyze_cli_errors(tmp_path, capsys):
+    assert cli_main(["analyze", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli_main(["analyze", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "needs --config" in capsys.readouterr().err
