@@ -142,7 +142,7 @@ def predicted_bytes(args: GRTModelArgs, strategy: str, batch: int, tokens: int, 
         weights = weight_bytes(GRTForCausalLM(build_hf_config(args))) // 4 * dtype_bytes
     depth = 0
     if args.is_recurrent:
-        depth = args.num_recurrences if args.eval_recurrences is None else args.eval_recurrences
+        depth = args.eval_depth
     core = args.n_core_layers * (depth if strategy == "per_step" else 1)
     layers = args.n_prelude_layers + core + args.n_coda_layers
     kv_heads = args.n_kv_heads or args.n_heads

@@ -1,9 +1,10 @@
 """Start-up checks of a whole job config against the model it builds (docs/reliability.md).
 
-`check_job_config` runs at the end of `GRTModelArgs.update_from_config`, i.e. where
-torchtitan's Trainer turns the flavor into model args: after the process group, the
-tokenizer and the training dataloader exist, before the model, its parallel plans, the
-optimizer, the checkpointer or the validator are built. Every problem found is reported
+`check_job_config` runs at the end of `GRTModelArgs.update_from_config` (installed there by
+`grt_titan.spec` at registration), i.e. where torchtitan's Trainer turns the flavor into
+model args: after
+the process group, the tokenizer and the training dataloader exist, before the model, its
+parallel plans, the optimizer, the checkpointer or the validator are built. Every problem found is reported
 in one `ValueError`, one line per problem, each naming the TOML key (`[section] key`) and
 what is allowed, instead of an assertion or a traceback from deep inside torch later.
 That includes the checkpoint a resume would load: one holding only the model weights
@@ -16,11 +17,24 @@ error naming the known flavors (torchtitan looks the flavor up before update_fro
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
-import types
-import typing
-from typing import Any, Literal, Union
+import re
+
+import torch
+import torch.distributed as dist
+import torchtitan.components.quantization  # noqa: F401  registers the float8 and mx converters
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torchtitan.protocols.model_converter import _registry_model_converter_cls
+
+from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
+from grt_titan.data.shards import find_manifest
+from grt_titan.field_checks import field_problems
+from grt_titan.job_config import FLOAT8_CONVERTER
+from grt_titan.model import GRTModel
+from grt_titan.tokenizer import GPT2_VOCAB_SIZE, GPT2Tokenizer, resolve_tokenizer_path
 
 # torchtitan's flag in [quantize.linear.float8] filter_fqns that lets torchao skip small layers.
 FLOAT8_AUTO_FILTER = "auto_filter_small_kn"
@@ -44,87 +58,6 @@ class Flavors(dict):
         )
 
 
-# ---- generic: types and Literal choices of every config field ---------------------------
-
-
-def _literal_choices(annotation) -> tuple | None:
-    """The allowed values of `Literal[...]` or `Literal[...] | None`, else None."""
-    if typing.get_origin(annotation) is Literal:
-        return typing.get_args(annotation)
-    if typing.get_origin(annotation) in (Union, types.UnionType):
-        args = typing.get_args(annotation)
-        literals = [a for a in args if typing.get_origin(a) is Literal]
-        if literals and all(a is type(None) or a in literals for a in args):
-            choices = tuple(c for lit in literals for c in typing.get_args(lit))
-            return choices + ((None,) if type(None) in args else ())
-    return None
-
-
-def _scalar_types(annotation) -> tuple[type, ...] | None:
-    """(int,), (float,), (bool,), (str,) or with NoneType for `X | None`; None if not scalar."""
-    scalars = (bool, int, float, str)
-    if annotation in scalars:
-        return (annotation,)
-    if typing.get_origin(annotation) in (Union, types.UnionType):
-        args = typing.get_args(annotation)
-        if all(a in scalars or a is type(None) for a in args):
-            return tuple(args)
-    return None
-
-
-def _type_ok(value, allowed: tuple[type, ...]) -> bool:
-    if value is None:
-        return type(None) in allowed
-    if isinstance(value, bool):
-        return bool in allowed
-    if isinstance(value, int):
-        return int in allowed or float in allowed
-    return isinstance(value, tuple(t for t in allowed if t is not type(None)))
-
-
-def _type_name(allowed: tuple[type, ...]) -> str:
-    return " or ".join("unset" if t is type(None) else t.__name__ for t in allowed)
-
-
-def field_problems(obj, where: str, hints: dict[str, Any] | None = None,
-                   only_changed: bool = False) -> list[str]:
-    """Type, Literal-choice and finiteness problems of a dataclass's scalar fields.
-
-    torchtitan checks command-line values (tyro) but not TOML ones; this covers both.
-    `only_changed` skips fields still at their default (torchtitan's own defaults are not
-    always of their declared type).
-    """
-    if hints is None:
-        try:
-            hints = typing.get_type_hints(type(obj))
-        except Exception:  # an unresolvable annotation: fall back to the raw field types
-            hints = {}
-    problems = []
-    for f in dataclasses.fields(obj):
-        if f.name.startswith("_"):
-            continue
-        value = getattr(obj, f.name)
-        annotation = hints.get(f.name, f.type)
-        if only_changed and f.default is not dataclasses.MISSING and value == f.default:
-            continue
-        choices = _literal_choices(annotation)
-        if choices is not None:
-            if value not in choices:
-                allowed = ", ".join("unset" if c is None else repr(c) for c in choices)
-                problems.append(f"{where} {f.name} = {value!r} is invalid; allowed: {allowed}")
-            continue
-        allowed_types = _scalar_types(annotation)
-        if allowed_types is None:
-            continue
-        if not _type_ok(value, allowed_types):
-            problems.append(
-                f"{where} {f.name} = {value!r} is invalid; allowed: {_type_name(allowed_types)}"
-            )
-        elif isinstance(value, float) and not math.isfinite(value):
-            problems.append(f"{where} {f.name} = {value!r} is invalid; allowed: a finite number")
-    return problems
-
-
 def _sections(config, prefix: str = ""):
     """(`[name]`, dataclass instance) for every (nested) section of the job config."""
     for f in dataclasses.fields(config):
@@ -144,8 +77,6 @@ def _divisors(n: int) -> str:
 
 def _world_size(job_config) -> int | None:
     """The trainer's world size (its process group exists already), else the launcher's."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     value = os.environ.get("NGPU" if job_config.comm.mode != "default" else "WORLD_SIZE")
@@ -174,7 +105,7 @@ def _parallelism_problems(job_config, args) -> list[str]:
                 f"[parallelism] tensor_parallel_degree = {tp} must divide the flavor's "
                 f"n_heads = {args.n_heads}{kv}; allowed: {_divisors(heads)}"
             )
-        hidden = _ffn_hidden(args)
+        hidden = args.ffn_hidden_dim
         if hidden % tp:
             problems.append(
                 f"[parallelism] tensor_parallel_degree = {tp} must divide the MLP hidden size "
@@ -201,9 +132,17 @@ def _parallelism_problems(job_config, args) -> list[str]:
         problems.append(f"[parallelism] data_parallel_shard_degree = {dp_shard} is invalid; allowed: -1 or >= 1")
     world = _world_size(job_config)
     t = job_config.training
-    if world and dp_replicate >= 1 and t.local_batch_size >= 1 and t.global_batch_size > 0:
-        others = dp_replicate * tp * max(p.context_parallel_degree, 1) * max(p.pipeline_parallel_degree, 1)
-        shard = dp_shard if dp_shard >= 1 else world // others
+    if not world or dp_replicate < 1:
+        return problems
+    others = dp_replicate * tp * max(p.context_parallel_degree, 1) * max(p.pipeline_parallel_degree, 1)
+    shard = dp_shard if dp_shard >= 1 else world // others
+    if dp_replicate > 1 and shard == 1 and tp > 1:
+        problems.append(
+            f"[parallelism] data_parallel_replicate_degree = {dp_replicate} without sharding is DDP, "
+            f"which cannot be combined with tensor_parallel_degree = {tp}; allowed: HSDP "
+            "(data_parallel_shard_degree > 1) or tensor_parallel_degree = 1"
+        )
+    if t.local_batch_size >= 1 and t.global_batch_size > 0:
         dp = dp_replicate * shard
         if dp >= 1 and t.global_batch_size % (t.local_batch_size * dp):
             problems.append(
@@ -212,14 +151,6 @@ def _parallelism_problems(job_config, args) -> list[str]:
                 "allowed: -1 (no gradient accumulation) or a multiple of that"
             )
     return problems
-
-
-def _ffn_hidden(args) -> int:
-    if args.block_style == "llama":
-        from grt_titan.model.args import llama_ffn_hidden_dim
-
-        return llama_ffn_hidden_dim(args)
-    return 4 * args.dim
 
 
 def _sequence_problems(job_config, args) -> list[str]:
@@ -233,7 +164,8 @@ def _sequence_problems(job_config, args) -> list[str]:
         elif args.block_style == "gpt2" and cfg.seq_len > args.max_seq_len:
             problems.append(
                 f"[{name}] seq_len = {cfg.seq_len} exceeds the learned positions of flavor "
-                f"{job_config.model.flavor!r}; allowed: 1 .. {args.max_seq_len}"
+                f"{job_config.model.flavor!r} (max_seq_len = {args.max_seq_len}); "
+                f"allowed: 1 .. {args.max_seq_len}"
             )
         if cfg.local_batch_size < 1:
             problems.append(f"[{name}] local_batch_size = {cfg.local_batch_size} is invalid; allowed: >= 1")
@@ -241,8 +173,6 @@ def _sequence_problems(job_config, args) -> list[str]:
 
 
 def _tokenizer_vocab_size(job_config) -> int:
-    from grt_titan.tokenizer import GPT2_VOCAB_SIZE, GPT2Tokenizer, resolve_tokenizer_path
-
     model = job_config.model
     path = resolve_tokenizer_path(getattr(model, "tokenizer_path", None)) or resolve_tokenizer_path(
         getattr(model, "hf_assets_path", None)
@@ -269,18 +199,11 @@ def _float8_problems(job_config, args) -> list[str]:
     multiple of 16 would then train (almost) entirely in bf16. The LM head is exempt: its
     rows are the vocabulary (GPT-2: 50257), which torchtitan documents as skipped.
     """
-    from grt_titan.infra.parallelize import FLOAT8_CONVERTER
-
     if FLOAT8_CONVERTER not in job_config.model.converters:
         return []
     filter_fqns = list(job_config.quantize.linear.float8.filter_fqns)
     if FLOAT8_AUTO_FILTER in filter_fqns:
         return []  # torchao chooses which layers to convert
-    import torch
-    from torch import nn
-
-    from grt_titan.model import GRTModel
-
     with torch.device("meta"):
         model = GRTModel(args)
     bad = []
@@ -307,11 +230,6 @@ def _float8_problems(job_config, args) -> list[str]:
 def _converter_problems(job_config) -> list[str]:
     """`[model] converters` names torchtitan does not know (it would fail with a bare
     `KeyError` when building the converters, after the model)."""
-    import difflib
-
-    import torchtitan.components.quantization  # noqa: F401  registers float8 and mx
-    from torchtitan.protocols.model_converter import _registry_model_converter_cls
-
     registered = sorted(_registry_model_converter_cls)
     problems = []
     for name in job_config.model.converters:
@@ -374,8 +292,6 @@ def _resume_problems(job_config) -> list[str]:
 
 def _checkpoint_steps(folder: str) -> list[int]:
     """The steps torchtitan's `_find_load_step` considers: `step-N` with DCP or HF metadata."""
-    import re
-
     steps = []
     for name in os.listdir(folder):
         match = re.search(r"step-(\d+)", name)  # as _find_load_step
@@ -391,8 +307,6 @@ def _saved_states(path: str) -> set[str] | None:
     or HF safetensors), None if it cannot be told (missing or unreadable: DCP reports it)."""
     if not os.path.isfile(os.path.join(path, ".metadata")):
         return set() if os.path.isfile(os.path.join(path, "model.safetensors.index.json")) else None
-    from torch.distributed.checkpoint import FileSystemReader
-
     try:
         keys = FileSystemReader(path).read_metadata().state_dict_metadata
     except Exception:
@@ -401,9 +315,6 @@ def _saved_states(path: str) -> set[str] | None:
 
 
 def _dataset_problems(job_config) -> list[str]:
-    from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
-    from grt_titan.data.shards import find_manifest
-
     problems = []
     sections = [("training", job_config.training)]
     if job_config.validation.enable:

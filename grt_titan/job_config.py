@@ -16,6 +16,12 @@ from grt_titan.components.metrics import GRTMetricsConfig
 from grt_titan.data.config import DataConfig
 
 
+# torchtitan's registered name of the float8 linear converter ([model] converters).
+FLOAT8_CONVERTER = "quantize.linear.float8"
+
+RecurrenceCheckpoint = Literal["block", "step"]
+
+
 @dataclass
 class GRTConfig:
     block_style: Literal["gpt2", "llama"] | None = None
@@ -62,7 +68,7 @@ class GRTConfig:
     training softmax (as in nanoGPT / Megatron) and the Hugging Face export drops them.
     Default 1 (no padding); `vocab_size` stays the tokenizer's."""
 
-    recurrence_checkpoint: Literal["block", "step"] = "block"
+    recurrence_checkpoint: RecurrenceCheckpoint = "block"
     """With [activation_checkpoint] mode != none: `block` applies torchtitan's mode to every
     prelude, core and coda block; `step` checkpoints each recurrence step (W_proj + core +
     gate) as one region, so only the state between steps is kept."""

@@ -9,10 +9,10 @@ from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_
 from grt_titan.components.metrics import build_grt_metrics_processor
 from grt_titan.components.optimizer import build_grt_optimizers
 from grt_titan.components.validate import build_grt_validator
-from grt_titan.config_checks import Flavors
+from grt_titan.config_checks import Flavors, check_job_config
 from grt_titan.data.loader import build_dataloader
 from grt_titan.infra.parallelize import parallelize_grt
-from grt_titan.model import GRTModel, grt_flavors
+from grt_titan.model import GRTModel, GRTModelArgs, grt_flavors
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
 from grt_titan.tokenizer import build_tokenizer
 
@@ -39,6 +39,7 @@ def build_grt_train_spec() -> TrainSpec:
 
 def register() -> None:
     """Register `grt` once; importing grt_titan again (or reloading) is harmless."""
+    GRTModelArgs.job_config_check = check_job_config
     try:
         get_train_spec(SPEC_NAME)
     except ValueError:

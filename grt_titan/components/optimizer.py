@@ -48,10 +48,7 @@ class NonFiniteGuard:
     """
 
     def __init__(self, optimizers: OptimizersContainer, policy: NonFinitePolicy):
-        if policy not in get_args(NonFinitePolicy):
-            raise ValueError(
-                f"[optimizer] on_nonfinite = {policy!r} is invalid; allowed: {get_args(NonFinitePolicy)}"
-            )
+        assert policy in get_args(NonFinitePolicy), "[optimizer] on_nonfinite is checked at start-up"
         self.optimizers = optimizers
         self.policy = policy
         self.calls = 0  # optimizer steps (taken or skipped) in this process

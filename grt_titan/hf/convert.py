@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from grt_titan.atomic_dir import atomic_directory
-from grt_titan.model.args import GRTModelArgs, llama_ffn_hidden_dim
+from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter, TRAINING_ONLY_KEYS
 
 HF_DIR = Path(__file__).resolve().parent
@@ -64,7 +64,7 @@ def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
     """GRTConfig fields for `args` (architecture + default inference depth)."""
     recurrent = args.is_recurrent
     if recurrent:
-        depth = args.num_recurrences if args.eval_recurrences is None else args.eval_recurrences
+        depth = args.eval_depth
     else:
         depth = 0
     return dict(
@@ -73,7 +73,7 @@ def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
         hidden_size=args.dim,
         num_attention_heads=args.n_heads,
         num_key_value_heads=(args.n_kv_heads or args.n_heads) if args.block_style == "llama" else args.n_heads,
-        intermediate_size=llama_ffn_hidden_dim(args) if args.block_style == "llama" else 4 * args.dim,
+        intermediate_size=args.ffn_hidden_dim,
         max_position_embeddings=args.max_seq_len,
         norm_eps=args.norm_eps,
         rope_theta=args.rope_theta,
@@ -140,7 +140,7 @@ def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
         args.validate(where="config.json")
     except ValueError as e:
         raise ExportError(str(e)) from e
-    expected_ffn = llama_ffn_hidden_dim(args) if args.block_style == "llama" else 4 * args.dim
+    expected_ffn = args.ffn_hidden_dim
     if config.get("intermediate_size", expected_ffn) != expected_ffn:
         raise ExportError(
             f"config.json: intermediate_size = {config['intermediate_size']} but torchtitan's "

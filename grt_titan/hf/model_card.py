@@ -40,7 +40,7 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
     """Markdown model card. `card` keys (all optional): source_checkpoint, config_file,
     flavor, step, tokens_seen, validation_loss, dtype, weight_files."""
     total = sum(v.numel() for v in hf_state_dict.values())
-    depth = args.num_recurrences if args.eval_recurrences is None else args.eval_recurrences
+    depth = args.eval_depth
     rows = "\n".join(f"| {name} | {_fmt(n)} |" for name, n in parameter_table(hf_state_dict))
 
     def fact(key: str, unknown: str = "unknown") -> str:

@@ -20,6 +20,8 @@ times per forward, so:
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -46,6 +48,7 @@ from torchtitan.models.llama3.infra.parallelize import (
 )
 from torchtitan.tools.logging import logger
 
+from grt_titan.job_config import FLOAT8_CONVERTER, RecurrenceCheckpoint
 from grt_titan.infra.torch_workarounds import (
     clone_embedding_output,
     disable_autograd_cache_for_uneven_shards,
@@ -53,8 +56,6 @@ from grt_titan.infra.torch_workarounds import (
 )
 from grt_titan.model import GRTModel
 
-FLOAT8_CONVERTER = "quantize.linear.float8"
-RECURRENCE_CHECKPOINT_MODES = ("block", "step")
 
 
 def grt_stacks(model: GRTModel) -> list[nn.Module]:
@@ -71,17 +72,10 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
     grt_config = getattr(job_config, "grt", None)
     recurrence_checkpoint = getattr(grt_config, "recurrence_checkpoint", "block")
     core_reshard = getattr(grt_config, "core_reshard_after_forward", False)
-    if job_config.training.seq_len % parallel_dims.seq_len_divisor:
-        raise ValueError(
-            f"training.seq_len = {job_config.training.seq_len} must be divisible by "
-            f"{parallel_dims.seq_len_divisor} (tensor_parallel_degree x 2 x context_parallel_degree)"
-        )
-    if parallel_dims.cp_enabled:
-        raise ValueError("parallelism.context_parallel_degree > 1 is not supported by grt")
-    if recurrence_checkpoint not in RECURRENCE_CHECKPOINT_MODES:
-        raise ValueError(
-            f"grt.recurrence_checkpoint = {recurrence_checkpoint!r}; allowed: {RECURRENCE_CHECKPOINT_MODES}"
-        )
+    # Rules of grt_titan/config_checks.py, checked with the key named at start-up.
+    assert job_config.training.seq_len % parallel_dims.seq_len_divisor == 0, "checked at start-up"
+    assert not parallel_dims.cp_enabled, "checked at start-up"
+    assert recurrence_checkpoint in get_args(RecurrenceCheckpoint), "checked at start-up"
     if model.recurrence is not None and dist.is_initialized():
         # Noise of training forward t from (depth_seed, t, rank): exact resume, independent ranks.
         model.recurrence.noise_rank = dist.get_rank()
@@ -133,8 +127,7 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
         )
         logger.info(f"Applied {'HSDP' if parallel_dims.dp_replicate_enabled else 'FSDP'} to the GRT")
     elif parallel_dims.dp_replicate_enabled:
-        if parallel_dims.world_size != parallel_dims.get_mesh("dp_replicate").size():
-            raise ValueError("DDP (data_parallel_replicate_degree) cannot be combined with TP")
+        assert not parallel_dims.tp_enabled, "DDP with TP: checked at start-up"
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), compile_enabled)
     return model
 
@@ -142,9 +135,11 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
 # ---- tensor parallel -------------------------------------------------------------------
 
 
-def _block_tp_plan(block: nn.Module, colwise, rowwise, prepare_input) -> dict:
+def _block_tp_plan(block_style: str, colwise, rowwise, prepare_input) -> dict:
     """torchtitan's llama block plan; the gpt2 block has no w3 and a 1-input attention."""
-    attention_inputs = 4 if hasattr(block.attention, "n_rep") else 1
+    llama = block_style == "llama"
+    # llama attention takes (x, freqs_cis, attention_masks, positions); gpt2 attention takes x.
+    attention_inputs = 4 if llama else 1
     plan = {
         "attention_norm": SequenceParallel(),
         "attention": prepare_input(
@@ -160,7 +155,7 @@ def _block_tp_plan(block: nn.Module, colwise, rowwise, prepare_input) -> dict:
         "feed_forward.w1": colwise(),
         "feed_forward.w2": rowwise(output_layouts=Shard(1)),
     }
-    if hasattr(block.feed_forward, "w3"):
+    if llama:  # SwiGLU's gate projection
         plan["feed_forward.w3"] = colwise()
     return plan
 
@@ -200,9 +195,10 @@ def apply_tp(
         colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
     else:
         colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
+    block_style = model.model_args.block_style
     for stack in grt_stacks(model):
         for block in stack.layers.values():
-            parallelize_module(block, tp_mesh, _block_tp_plan(block, colwise, rowwise, prepare_input))
+            parallelize_module(block, tp_mesh, _block_tp_plan(block_style, colwise, rowwise, prepare_input))
     if model.recurrence is not None:
         step = model.recurrence.step
         # Per leaf: SequenceParallel on a module with nested parameters cannot register them.
@@ -282,13 +278,8 @@ def apply_fsdp(
     config: dict = {"mesh": dp_mesh, "mp_policy": mp_policy}
     if cpu_offload:
         config["offload_policy"] = CPUOffloadPolicy()
-    policies = {"always": True, "never": False, "default": not pp_enabled}
-    if reshard_after_forward_policy not in policies:
-        raise ValueError(
-            f"parallelism.fsdp_reshard_after_forward = {reshard_after_forward_policy!r}; "
-            f"allowed: {sorted(policies)}"
-        )
-    reshard = policies[reshard_after_forward_policy]
+    # torchtitan's Literal field: its value is checked at start-up (config_checks.field_problems).
+    reshard = {"always": True, "never": False, "default": not pp_enabled}[reshard_after_forward_policy]
     for block in model.prelude.layers.values():
         fully_shard(block, **config, reshard_after_forward=reshard)
     if model.recurrence is not None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Callable, ClassVar, Literal
 
 from torch import nn
 from torchtitan.protocols.model import BaseModelArgs
+
+from grt_titan.field_checks import field_problems
 
 BlockStyle = Literal["gpt2", "llama"]
 DepthSampling = Literal["uniform", "fixed"]
@@ -52,7 +54,7 @@ class GRTModelArgs(BaseModelArgs):
     n_core_layers: int = 1
     n_coda_layers: int = 1
 
-    # Recurrence (SPEC.md): r ~ Uniform{min..num_recurrences} per training forward.
+    # Recurrence (paper section 3): r ~ Uniform{min..num_recurrences} per training forward.
     num_recurrences: int = 4  # R
     min_recurrences: int = 1  # r_min
     eval_recurrences: int | None = None  # depth in eval mode; None means R
@@ -91,6 +93,21 @@ class GRTModelArgs(BaseModelArgs):
         return -(-self.vocab_size // m) * m
 
     @property
+    def ffn_hidden_dim(self) -> int:
+        """MLP hidden size: 4d for gpt2; for llama exactly as torchtitan's FeedForward computes it."""
+        if self.block_style == "gpt2":
+            return 4 * self.dim
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    @property
+    def eval_depth(self) -> int:
+        """Depth of an eval-mode forward with no explicit r: `eval_recurrences`, default R."""
+        return self.num_recurrences if self.eval_recurrences is None else self.eval_recurrences
+
+    @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
@@ -123,18 +140,11 @@ class GRTModelArgs(BaseModelArgs):
         def bad(field: str, value, allowed: str) -> ValueError:
             return ValueError(f"{where}: {field} = {value!r} is invalid; {allowed}")
 
-        # Types first (TOML values are not type-checked by torchtitan), NaN/inf floats too.
-        from grt_titan.config_checks import field_problems
-
+        # Types and Literal choices first (TOML values are not type-checked by torchtitan),
+        # NaN/inf floats too.
         problems = field_problems(self, f"{where}:")
         if problems:
             raise ValueError(problems[0])
-        if self.block_style not in get_args(BlockStyle):
-            raise bad("block_style", self.block_style, f"allowed: {get_args(BlockStyle)}")
-        if self.depth_sampling not in get_args(DepthSampling):
-            raise bad(
-                "depth_sampling", self.depth_sampling, f"allowed: {get_args(DepthSampling)}"
-            )
         for name in ("dim", "n_heads", "vocab_size", "vocab_multiple_of", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise bad(name, getattr(self, name), "must be >= 1")
@@ -175,26 +185,25 @@ class GRTModelArgs(BaseModelArgs):
         if self.gate_override is not None and not 0.0 <= self.gate_override <= 1.0:
             raise bad("gate_override", self.gate_override, "must be in [0, 1] or unset")
 
+    # The whole-job start-up checks (grt_titan.config_checks.check_job_config), installed by
+    # grt_titan.spec at registration: torchtitan's Trainer calls update_from_config after the
+    # process group, tokenizer and dataloader exist and before the model is built, the one
+    # moment to report every problem of a job at once. Injected, so args import no checks.
+    job_config_check: ClassVar[Callable[[Any, "GRTModelArgs"], None] | None] = None
+
     def update_from_config(self, job_config, **kwargs) -> None:
-        """Apply `[grt]` overrides and `training.seq_len`, then validate."""
+        """Apply `[grt]` overrides and `training.seq_len`, validate, then run `job_config_check`."""
         grt = getattr(job_config, "grt", None)
         if grt is not None:
             for name in CONFIGURABLE_FIELDS:
                 value = getattr(grt, name, None)
                 if value is not None:
                     setattr(self, name, value)
-        seq_len = job_config.training.seq_len
-        if self.block_style == "gpt2" and seq_len > self.max_seq_len:
-            raise ValueError(
-                f"training.seq_len = {seq_len} exceeds the model's learned positions "
-                f"(max_seq_len = {self.max_seq_len}) of flavor {job_config.model.flavor!r}"
-            )
-        if self.block_style == "llama":
-            self.max_seq_len = max(self.max_seq_len, seq_len)
+        if self.block_style == "llama":  # RoPE table long enough (gpt2 positions are learned)
+            self.max_seq_len = max(self.max_seq_len, job_config.training.seq_len)
         self.validate(where=f"flavor {job_config.model.flavor!r} with [grt] overrides")
-        from grt_titan.config_checks import check_job_config
-
-        check_job_config(job_config, self)
+        if GRTModelArgs.job_config_check is not None:
+            GRTModelArgs.job_config_check(job_config, self)
 
     # ---- FLOPs -----------------------------------------------------------------------
 
@@ -204,8 +213,7 @@ class GRTModelArgs(BaseModelArgs):
         if self.block_style == "gpt2":
             return 12 * d * d
         kv_dim = (self.n_kv_heads or self.n_heads) * self.head_dim
-        hidden = llama_ffn_hidden_dim(self)
-        return 2 * d * d + 2 * d * kv_dim + 3 * d * hidden
+        return 2 * d * d + 2 * d * kv_dim + 3 * d * self.ffn_hidden_dim
 
     def recurrence_matmul_params(self) -> int:
         """W_proj (2d x d) and the gate MLP (2d x d_gate, d_gate x d): 10 d^2 FLOPs per step."""
@@ -242,11 +250,3 @@ class GRTModelArgs(BaseModelArgs):
 
     def replace(self, **changes) -> "GRTModelArgs":
         return dataclasses.replace(self, **changes)
-
-
-def llama_ffn_hidden_dim(args: GRTModelArgs) -> int:
-    """SwiGLU hidden size exactly as torchtitan's llama FeedForward computes it."""
-    hidden = int(2 * 4 * args.dim / 3)
-    if args.ffn_dim_multiplier is not None:
-        hidden = int(args.ffn_dim_multiplier * hidden)
-    return args.multiple_of * ((hidden + args.multiple_of - 1) // args.multiple_of)

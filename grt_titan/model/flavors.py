@@ -6,11 +6,12 @@
 from .args import GRTModelArgs
 
 
-def _gpt2(dim: int, heads: int, prelude: int, core: int, recurrences: int, coda: int) -> GRTModelArgs:
+def _gpt2(*, dim: int, n_heads: int, prelude: int, core: int, recurrences: int, coda: int) -> GRTModelArgs:
+    """The paper's layout `prelude + core x recurrences + coda` with GPT-2 blocks."""
     return GRTModelArgs(
         block_style="gpt2",
         dim=dim,
-        n_heads=heads,
+        n_heads=n_heads,
         n_prelude_layers=prelude,
         n_core_layers=core,
         num_recurrences=recurrences,
@@ -18,7 +19,7 @@ def _gpt2(dim: int, heads: int, prelude: int, core: int, recurrences: int, coda:
     )
 
 
-def _dense(layers: int, block_style: str = "gpt2", **kwargs) -> GRTModelArgs:
+def _dense(*, layers: int, block_style: str = "gpt2", **kwargs) -> GRTModelArgs:
     return GRTModelArgs(
         block_style=block_style,
         n_prelude_layers=layers,
@@ -33,17 +34,17 @@ _LLAMA_1B = dict(dim=2048, n_heads=16, n_kv_heads=4, max_seq_len=4096, rope_thet
 
 grt_flavors: dict[str, GRTModelArgs] = {
     # CPU-sized: 1 + 2x4 + 1 at d = 128 (the GPT-2 vocabulary dominates its size).
-    "debug": _gpt2(128, 4, 1, 2, 4, 1),
-    "dense_debug": _dense(10, dim=128, n_heads=4),
+    "debug": _gpt2(dim=128, n_heads=4, prelude=1, core=2, recurrences=4, coda=1),
+    "dense_debug": _dense(layers=10, dim=128, n_heads=4),
     # Paper table 1 / table 5 (GPT-2 blocks, learned positions, tied embeddings).
-    "small": _gpt2(768, 12, 1, 1, 10, 1),
-    "medium": _gpt2(1024, 16, 2, 5, 4, 2),
-    "large": _gpt2(1280, 20, 1, 5, 6, 5),
-    "medium_isoparams": _gpt2(1024, 16, 2, 20, 4, 2),
-    "large_isoparams": _gpt2(1280, 20, 3, 30, 6, 3),
-    "dense_small": _dense(12, dim=768, n_heads=12),
-    "dense_medium": _dense(24, dim=1024, n_heads=16),
-    "dense_large": _dense(36, dim=1280, n_heads=20),
+    "small": _gpt2(dim=768, n_heads=12, prelude=1, core=1, recurrences=10, coda=1),
+    "medium": _gpt2(dim=1024, n_heads=16, prelude=2, core=5, recurrences=4, coda=2),
+    "large": _gpt2(dim=1280, n_heads=20, prelude=1, core=5, recurrences=6, coda=5),
+    "medium_isoparams": _gpt2(dim=1024, n_heads=16, prelude=2, core=20, recurrences=4, coda=2),
+    "large_isoparams": _gpt2(dim=1280, n_heads=20, prelude=3, core=30, recurrences=6, coda=3),
+    "dense_small": _dense(layers=12, dim=768, n_heads=12),
+    "dense_medium": _dense(layers=24, dim=1024, n_heads=16),
+    "dense_large": _dense(layers=36, dim=1280, n_heads=20),
     # llama-style blocks (torchtitan's), for real multi-node scale.
     "llama_1b": GRTModelArgs(
         block_style="llama",

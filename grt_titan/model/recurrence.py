@@ -166,9 +166,7 @@ class Recurrence(nn.Module):
         self.depth = DepthSampler(args)
         self.state_noise_std = args.state_noise_std
         self.gate_noise_std = args.gate_noise_std
-        self.eval_recurrences = (
-            args.num_recurrences if args.eval_recurrences is None else args.eval_recurrences
-        )
+        self.eval_recurrences = args.eval_depth
         # Truncated backprop through depth: gradients flow through the last k steps only.
         self.backprop_recurrences = args.backprop_recurrences
         # Called eagerly with a StepRecord after every step when set (metrics, analysis).

@@ -20,7 +20,7 @@ def nparams(args) -> int:
 @pytest.mark.parametrize(
     "flavor,expected",
     [
-        ("large", 288e6),  # SPEC.md: ~288M
+        ("large", 288e6),  # paper table 1: ~288M stored for GRT-large
         ("dense_small", 124e6),  # GPT-2 small (tied embeddings)
         ("dense_medium", 355e6),
         ("dense_large", 774e6),
