@@ -22,7 +22,6 @@ import math
 import os
 import re
 
-import torch
 import torch.distributed as dist
 import torchtitan.components.quantization  # noqa: F401  registers the float8 and mx converters
 from torch import nn
@@ -33,7 +32,7 @@ from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
 from grt_titan.field_checks import field_problems
 from grt_titan.job_config import FLOAT8_CONVERTER
-from grt_titan.model import GRTModel
+from grt_titan.model.model import build_meta_model
 from grt_titan.tokenizer import GPT2_VOCAB_SIZE, GPT2Tokenizer, resolve_tokenizer_path
 
 # torchtitan's flag in [quantize.linear.float8] filter_fqns that lets torchao skip small layers.
@@ -204,8 +203,7 @@ def _float8_problems(job_config, args) -> list[str]:
     filter_fqns = list(job_config.quantize.linear.float8.filter_fqns)
     if FLOAT8_AUTO_FILTER in filter_fqns:
         return []  # torchao chooses which layers to convert
-    with torch.device("meta"):
-        model = GRTModel(args)
+    model = build_meta_model(args)
     bad = []
     for fqn, module in model.named_modules():
         if not isinstance(module, nn.Linear) or fqn == "output":

@@ -12,7 +12,6 @@ by `GRTModelArgs.update_from_config`, with the key named in the error.
 from dataclasses import dataclass, field
 from typing import Literal
 
-from grt_titan.components.metrics import GRTMetricsConfig
 from grt_titan.data.config import DataConfig
 
 
@@ -76,6 +75,20 @@ class GRTConfig:
     core_reshard_after_forward: bool = False
     """FSDP: False keeps the gathered core for the backward (one all-gather per step);
     True frees it after the forward and gathers it again in backward (less memory)."""
+
+
+@dataclass
+class GRTMetricsConfig:
+    """The `[grt_metrics]` TOML section (docs/observability.md)."""
+
+    enable: bool = True
+    """Log per-recurrence-step gate statistics and the update ratio on log steps
+    (`metrics.log_freq`). False installs no hook: zero cost."""
+
+    validation_depths: bool = True
+    """At each validation also evaluate every depth r in {0..R, R+2} and log
+    `validation_metrics/loss_r{r}`, `validation_metrics/flops_per_token_r{r}` and a plot.
+    Costs R/2 + 2 to R + 2 times a plain validation (docs/observability.md)."""
 
 
 @dataclass

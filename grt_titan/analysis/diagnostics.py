@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grt_titan.components.metrics import find_recurrence
-from grt_titan.model.recurrence import Recurrence, StepRecord
+from grt_titan.model.recurrence import Recurrence, StepRecord, find_recurrence
 from grt_titan.model.step_stats import STATISTICS, SUMS, step_row, summarize
 
 

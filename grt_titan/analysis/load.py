@@ -1,8 +1,8 @@
 """Load a trained GRT into one process for analysis: checkpoint + config, or an HF export.
 
-Reading and checking weights is grt_titan.hf's job (`load_checkpoint` reads DCP step
-folders, full or model-only, and `last_save_in_hf` safetensors; `native_state_from_hf`
-reads exported folders); this module only picks the route and builds the model.
+Reading and checking weights is grt_titan.model.checkpoint's job (`load_checkpoint` reads
+DCP step folders, full or model-only, and `last_save_in_hf` safetensors;
+`native_state_from_hf` reads exported folders); this module only picks the route.
 """
 
 from __future__ import annotations
@@ -14,10 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from grt_titan.model import GRTModel
 from grt_titan.model.args import GRTModelArgs
+from grt_titan.model.checkpoint import (
+    load_checkpoint,
+    load_model_args,
+    model_args_from_hf_config,
+    model_from_state,
+    native_state_from_hf,
+    read_hf_weights,
+)
+from grt_titan.tokenizer import GPT2Tokenizer, build_tokenizer, resolve_tokenizer_path
 
 
 @dataclass
@@ -55,22 +62,15 @@ def load_model(path: str | Path, config_file: str | Path | None = None, device: 
     Raises:
         ValueError / FileNotFoundError: with the path and what was expected.
     """
-    from grt_titan.tokenizer import GPT2Tokenizer, build_tokenizer, resolve_tokenizer_path
-
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (expected a checkpoint step folder or an HF export)")
     job_config = None
     cfg_args = None
     if config_file is not None:
-        from grt_titan.hf.export import load_model_args
-
         cfg_args, job_config = load_model_args(config_file)
 
     if is_hf_export(path):
-        from grt_titan.hf.checkpoint_io import native_state_from_hf
-        from grt_titan.hf.convert import model_args_from_hf_config, read_hf_weights
-
         args = model_args_from_hf_config(json.loads((path / "config.json").read_text()))
         if cfg_args is not None:  # run-time settings of the config (eval depth, ...)
             args = dataclasses.replace(args, eval_recurrences=cfg_args.eval_recurrences)
@@ -86,8 +86,6 @@ def load_model(path: str | Path, config_file: str | Path | None = None, device: 
                 f"{path} is not a Hugging Face export (no config.json of model_type 'grt'); "
                 "a torchtitan checkpoint needs --config <the training TOML>"
             )
-        from grt_titan.hf.checkpoint_io import load_checkpoint
-
         path = latest_step_folder(path)
         args = cfg_args
         state, facts = load_checkpoint(path, args)
@@ -95,13 +93,9 @@ def load_model(path: str | Path, config_file: str | Path | None = None, device: 
                   "config": str(config_file), "flavor": job_config.model.flavor}
         tokenizer = build_tokenizer(job_config)
 
-    model = GRTModel(args)
-    with torch.no_grad():
-        model.init_weights()
-    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
-    allowed = {"recurrence.depth.draws"} | ({"output.weight"} if args.tie_embeddings else set())
-    if unexpected or not set(missing) <= allowed:
-        raise ValueError(f"{path}: weights do not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
-    model.tie_weights()
+    try:
+        model = model_from_state(state, args)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
     model.to(device).eval()
     return LoadedModel(model, args, tokenizer, job_config, source)

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import torch
 
-from grt_titan.analysis import plots
+from grt_titan import plots
 from grt_titan.analysis.diagnostics import DepthAnalysis, batches, gate_heatmap, require_recurrence
 
 # Prompts of paper figure 8 (the two it names) plus two of the same kinds.

@@ -22,7 +22,7 @@ step that `should_log` will log; the observer reduces each step to a few device 
 `enable = false` no hook is installed at all. See docs/observability.md.
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -30,40 +30,15 @@ from torch import nn
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 
+from grt_titan.job_config import GRTMetricsConfig
 from grt_titan.model.args import GRTModelArgs
-from grt_titan.model.recurrence import DepthSampler, Recurrence, StepRecord
+from grt_titan.model.recurrence import DepthSampler, Recurrence, StepRecord, find_recurrence
 from grt_titan.model.step_stats import TRAINING_SUMS, step_row, summarize
-
-# No `from __future__ import annotations`: torchtitan resolves GRTMetricsConfig's field
-# types when it merges the section into its JobConfig.
-
-
-@dataclass
-class GRTMetricsConfig:
-    """The `[grt_metrics]` TOML section (docs/observability.md)."""
-
-    enable: bool = True
-    """Log per-recurrence-step gate statistics and the update ratio on log steps
-    (`metrics.log_freq`). False installs no hook: zero cost."""
-
-    validation_depths: bool = True
-    """At each validation also evaluate every depth r in {0..R, R+2} and log
-    `validation_metrics/loss_r{r}`, `validation_metrics/flops_per_token_r{r}` and a plot.
-    Costs R/2 + 2 to R + 2 times a plain validation (docs/observability.md)."""
 
 
 def metrics_config(job_config) -> GRTMetricsConfig:
     cfg = getattr(job_config, "grt_metrics", None)
     return cfg if cfg is not None else GRTMetricsConfig()
-
-
-def find_recurrence(model_parts: list[nn.Module] | None) -> Recurrence | None:
-    """The Recurrence module of a (possibly FSDP/TP-wrapped) GRT, None for dense flavors."""
-    for part in model_parts or ():
-        for module in part.modules():
-            if isinstance(module, Recurrence):
-                return module
-    return None
 
 
 def _local(x: torch.Tensor) -> torch.Tensor:

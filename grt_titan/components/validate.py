@@ -23,8 +23,9 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools import utils as tt_utils
 from torchtitan.tools.logging import logger
 
-from grt_titan.components.metrics import find_recurrence, metrics_config
+from grt_titan.components.metrics import metrics_config
 from grt_titan.data.loader import build_validation_dataloader
+from grt_titan.model.recurrence import find_recurrence
 
 
 def validation_depths(num_recurrences: int) -> list[int]:
@@ -159,7 +160,7 @@ class GRTValidator(Validator):
         if not writers:
             return
         try:
-            from grt_titan.analysis.plots import early_exit_figure
+            from grt_titan.plots import early_exit_figure
         except ImportError as e:  # matplotlib missing: scalars are still logged
             if not self._warned_no_plot:
                 logger.warning(f"no depth-curve image in TensorBoard ({e}); pip install matplotlib")

@@ -2,8 +2,9 @@
 
 - configuration_grt.py, modeling_grt.py: the transformers model (self-contained; copied
   into every exported folder).
-- convert.py: args <-> config, writing and reading an exported folder.
-- checkpoint_io.py: torchtitan checkpoints read / written in one process.
+- convert.py: writing (and verifying) an exported folder. Reading checkpoints, exported
+  weights and the args <-> HF config map is grt_titan/model/checkpoint.py's (shared with
+  `grt-titan analyze`).
 - export.py / importer.py: the `grt-titan export-hf` / `import-hf` commands.
 - tokenizer_files.py: GPT-2 tokenizer files from the tiktoken ranks.
 

@@ -14,7 +14,6 @@ pads the rows back (with zeros) for training.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shutil
@@ -25,7 +24,18 @@ import torch
 
 from grt_titan.atomic_dir import atomic_directory
 from grt_titan.model.args import GRTModelArgs
-from grt_titan.model.state_dict_adapter import GRTStateDictAdapter, TRAINING_ONLY_KEYS
+from grt_titan.model.checkpoint import (
+    EOT_ID,
+    INDEX_FILE,
+    SINGLE_FILE,
+    CheckpointError,
+    check_hf_keys,
+    check_native_shapes,
+    hf_config_kwargs,
+    model_from_state,
+    read_hf_weights,
+)
+from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, GRTStateDictAdapter
 
 HF_DIR = Path(__file__).resolve().parent
 REMOTE_CODE_FILES = ("configuration_grt.py", "modeling_grt.py")
@@ -34,65 +44,14 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_grt.GRTForCausalLM",
 }
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_SIZE = "5GB"
-EOT_ID = 50256
 
 
-class ExportError(ValueError):
+class ExportError(CheckpointError):
     """A user error in export / import (bad checkpoint, config, dtype or path)."""
 
 
 # ---- config ---------------------------------------------------------------------------
-
-
-def _rope_scaling(args: GRTModelArgs) -> dict | None:
-    if args.block_style != "llama":
-        return None
-    # grt_titan's llama blocks use torchtitan's default llama3 RoPE scaling.
-    from torchtitan.models.llama3.model.args import RoPEScalingArgs
-
-    return dataclasses.asdict(RoPEScalingArgs())
-
-
-def model_args_dict(args: GRTModelArgs) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
-
-
-def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
-    """GRTConfig fields for `args` (architecture + default inference depth)."""
-    recurrent = args.is_recurrent
-    if recurrent:
-        depth = args.eval_depth
-    else:
-        depth = 0
-    return dict(
-        block_style=args.block_style,
-        vocab_size=args.vocab_size,  # the true vocabulary, never padded_vocab_size
-        hidden_size=args.dim,
-        num_attention_heads=args.n_heads,
-        num_key_value_heads=(args.n_kv_heads or args.n_heads) if args.block_style == "llama" else args.n_heads,
-        intermediate_size=args.ffn_hidden_dim,
-        max_position_embeddings=args.max_seq_len,
-        norm_eps=args.norm_eps,
-        rope_theta=args.rope_theta,
-        rope_llama3_scaling=_rope_scaling(args),
-        num_prelude_layers=args.n_prelude_layers,
-        num_core_layers=args.n_core_layers,
-        num_coda_layers=args.n_coda_layers,
-        num_recurrences=depth,
-        train_recurrences=args.num_recurrences if recurrent else None,
-        gate_hidden_size=args.gate_hidden_dim or args.dim,
-        gate_temperature=args.gate_temperature,
-        gate_override=args.gate_override,
-        tie_word_embeddings=args.tie_embeddings,
-        # Everything torchtitan needs to rebuild the exact args on import.
-        training_settings={"grt_model_args": model_args_dict(args)},
-        # <|endoftext|> of the GPT-2 tokenizer; none for a smaller (tokenizer-less) vocabulary.
-        bos_token_id=EOT_ID if args.vocab_size > EOT_ID else None,
-        eos_token_id=EOT_ID if args.vocab_size > EOT_ID else None,
-    )
 
 
 def build_hf_config(args: GRTModelArgs, dtype: str = "float32"):
@@ -103,51 +62,6 @@ def build_hf_config(args: GRTModelArgs, dtype: str = "float32"):
     config.auto_map = dict(AUTO_MAP)
     config.dtype = dtype
     return config
-
-
-def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
-    """GRTModelArgs of an exported folder's config.json (exact for grt-titan exports)."""
-    if config.get("model_type") != "grt":
-        raise ExportError(f"config.json has model_type {config.get('model_type')!r}, expected 'grt'")
-    saved = dict((config.get("training_settings") or {}).get("grt_model_args") or {})
-    known = {f.name for f in dataclasses.fields(GRTModelArgs)}
-    args = GRTModelArgs(**{k: v for k, v in saved.items() if k in known})
-    kv_heads = config.get("num_key_value_heads")
-    overrides = dict(
-        block_style=config["block_style"],
-        vocab_size=config["vocab_size"],
-        dim=config["hidden_size"],
-        n_heads=config["num_attention_heads"],
-        n_kv_heads=kv_heads if config["block_style"] == "llama" and kv_heads != config["num_attention_heads"] else None,
-        max_seq_len=config["max_position_embeddings"],
-        norm_eps=config["norm_eps"],
-        rope_theta=config.get("rope_theta", args.rope_theta),
-        n_prelude_layers=config["num_prelude_layers"],
-        n_core_layers=config["num_core_layers"],
-        n_coda_layers=config["num_coda_layers"],
-        gate_temperature=config.get("gate_temperature", args.gate_temperature),
-        gate_override=config.get("gate_override"),
-    )
-    if saved.get("n_kv_heads") is not None and overrides["n_kv_heads"] is None:
-        overrides["n_kv_heads"] = saved["n_kv_heads"]  # n_kv_heads == n_heads, spelled out
-    if config.get("gate_hidden_size") not in (None, config["hidden_size"]):
-        overrides["gate_hidden_dim"] = config["gate_hidden_size"]
-    args = args.replace(**overrides)
-    if args.is_recurrent and not saved:
-        R = config.get("train_recurrences") or max(config.get("num_recurrences", 1), 1)
-        args = args.replace(num_recurrences=R, min_recurrences=min(args.min_recurrences, R))
-    try:
-        args.validate(where="config.json")
-    except ValueError as e:
-        raise ExportError(str(e)) from e
-    expected_ffn = args.ffn_hidden_dim
-    if config.get("intermediate_size", expected_ffn) != expected_ffn:
-        raise ExportError(
-            f"config.json: intermediate_size = {config['intermediate_size']} but torchtitan's "
-            f"blocks compute {expected_ffn} (multiple_of = {args.multiple_of}, "
-            f"ffn_dim_multiplier = {args.ffn_dim_multiplier})"
-        )
-    return args
 
 
 # ---- weights --------------------------------------------------------------------------
@@ -221,53 +135,6 @@ def write_weights(out: Path, hf_state_dict: dict[str, torch.Tensor], max_shard_s
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return names + [INDEX_FILE]
-
-
-def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of an HF folder (model.safetensors or the shards of its index)."""
-    from safetensors.torch import load_file
-
-    index = folder / INDEX_FILE
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (folder / SINGLE_FILE).is_file():
-        files = [SINGLE_FILE]
-    else:
-        files = sorted(p.name for p in folder.glob("*.safetensors"))
-        if not files:
-            raise ExportError(f"{folder}: no model.safetensors, {INDEX_FILE} or *.safetensors found")
-    tensors = {}
-    for name in files:
-        path = folder / name
-        if not path.is_file():
-            raise ExportError(f"{folder}: {name} is listed in {INDEX_FILE} but missing")
-        tensors.update(load_file(str(path)))
-    return tensors
-
-
-def check_hf_keys(adapter: GRTStateDictAdapter, hf_state_dict: dict[str, Any], where: str) -> None:
-    missing = [k for k in adapter.hf_keys if k not in hf_state_dict]
-    unexpected = [k for k in hf_state_dict if k not in adapter.from_hf_map]
-    if missing or unexpected:
-        raise ExportError(
-            f"{where} does not match the config: missing {missing[:8]}"
-            f"{' ...' if len(missing) > 8 else ''}, unexpected {unexpected[:8]}"
-            f"{' ...' if len(unexpected) > 8 else ''}"
-        )
-
-
-def check_native_shapes(args: GRTModelArgs, native: dict[str, Any], where: str) -> None:
-    from grt_titan.model import GRTModel
-
-    with torch.device("meta"):
-        expected = GRTModel(args).state_dict()
-    bad = [
-        f"{k}: {tuple(v.shape)} vs config {tuple(expected[k].shape)}"
-        for k, v in native.items()
-        if k in expected and tuple(v.shape) != tuple(expected[k].shape)
-    ]
-    if bad:
-        raise ExportError(f"{where} does not match the config (shape mismatch): " + "; ".join(bad[:8]))
 
 
 # ---- the folder -----------------------------------------------------------------------
@@ -364,18 +231,10 @@ def verify_hf_folder(
     folder: Path, native_state_dict: dict[str, torch.Tensor], model_args: GRTModelArgs, atol: float = 1e-4
 ) -> float:
     """Max |logits difference| between the torchtitan model and the written HF model (fp32)."""
-    from grt_titan.model import GRTModel
-
     from .configuration_grt import GRTConfig
     from .modeling_grt import GRTForCausalLM
 
-    native = GRTModel(model_args)
-    missing, unexpected = native.load_state_dict(
-        {k: v.float() for k, v in native_state_dict.items()}, strict=False, assign=True
-    )
-    assert not unexpected and set(missing) <= TRAINING_ONLY_KEYS | {"output.weight"}, (missing, unexpected)
-    native.tie_weights()
-    native.eval()
+    native = model_from_state(native_state_dict, model_args).eval()
     config = GRTConfig.from_json_file(str(folder / "config.json"))
     hf_model = GRTForCausalLM(config).eval()
     hf_model.load_state_dict(read_hf_weights(folder), strict=not model_args.tie_embeddings)

@@ -11,39 +11,15 @@ be a DCP step folder (full or model-only) or the HF-named safetensors that
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from grt_titan.model.checkpoint import CheckpointError, load_checkpoint, load_model_args
+from grt_titan.tokenizer import resolve_tokenizer_path
+
 from .convert import DEFAULT_MAX_SHARD_SIZE, ExportError, write_hf_folder
-
-
-def load_model_args(config_file: str | Path):
-    """(GRTModelArgs after `[grt]` overrides, torchtitan JobConfig) of a training TOML."""
-    config_file = Path(config_file)
-    if not config_file.is_file():
-        raise ExportError(f"config file {config_file} does not exist")
-    from torchtitan.config import ConfigManager
-
-    from grt_titan.model import grt_flavors
-
-    try:
-        job_config = ConfigManager().parse_args(["--job.config_file", str(config_file)])
-    except (ValueError, TypeError, KeyError, SystemExit) as e:
-        raise ExportError(f"{config_file}: cannot parse as a torchtitan config: {e}") from e
-    if job_config.model.name != "grt":
-        raise ExportError(f"{config_file}: [model] name = {job_config.model.name!r}, expected 'grt'")
-    flavor = job_config.model.flavor
-    if flavor not in grt_flavors:
-        raise ExportError(f"{config_file}: flavor {flavor!r} unknown; allowed: {sorted(grt_flavors)}")
-    args = dataclasses.replace(grt_flavors[flavor])
-    try:
-        args.update_from_config(job_config)
-    except ValueError as e:
-        raise ExportError(str(e)) from e
-    return args, job_config
 
 
 def find_validation_loss(checkpoint: Path, job_config, step: int | None) -> float | None:
@@ -89,10 +65,6 @@ def export_checkpoint(
     verify: bool = True,
 ) -> Path:
     """Export `checkpoint` (trained with `config_file`) to the HF folder `out`."""
-    from grt_titan.tokenizer import resolve_tokenizer_path
-
-    from .checkpoint_io import load_checkpoint
-
     checkpoint = Path(checkpoint)
     out = Path(out)
     if out.exists() and not overwrite:  # fail before the (slow) checkpoint read
@@ -161,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite,
             verify=not args.no_verify,
         )
-    except (ExportError, FileNotFoundError) as e:
+    except (CheckpointError, FileNotFoundError) as e:
         print(f"grt-titan export-hf: error: {e}", file=sys.stderr)
         return 1
     print(f"exported {args.checkpoint} -> {out}")

@@ -22,7 +22,16 @@ from pathlib import Path
 from grt_titan.atomic_dir import atomic_directory
 from grt_titan.model.args import GRTModelArgs
 
-from .convert import ExportError, model_args_from_hf_config, read_hf_weights
+from grt_titan.model.checkpoint import (
+    CheckpointError,
+    load_model_args,
+    model_args_from_hf_config,
+    native_state_from_hf,
+    read_hf_weights,
+    save_checkpoint,
+)
+
+from .convert import ExportError
 
 # Fields that fix the weights' names and shapes: a --config must agree on them.
 # `vocab_multiple_of` is not one: the HF weights have vocab_size rows whatever the padding,
@@ -43,8 +52,6 @@ ARCHITECTURE_FIELDS = (
 
 
 def _check_against_config(hf_args: GRTModelArgs, config_file: str | Path) -> GRTModelArgs:
-    from .export import load_model_args
-
     cfg_args, _ = load_model_args(config_file)
     fields = list(ARCHITECTURE_FIELDS)
     if cfg_args.block_style == "gpt2":
@@ -62,8 +69,6 @@ def _check_against_config(hf_args: GRTModelArgs, config_file: str | Path) -> GRT
 def import_hf(hf_dir: str | Path, out: str | Path, config_file: str | Path | None = None,
               overwrite: bool = False) -> Path:
     """Convert the HF folder `hf_dir` into a torchtitan DCP checkpoint folder `out`."""
-    from .checkpoint_io import native_state_from_hf, save_checkpoint
-
     hf_dir, out = Path(hf_dir), Path(out)
     if not (hf_dir / "config.json").is_file():
         raise ExportError(f"{hf_dir}: no config.json (not an exported Hugging Face folder)")
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         out = import_hf(args.hf_dir, args.out, args.config, overwrite=args.overwrite)
-    except (ExportError, FileNotFoundError) as e:
+    except (CheckpointError, FileNotFoundError) as e:
         print(f"grt-titan import-hf: error: {e}", file=sys.stderr)
         return 1
     print(f"imported {args.hf_dir} -> {out}")

@@ -133,3 +133,9 @@ class GRTModel(ModelProtocol):
     def get_attention_masks(self, *args, **kwargs):
         # TypeError is what torchtitan's trainer and validator expect for sdpa models.
         raise TypeError("GRT uses causal sdpa attention: no attention masks to build")
+
+
+def build_meta_model(args: GRTModelArgs) -> GRTModel:
+    """The model's structure without storage: parameter names and shapes for free."""
+    with torch.device("meta"):
+        return GRTModel(args)

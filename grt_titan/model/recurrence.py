@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -235,3 +235,12 @@ class Recurrence(nn.Module):
     def init_weights(self) -> None:
         self.step.init_weights()
         self.depth.reset()
+
+
+def find_recurrence(model_parts: Iterable[nn.Module] | None) -> Recurrence | None:
+    """The Recurrence module of a (possibly FSDP/TP-wrapped) GRT, None for dense flavors."""
+    for part in model_parts or ():
+        for module in part.modules():
+            if isinstance(module, Recurrence):
+                return module
+    return None

@@ -44,6 +44,7 @@ from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 from torchtitan.tools.logging import logger
 
 from .args import GRTModelArgs
+from .model import build_meta_model
 
 # Buffers that exist only for training and are never exported; import leaves them alone.
 TRAINING_ONLY_KEYS = frozenset({"recurrence.depth.draws"})
@@ -106,11 +107,13 @@ def native_to_hf_key(key: str, block_style: str) -> str:
 
 def expected_native_keys(model_args: GRTModelArgs) -> list[str]:
     """Persistent state-dict keys of `GRTModel(model_args)`, in module order (meta build)."""
-    from .model import GRTModel
+    return list(build_meta_model(model_args).state_dict().keys())
 
-    with torch.device("meta"):
-        model = GRTModel(model_args)
-    return list(model.state_dict().keys())
+
+def optional_native_keys(model_args: GRTModelArgs) -> frozenset[str]:
+    """Native keys a weights-only state may lack: training-only buffers, and the LM head
+    when it is tied to the embedding."""
+    return TRAINING_ONLY_KEYS | ({"output.weight"} if model_args.tie_embeddings else frozenset())
 
 
 class GRTStateDictAdapter(StateDictAdapter):
@@ -131,9 +134,8 @@ class GRTStateDictAdapter(StateDictAdapter):
         self.hf_assets_path = hf_assets_path
         self.block_style = model_args.block_style
         self.tied = model_args.tie_embeddings
-        native = [k for k in expected_native_keys(model_args) if k not in TRAINING_ONLY_KEYS]
-        if self.tied:
-            native.remove("output.weight")
+        optional = optional_native_keys(model_args)
+        native = [k for k in expected_native_keys(model_args) if k not in optional]
         self.to_hf_map = {k: native_to_hf_key(k, self.block_style) for k in native}
         self.from_hf_map = {v: k for k, v in self.to_hf_map.items()}
         assert len(self.from_hf_map) == len(self.to_hf_map), "HF key map is not one-to-one"
@@ -167,9 +169,9 @@ class GRTStateDictAdapter(StateDictAdapter):
     def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """Rename native keys to HF keys; drops training-only buffers and the tied head, and
         trims padded vocabulary rows (`vocab_multiple_of`) to vocab_size."""
-        hf = {}
+        hf, optional = {}, optional_native_keys(self.model_args)
         for key, value in state_dict.items():
-            if key in TRAINING_ONLY_KEYS or (self.tied and key == "output.weight"):
+            if key in optional:
                 continue
             if key not in self.to_hf_map:
                 raise ValueError(

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grt_titan.cli import main as cli
-from grt_titan.hf.checkpoint_io import load_checkpoint, save_checkpoint
+from grt_titan.model.checkpoint import load_checkpoint, save_checkpoint
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS
 from hf_helpers import load_hf, seeded_model, small_args

@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from grt_titan.cli import main as cli
-from grt_titan.hf.checkpoint_io import load_checkpoint
+from grt_titan.model.checkpoint import load_checkpoint
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
-from grt_titan.hf.export import load_model_args
+from grt_titan.model.checkpoint import load_model_args
 from grt_titan.hf.importer import import_hf
 from grt_titan.model import GRTModel
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, GRTStateDictAdapter
