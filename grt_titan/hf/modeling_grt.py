@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_grt import KV_CACHE_STRATEGIES, GRTConfig
 
@@ -370,15 +370,15 @@ class GRTMLP(nn.Module):
     def __init__(self, config: GRTConfig):
         super().__init__()
         d, hidden = config.hidden_size, config.intermediate_size
-        self.gated = config.block_style == "llama"
-        bias = not self.gated
-        if self.gated:
+        self.swiglu = config.block_style == "llama"
+        bias = not self.swiglu
+        if self.swiglu:
             self.gate_proj = nn.Linear(d, hidden, bias=False)
         self.up_proj = nn.Linear(d, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d, bias=bias)
 
     def forward(self, x):
-        if self.gated:
+        if self.swiglu:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
 
@@ -431,7 +431,30 @@ class GRTGate(nn.Module):
 
 # transformers >= 5.24 names the cache `cache` (in outputs and forward kwargs), earlier
 # releases `past_key_values`: accept both, return under the release's own name.
-CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+@dataclass
+class GRTBaseModelOutputWithPast(BaseModelOutputWithPast):
+    """Output of `GRTModel`: BaseModelOutputWithPast plus the recurrence, on request.
+
+    last_hidden_state: `[B, T, d]` after the coda and the final norm (the LM head's input).
+    The cache field (`cache`, or `past_key_values` before transformers 5.24): the
+        `GRTCache`, when `use_cache`.
+    hidden_states (`output_hidden_states=True`): the embeddings, then the output of every
+        prelude block, every recurrence step h_1..h_r and every coda block (before the
+        final norm).
+    attentions: always None (SDPA computes no attention weights).
+    recurrence_states, proposals, gate_values (`output_recurrence=True`): as in
+        `GRTModelOutput`.
+    step_exits (`output_step_exits=True`): r + 1 states `[B, T, d]`, coda and final norm
+        applied to h_s for s = 0..r (the last is `last_hidden_state`).
+    """
+
+    recurrence_states: tuple[torch.Tensor, ...] | None = None
+    proposals: tuple[torch.Tensor, ...] | None = None
+    gate_values: tuple[torch.Tensor, ...] | None = None
+    step_exits: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -582,10 +605,16 @@ class GRTModel(GRTPreTrainedModel):
         output_hidden_states=None,
         output_recurrence=False,
         output_step_exits=False,
+        return_dict=None,
         **kwargs,
     ):
-        """Returns (last hidden state after the final norm, cache, extras dict)."""
+        """A `GRTBaseModelOutputWithPast`; its `to_tuple()` (None fields left out) when
+        `return_dict` is False (None: `config.return_dict`)."""
         config = self.config
+        if output_hidden_states is None:
+            output_hidden_states = config.output_hidden_states
+        if return_dict is None:
+            return_dict = getattr(config, "return_dict", True)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
@@ -649,15 +678,15 @@ class GRTModel(GRTPreTrainedModel):
         states, proposals, gates = [h_pre], [], []
         core_mask = staged_mask if staged_mask is not None else mask
         for step in range(depth):
-            x = self.proj(torch.cat([h, h_pre], dim=-1))
+            o = self.proj(torch.cat([h, h_pre], dim=-1))
             for j, block in enumerate(self.core):
-                x = block(x, rope, core_mask, kv("core", j, step))
+                o = block(o, rope, core_mask, kv("core", j, step))
             g = self.gate(h, h_pre)
-            h = g * h + (1 - g) * x
+            h = g * h + (1 - g) * o
             if output_recurrence or output_step_exits:
                 states.append(h)
                 if output_recurrence:
-                    proposals.append(x)
+                    proposals.append(o)
                     gates.append(g)
             if hidden_states is not None:
                 hidden_states.append(h)
@@ -683,14 +712,16 @@ class GRTModel(GRTPreTrainedModel):
         if cache is not None:
             cache.end_forward(seqlen)
 
-        extras = {
-            "hidden_states": tuple(hidden_states) if hidden_states is not None else None,
-            "recurrence_states": tuple(states) if output_recurrence else None,
-            "proposals": tuple(proposals) if output_recurrence else None,
-            "gate_values": tuple(gates) if output_recurrence else None,
-            "step_exits": tuple(exits) if exits is not None else None,
-        }
-        return h, (cache if use_cache else None), extras
+        out = GRTBaseModelOutputWithPast(
+            last_hidden_state=h,
+            **{CACHE_FIELD: cache if use_cache else None},
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+            recurrence_states=tuple(states) if output_recurrence else None,
+            proposals=tuple(proposals) if output_recurrence else None,
+            gate_values=tuple(gates) if output_recurrence else None,
+            step_exits=tuple(exits) if exits is not None else None,
+        )
+        return out if return_dict else out.to_tuple()
 
     def _exit(self, h, rope, mask):
         """Coda and final norm on an intermediate state, without cache (analysis only)."""
@@ -761,7 +792,7 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
         """
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
-        h, cache, extras = self.model(
+        outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -774,7 +805,9 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             output_hidden_states=output_hidden_states,
             output_recurrence=output_recurrence,
             output_step_exits=output_step_logits,
+            return_dict=True,
         )
+        h = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
             logits = self.lm_head(h[:, -logits_to_keep:])
         elif isinstance(logits_to_keep, torch.Tensor):
@@ -787,16 +820,16 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
             )
         step_logits = None
-        if extras["step_exits"] is not None:
-            step_logits = tuple(self.lm_head(e) for e in extras["step_exits"])
+        if outputs.step_exits is not None:
+            step_logits = tuple(self.lm_head(e) for e in outputs.step_exits)
         out = GRTModelOutput(
             loss=loss,
             logits=logits,
-            **{CACHE_FIELD: cache},
-            hidden_states=extras["hidden_states"],
-            recurrence_states=extras["recurrence_states"],
-            proposals=extras["proposals"],
-            gate_values=extras["gate_values"],
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
+            hidden_states=outputs.hidden_states,
+            recurrence_states=outputs.recurrence_states,
+            proposals=outputs.proposals,
+            gate_values=outputs.gate_values,
             step_logits=step_logits,
         )
         if return_dict is False:

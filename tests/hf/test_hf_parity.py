@@ -119,3 +119,26 @@ def test_recurrence_outputs_for_analysis(style, hf_models):
         for s in range(r + 1):
             direct = hf(x, num_recurrences=s, use_cache=False).logits
             assert (out.step_logits[s] - direct).abs().max().item() < ATOL
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+def test_base_model_returns_base_model_output(style, native_models, hf_models):
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    hf = hf_models[style]
+    x = tokens(batch=1, seq=10, seed=5)
+    with torch.no_grad():
+        out = hf.model(x, use_cache=True, output_hidden_states=True)
+        assert isinstance(out, BaseModelOutputWithPast)
+        assert out.last_hidden_state.shape == (1, 10, hf.config.hidden_size)
+        cache = out.cache if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else out.past_key_values
+        assert type(cache).__name__ == "GRTCache" and cache.get_seq_length() == 10
+        c = hf.config
+        assert len(out.hidden_states) == 1 + c.num_prelude_layers + c.num_recurrences + c.num_coda_layers
+        assert out.attentions is None
+        # The head on the base model's state gives the causal LM's logits (and torchtitan's).
+        logits = hf.lm_head(out.last_hidden_state)
+        assert torch.equal(logits, hf(x, use_cache=False).logits)
+        assert (logits - native_models[style](x)).abs().max().item() < ATOL
+        as_tuple = hf.model(x, use_cache=False, return_dict=False)
+        assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], out.last_hidden_state)
