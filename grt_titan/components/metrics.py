@@ -185,7 +185,7 @@ class GRTMetricsProcessor(MetricsProcessor):
     def depth_sampler(self) -> DepthSampler | None:
         if self._sampler is None:
             recurrence = find_recurrence(self.model_parts)
-            self._sampler = recurrence.depth if recurrence is not None else None
+            self._sampler = recurrence.depth_sampler if recurrence is not None else None
         return self._sampler
 
     def recurrence_metrics(self) -> dict[str, float]:

@@ -7,7 +7,7 @@ Writes a DCP model-only checkpoint (model FQNs at the top level, fp32), which to
 loads as its step-0 checkpoint (`<dump>/<checkpoint.folder>/step-0`) or through
 `[checkpoint] initial_load_path = <out>` with `initial_load_model_only = true`.
 Export -> import is exact for float32 exports; the depth sampler's counter
-(`recurrence.depth.draws`, never exported) starts at 0. With `vocab_multiple_of` > 1 the
+(`recurrence.depth_sampler.draws`, never exported) starts at 0. With `vocab_multiple_of` > 1 the
 embedding / LM head rows beyond vocab_size (not exported) are imported as zeros, so
 export -> import -> export gives the same weights.
 """

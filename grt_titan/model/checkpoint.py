@@ -267,7 +267,8 @@ def _load_dcp(path: Path, args: GRTModelArgs) -> tuple[dict[str, torch.Tensor], 
     }
     optional = optional_native_keys(args)
     missing = [k for k in expected if k not in saved and k not in optional]
-    unexpected = [k for k in saved if k not in expected]
+    # Checkpoints written before the sampler was named `depth_sampler` (not needed to read weights).
+    unexpected = [k for k in saved if k not in expected and k != "recurrence.depth.draws"]
     bad_shapes = [
         f"{k}: {tuple(saved[k].size)} vs config {tuple(v.shape)}"
         for k, v in expected.items()

@@ -163,7 +163,7 @@ class Recurrence(nn.Module):
     def __init__(self, args: GRTModelArgs):
         super().__init__()
         self.step = RecurrenceStep(args)
-        self.depth = DepthSampler(args)
+        self.depth_sampler = DepthSampler(args)
         self.state_noise_std = args.state_noise_std
         self.gate_noise_std = args.gate_noise_std
         self.eval_recurrences = args.eval_depth
@@ -180,7 +180,7 @@ class Recurrence(nn.Module):
 
     def resolve_depth(self, num_recurrences: int | None) -> int:
         if num_recurrences is None:
-            return self.depth.sample() if self.training else self.eval_recurrences
+            return self.depth_sampler.sample() if self.training else self.eval_recurrences
         if isinstance(num_recurrences, bool) or not isinstance(num_recurrences, int):
             raise TypeError(f"num_recurrences must be an int, got {num_recurrences!r}")
         if num_recurrences < 0:
@@ -193,7 +193,7 @@ class Recurrence(nn.Module):
     def _noise_generator(self, like: torch.Tensor) -> torch.Generator | None:
         if self.noise_rank is None or not self.training:
             return None
-        index = self.depth.forwards  # counts this forward: depth.sample() has just run
+        index = self.depth_sampler.forwards  # counts this forward: sample() has just run
         seed = ((self.noise_seed * 1_000_003 + index) * 65_537 + self.noise_rank) % 2**63
         return torch.Generator(device=like.device).manual_seed(seed)
 
@@ -234,7 +234,7 @@ class Recurrence(nn.Module):
 
     def init_weights(self) -> None:
         self.step.init_weights()
-        self.depth.reset()
+        self.depth_sampler.reset()
 
 
 def find_recurrence(model_parts: Iterable[nn.Module] | None) -> Recurrence | None:

@@ -13,7 +13,7 @@ The HF names are those of grt_titan/hf/modeling_grt.py (a `trust_remote_code` mo
 | coda.layers.{i}.<block>                      | model.coda.{i}.<block>                       |
 | norm.*                                       | model.norm.*                                 |
 | output.weight                                | lm_head.weight (llama only; gpt2 ties it)    |
-| recurrence.depth.draws                       | not exported (training-only sampler counter) |
+| recurrence.depth_sampler.draws                       | not exported (training-only sampler counter) |
 
 <block>: attention_norm -> input_layernorm, attention.w{q,k,v,o} -> self_attn.{q,k,v,o}_proj,
 ffn_norm -> post_attention_layernorm, feed_forward.w2 -> mlp.down_proj; feed_forward.w1 ->
@@ -47,7 +47,7 @@ from .args import GRTModelArgs
 from .model import build_meta_model
 
 # Buffers that exist only for training and are never exported; import leaves them alone.
-TRAINING_ONLY_KEYS = frozenset({"recurrence.depth.draws"})
+TRAINING_ONLY_KEYS = frozenset({"recurrence.depth_sampler.draws"})
 # Native weights whose rows are the (padded) vocabulary; the HF side has vocab_size rows.
 VOCAB_ROW_KEYS = frozenset({"tok_embeddings.weight", "output.weight"})
 

@@ -44,13 +44,13 @@ def test_round_trip_on_a_native_state_dict(style, native_models):
     assert all(back[k] is native[k] for k in back)
     assert adapter.to_hf(back).keys() == hf.keys()
     # import leaves the depth sampler's counter alone (strict=False load, as torchtitan does)
-    model.recurrence.depth.draws.fill_(17)
+    model.recurrence.depth_sampler.draws.fill_(17)
     try:
         missing, unexpected = model.load_state_dict(back, strict=False)
         assert not unexpected and set(missing) <= set(dropped)
-        assert int(model.recurrence.depth.draws) == 17
+        assert int(model.recurrence.depth_sampler.draws) == 17
     finally:
-        model.recurrence.depth.draws.zero_()
+        model.recurrence.depth_sampler.draws.zero_()
 
 
 @pytest.mark.parametrize("style", ["gpt2", "llama"])

@@ -47,7 +47,7 @@ def test_no_recompiles_across_depths_and_steps(checkpoint):
     seen = []
     for _ in range(20):  # sampled depths r ~ Uniform{1..R}
         train_step()
-        seen.append(model.recurrence.depth.history[-1])
+        seen.append(model.recurrence.depth_sampler.history[-1])
     assert len(set(seen)) == grt_flavors["debug"].num_recurrences  # every r was exercised
     assert counters["stats"]["unique_graphs"] == graphs, "a depth or a step recompiled"
     assert not counters["recompiles"], dict(counters["recompiles"])
