@@ -22,7 +22,10 @@ RecurrenceCheckpoint = Literal["block", "step"]
 
 
 @dataclass
-class GRTConfig:
+class GRTSection:
+    """The `[grt]` TOML section: model overrides (unset keeps the flavor's value) and how the
+    recurrence is checkpointed and sharded. (Not the Hugging Face `GRTConfig` of exports.)"""
+
     block_style: Literal["gpt2", "llama"] | None = None
     """Block style of the flavor's blocks: gpt2 (the paper's) or llama (torchtitan's)."""
 
@@ -108,7 +111,7 @@ class GRTOptimizerConfig:
 
 @dataclass
 class JobConfig:
-    grt: GRTConfig = field(default_factory=GRTConfig)
+    grt: GRTSection = field(default_factory=GRTSection)
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: GRTOptimizerConfig = field(default_factory=GRTOptimizerConfig)
     grt_metrics: GRTMetricsConfig = field(default_factory=GRTMetricsConfig)

@@ -88,7 +88,7 @@ def model_args_dict(args: GRTModelArgs) -> dict[str, Any]:
 
 
 def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
-    """GRTConfig fields for `args` (architecture + default inference depth)."""
+    """The HF GRTConfig fields for `args` (architecture + default inference depth)."""
     recurrent = args.is_recurrent
     if recurrent:
         depth = args.eval_depth

@@ -9,6 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from grt_test_helpers import REPO, build_model
 from grt_titan.model import GRTModel, grt_flavors
 from grt_titan.model.args import CONFIGURABLE_FIELDS
+from grt_titan.model.model import build_meta_model
 
 DEBUG_TOML = REPO / "train_configs" / "grt_debug.toml"
 VOCAB = 500  # small true vocabulary: 128 pads it to 512
@@ -28,15 +29,13 @@ def test_padded_vocab_size_rounds_up(vocab, multiple, padded):
 @pytest.mark.parametrize("block_style", ["gpt2", "llama"])
 def test_gpt2_vocab_padded_to_50304_rows(block_style):
     args = grt_flavors["debug"].replace(block_style=block_style, vocab_multiple_of=128)
-    with torch.device("meta"):
-        model = GRTModel(args)
+    model = build_meta_model(args)
     assert model.tok_embeddings.weight.shape == (50304, args.dim)
     assert model.output.weight.shape == (50304, args.dim)
     assert (model.output.weight is model.tok_embeddings.weight) == (block_style == "gpt2")
     # Even tensor-parallel shards of the vocabulary: 50304 / 2 = 25152 (50257 would be 25129 + 25128).
     assert args.padded_vocab_size % 2 == 0 and args.vocab_size % 2 == 1
-    with torch.device("meta"):
-        unpadded = GRTModel(args.replace(vocab_multiple_of=1))
+    unpadded = build_meta_model(args.replace(vocab_multiple_of=1))
     n_padded = sum(p.numel() for p in model.parameters())
     n_unpadded = sum(p.numel() for p in unpadded.parameters())
     heads = 1 if block_style == "gpt2" else 2  # the gpt2 head is the (tied) embedding
@@ -76,7 +75,7 @@ def test_flops_count_the_padded_head():
     S = 1024
     assert padded.forward_flops_per_token(S) - args.forward_flops_per_token(S) == 2 * args.dim * (50304 - 50257)
     # ... which is what the head matmul computes (FlopCounterMode, linear layers only).
-    model = GRTModel(padded).eval()
+    model = build_model(padded).eval()
     S, r = 16, 2
     x = torch.randint(0, args.vocab_size, (1, S))
     with FlopCounterMode(display=False) as counter:
@@ -115,9 +114,9 @@ def _toml_with(tmp_path: Path, line: str) -> Path:
 
 def test_grt_section_sets_vocab_multiple_of(tmp_path):
     assert "vocab_multiple_of" in CONFIGURABLE_FIELDS
-    from grt_titan.job_config import GRTConfig
+    from grt_titan.job_config import GRTSection
 
-    assert GRTConfig().vocab_multiple_of is None  # unset keeps the flavor's value (1)
+    assert GRTSection().vocab_multiple_of is None  # unset keeps the flavor's value (1)
     args = grt_flavors["debug"].replace()
     args.update_from_config(_parse())
     assert args.vocab_multiple_of == 1 and args.padded_vocab_size == 50257
