@@ -38,7 +38,8 @@ def build(flavor: str, device: str):
 def make_processor(kind: str, job_config, dims, model, optimizers):
     from torchtitan.components.metrics import MetricsProcessor
 
-    from grt_titan.components.metrics import GRTMetricsConfig, GRTMetricsProcessor
+    from grt_titan.components.metrics import GRTMetricsProcessor
+    from grt_titan.job_config import GRTMetricsConfig
 
     job_config.grt_metrics = GRTMetricsConfig(enable=(kind == "on"))
     if kind == "baseline":
