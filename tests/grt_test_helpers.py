@@ -1,7 +1,9 @@
-"""Shared test helpers: torchrun on CPU (gloo), torchtitan's step lines, a small model."""
+"""Shared test helpers: torchrun on CPU (gloo) and the one-process entry point, torchtitan's
+step lines and config, a small model."""
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -9,23 +11,62 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+DEBUG_TOML = REPO / "train_configs" / "grt_debug.toml"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.naninf]+)\s+grad_norm:\s*([0-9.naninf]+)")
+# torchtitan's registered model converters, as a config error lists them ("allowed: ...").
+REGISTERED_CONVERTERS = "quantize.grouped_mm.float8, quantize.grouped_mm.mx, quantize.linear.float8, quantize.linear.mx"
+
+# torch 2.13's torchrun reuses one rendezvous TCPStore across restarts, and restarted workers
+# can read the previous attempt's addresses (gloo/NCCL "connection refused"; pytorch#135712,
+# #167288). Every launch with --max-restarts needs this (docs/reliability.md).
+RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def torchrun_command(nproc: int, args: list[str], module: str = "grt_titan.train",
+                     max_restarts: int | None = None) -> list[str]:
+    """`torchrun --nproc_per_node=nproc [--max-restarts=N] -m module args`, rank 0's output only."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--local-ranks-filter=0"]
+    if max_restarts is not None:
+        cmd.append(f"--max-restarts={max_restarts}")
+    return [*cmd, "-m", module, *args]
+
+
+def torchrun_env(env: dict | None = None, max_restarts: int | None = None) -> dict:
+    """The environment of a torchrun job: one thread per rank, unbuffered output, RESTART_ENV
+    with restarts, then `env`."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            **(RESTART_ENV if max_restarts else {}), **(env or {})}
 
 
 def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, module: str = "grt_titan.train",
-             env: dict | None = None) -> subprocess.CompletedProcess:
-    """`torchrun --nproc_per_node=nproc -m module args` from the repo root; output kept in tmp_path."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--local-ranks-filter=0",
-        "-m", module, *args,
-    ]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+             env: dict | None = None, max_restarts: int | None = None,
+             log_name: str = "torchrun.log") -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node=nproc -m module args` from the repo root; output appended to
+    tmp_path / log_name."""
+    proc = subprocess.run(torchrun_command(nproc, args, module, max_restarts), cwd=REPO,
+                          env=torchrun_env(env, max_restarts), capture_output=True, text=True, timeout=timeout)
     tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "torchrun.log").write_text(proc.stdout + proc.stderr)
+    with open(tmp_path / log_name, "a") as f:
+        f.write(proc.stdout + proc.stderr)
     return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_process(args: list[str], env: dict | None = None, timeout: int = 120,
+                module: str = "grt_titan.train") -> subprocess.CompletedProcess:
+    """`python -m module args` from the repo root as rank 0 of a one-process job, no torchrun
+    (`env` may set NGPU and WORLD_SIZE for a fake-backend world)."""
+    full_env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def step_losses(output: str) -> dict[int, float]:
@@ -33,18 +74,41 @@ def step_losses(output: str) -> dict[int, float]:
     return {int(m.group(1)): float(m.group(2)) for m in STEP_LINE.finditer(output)}
 
 
-def build_model(flavor: str = "debug", seed: int = 0, **changes):
-    """A GRT flavor built on meta, materialised on CPU and initialised from `seed`, in train mode."""
-    from grt_titan.model import GRTModel, grt_flavors
+def parse_config(*overrides: str, path: Path = DEBUG_TOML):
+    """torchtitan's JobConfig of a TOML (default grt_debug) with command-line overrides."""
+    from torchtitan.config import ConfigManager
 
-    args = grt_flavors[flavor].replace(**changes)
-    with torch.device("meta"):
-        model = GRTModel(args)
+    return ConfigManager().parse_args(["--job.config_file", str(path), *overrides])
+
+
+def one_rank_dims():
+    """torchtitan's ParallelDims of a single rank (no parallelism)."""
+    from torchtitan.distributed import ParallelDims
+
+    return ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+
+
+def build_model(flavor="debug", seed: int = 0, *, before_init=None, **changes):
+    """A GRT model from a flavor name or a GRTModelArgs, with `changes`: built on meta by the
+    package's build_meta_model, `before_init(model)` applied there (converters, FSDP), then
+    materialised on CPU, initialised from `seed` and returned in train mode."""
+    from grt_titan.model import grt_flavors
+    from grt_titan.model.model import build_meta_model
+
+    model = build_meta_model((grt_flavors[flavor] if isinstance(flavor, str) else flavor).replace(**changes))
+    if before_init is not None:
+        before_init(model)
     model.to_empty(device="cpu")
     torch.manual_seed(seed)
     with torch.no_grad():
         model.init_weights()
     return model.train()
+
+
+def same_values(a: dict, b: dict) -> bool:
+    """Two flat dicts (state dicts, optimizer states) hold the same keys and equal values."""
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
 
 
 def write_token_dataset(root: Path, tokenizer, splits: dict, shard_tokens: int, val_fraction: float) -> Path:

@@ -1,34 +1,25 @@
-"""Bad configs fail at start-up with a message naming the key and the allowed values.
+"""grt_titan/config_checks.py: bad configs fail at start-up with a message naming the key and
+the allowed values.
 
-Most cases run in process, exactly as torchtitan's Trainer handles a config before it builds
+Every case runs in process, exactly as torchtitan's Trainer handles a config before it builds
 anything: parse (ConfigManager), look the flavor up in the registered spec, then
-`update_from_config` (which ends in `check_job_config`). A few run the real entry point
-(`python -m grt_titan.train`, one process) and check that the traceback ends in grt_titan's
-or torchtitan's config code, not deep inside torch.
+`update_from_config` (which ends in `check_job_config`). The same failures through the real
+entry point: tests/reliability/test_startup_errors.py.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import subprocess
-import sys
 
 import pytest
-from torchtitan.config import ConfigManager
+import torch
+import torch.distributed.checkpoint as dcp
 from torchtitan.protocols.train_spec import get_train_spec
 
 import grt_titan  # noqa: F401  registers the spec
+from grt_test_helpers import DEBUG_TOML, REGISTERED_CONVERTERS, REPO, parse_config
 from grt_titan.config_checks import Flavors, UnknownFlavorError, check_job_config
 from grt_titan.model import grt_flavors
-from reliability_helpers import REPO
-
-DEBUG_TOML = REPO / "train_configs" / "grt_debug.toml"
-
-
-def parse(*overrides, path=DEBUG_TOML):
-    return ConfigManager().parse_args(["--job.config_file", str(path), *overrides])
 
 
 def start_up(config, **arg_changes):
@@ -94,7 +85,7 @@ CASES = [
 
 @pytest.mark.parametrize("overrides,mutate,arg_changes,patterns", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_config_is_named_at_start_up(overrides, mutate, arg_changes, patterns):
-    config = parse(*overrides)
+    config = parse_config(*overrides)
     if mutate is not None:
         mutate(config)
     with pytest.raises(ValueError) as info:
@@ -104,7 +95,7 @@ def test_bad_config_is_named_at_start_up(overrides, mutate, arg_changes, pattern
 
 
 def test_unknown_flavor_names_the_flavors():
-    config = parse("--model.flavor", "tiny")
+    config = parse_config("--model.flavor", "tiny")
     with pytest.raises(ValueError, match=r"\[model\] flavor = 'tiny' is not a grt flavor; allowed: .*debug.*large"):
         start_up(config)
 
@@ -119,14 +110,14 @@ def test_flavor_table_keeps_mapping_semantics():
 
 def test_global_batch_must_fit_the_data_parallel_degree(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    config = parse("--training.global_batch_size", "10", "--training.local_batch_size", "4")
+    config = parse_config("--training.global_batch_size", "10", "--training.local_batch_size", "4")
     with pytest.raises(ValueError, match=r"global_batch_size = 10 must be a multiple of local_batch_size x "
                                          r"data-parallel degree = 4 x 2"):
         start_up(config)
 
 
 def test_all_problems_are_reported_together():
-    config = parse("--optimizer.lr", "-1", "--parallelism.tensor_parallel_degree", "3",
+    config = parse_config("--optimizer.lr", "-1", "--parallelism.tensor_parallel_degree", "3",
                    "--training.dataset", "/nonexistent/grt-data")
     with pytest.raises(ValueError) as info:
         start_up(config)
@@ -143,7 +134,7 @@ def test_real_toml_value_is_checked(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(text.replace('depth_sampling = "uniform"', 'depth_sampling = "poisson"'))
     with pytest.raises(ValueError, match=r"depth_sampling = 'poisson' is invalid; allowed: 'uniform', 'fixed'"):
-        start_up(parse(path=bad))
+        start_up(parse_config(path=bad))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -153,87 +144,109 @@ def test_real_toml_value_is_checked(tmp_path):
     ["--checkpoint.enable", "--checkpoint.keep_latest_k", "2", "--optimizer.on_nonfinite", "skip"],
 ], ids=["debug", "float8", "tp2", "checkpoint"])
 def test_good_configs_pass(overrides):
-    start_up(parse(*overrides))
+    start_up(parse_config(*overrides))
 
 
 def test_every_shipped_config_passes():
     for path in sorted((REPO / "train_configs").glob("*.toml")):
-        config = parse(path=path)
+        config = parse_config(path=path)
         args = get_train_spec("grt").model_args[config.model.flavor].replace()
         args.update_from_config(config)
         check_job_config(config, args)
 
 
-# ---- the real entry point ---------------------------------------------------------------
+# ---- [model] converters -----------------------------------------------------------------
+# torchtitan would end in a bare `KeyError` after building the model.
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.mark.parametrize("name,hint", [
+    ("float8", " (did you mean 'quantize.linear.float8'?)"),
+    ("quantize.linear.fp8", " (did you mean 'quantize.linear.float8'?)"),
+    ("fused_rmsnorm", ""),
+])
+def test_unknown_converter_is_named_with_the_registered_ones(name, hint):
+    with pytest.raises(ValueError) as info:
+        start_up(parse_config("--model.converters", name))
+    assert str(info.value) == (
+        f"invalid job config: [model] converters: unknown converter {name!r}{hint}; allowed: {REGISTERED_CONVERTERS}"
+    )
 
 
-def launch(tmp_path, *overrides, env=None, config=DEBUG_TOML) -> subprocess.CompletedProcess:
-    """`python -m grt_titan.train` as one process (rank 0 of 1, or of NGPU on the fake backend)."""
-    full_env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", **(env or {})}
-    cmd = [sys.executable, "-m", "grt_titan.train", "--job.config_file", str(config),
-           "--job.dump_folder", str(tmp_path / "run"), "--training.seq_len", "64",
-           "--validation.no-enable", "--metrics.no-enable-tensorboard", *overrides]
-    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=120)
+# ---- resuming from a model-only last checkpoint -----------------------------------------
+# torchtitan saves the last step model-only (`[checkpoint] last_save_model_only`, default
+# true): extending a finished run would end in DCP's `Missing key in checkpoint state_dict:
+# dataloader.dp_rank_0`.
+
+# dcp.save in one process, no process group (the fabricated checkpoints below)
+NO_PROCESS_GROUP = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
-FRAME = re.compile(r'^\s*File "([^"]+)", line \d+', re.MULTILINE)
+def save_step(folder, step: int, full: bool) -> None:
+    """A DCP `step-N` folder as torchtitan writes it: model entries by FQN, plus (full) the
+    flattened train_state / optimizer / lr_scheduler / dataloader entries."""
+    state = {"tok_embeddings.weight": torch.zeros(4, 2)}
+    if full:
+        state |= {"train_state": {"step": step}, "optimizer": {"state": {"w": torch.zeros(2)}},
+                  "lr_scheduler": {"last_epoch": step}, "dataloader": {"dp_rank_0": b"pos"}}
+    dcp.save(state, checkpoint_id=str(folder / "checkpoint" / f"step-{step}"))
 
 
-RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.MULTILINE)
+def resume_config(dump, *overrides):
+    return parse_config("--checkpoint.enable", "--job.dump_folder", str(dump), *overrides)
 
 
-def assert_clear_failure(proc, *patterns):
-    output = RANK_PREFIX.sub("", proc.stdout + proc.stderr)  # torch prefixes rank errors
-    assert proc.returncode != 0, output[-2000:]
-    assert "Training starts" not in output and "Applied FSDP" not in output  # failed before building
-    frames = FRAME.findall(output)
-    assert frames, output[-2000:]
-    last = frames[-1]
-    # The raising frame is plugin or torchtitan config code, never torch internals.
-    assert "/grt_titan/" in last or "/torchtitan/" in last, last
-    assert "/site-packages/torch/" not in last, last
-    final = [line for line in output.splitlines() if re.match(r"^[\w.]*(Error|Exception):", line)]
-    assert final, output[-2000:]
-    for pattern in patterns:
-        assert re.search(pattern, output), (pattern, output[-2000:])
+@NO_PROCESS_GROUP
+def test_model_only_last_checkpoint_stops_the_resume(tmp_path):
+    save_step(tmp_path, 4, full=False)
+    path = tmp_path / "checkpoint" / "step-4"
+    with pytest.raises(ValueError) as info:
+        start_up(resume_config(tmp_path))
+    assert str(info.value) == (
+        f"invalid job config: [checkpoint] last_save_model_only: {path} holds only the model weights "
+        "(torchtitan saves the last step model-only while last_save_model_only = true), so the run "
+        "cannot resume from it (no train_state, optimizer, lr_scheduler, dataloader); allowed: start "
+        "from these weights with a fresh optimizer and LR schedule in a new folder (--job.dump_folder "
+        f"<new> --checkpoint.initial_load_path {path} --checkpoint.initial_load_model_only); set "
+        "last_save_model_only = false in runs you may extend"
+    )
 
 
-ENTRY_CASES = {
-    "unknown_flavor": (["--model.flavor", "tiny"], {}, [r"\[model\] flavor = 'tiny' is not a grt flavor; allowed: "]),
-    "R<1": (["--grt.num_recurrences", "0"], {}, [r"num_recurrences = 0 is invalid; must be >= 1"]),
-    "seq_len>positions": (["--training.seq_len", "2048"], {}, [r"training\.seq_len = 2048 exceeds", r"max_seq_len = 1024"]),
-    # Raised by the data loader, which torchtitan builds before the model args.
-    "missing_dataset": (["--training.dataset", "/nonexistent/grt-data"], {},
-                        [r"\[training\] dataset = '/nonexistent/grt-data': no such file", r"prepared dataset folder"]),
-    # 3 fake ranks: a TP degree torchtitan's mesh accepts but the 4-head flavor cannot split.
-    "tp_vs_heads": (["--comm.mode", "fake_backend", "--parallelism.tensor_parallel_degree", "3",
-                     "--training.seq_len", "96"], {"NGPU": "3"},
-                    [r"tensor_parallel_degree = 3 must divide the flavor's n_heads = 4; allowed: 1, 2, 4"]),
-}
+@NO_PROCESS_GROUP
+def test_model_only_message_names_an_earlier_full_checkpoint(tmp_path):
+    save_step(tmp_path, 2, full=True)
+    save_step(tmp_path, 4, full=True)
+    save_step(tmp_path, 6, full=False)
+    with pytest.raises(ValueError, match=r"step-6 holds only the model weights .* allowed: resume from the "
+                                         r"newest full checkpoint with --checkpoint\.load_step 4, or start"):
+        start_up(resume_config(tmp_path))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(ENTRY_CASES))
-def test_entry_point_fails_clearly(name, tmp_path):
-    overrides, env, patterns = ENTRY_CASES[name]
-    proc = launch(tmp_path, *overrides, env=env)
-    assert_clear_failure(proc, *patterns)
+@NO_PROCESS_GROUP
+def test_hf_last_save_is_model_only_too(tmp_path):
+    save_step(tmp_path, 2, full=True)
+    hf = tmp_path / "checkpoint" / "step-4"
+    hf.mkdir()
+    (hf / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"step-4 holds only the model weights.*--checkpoint\.load_step 2"):
+        start_up(resume_config(tmp_path))
 
 
-@pytest.mark.slow
-def test_entry_point_reports_toml_problems_together(tmp_path):
-    text = DEBUG_TOML.read_text()
-    bad = tmp_path / "bad.toml"
-    bad.write_text(text.replace('\ndtype = "float32"', '\ndtype = "fp32"')
-                   .replace('mixed_precision_param = "float32"', 'mixed_precision_param = "bf16"'))
-    proc = launch(tmp_path, config=bad)
-    assert_clear_failure(proc, r"invalid job config:\n",
-                         r"  - \[training\] dtype = 'fp32' is invalid; allowed: 'bfloat16', 'float32'",
-                         r"  - \[training\] mixed_precision_param = 'bf16' is invalid; allowed: 'bfloat16', 'float32'")
+@NO_PROCESS_GROUP
+@pytest.mark.parametrize("overrides", [
+    [],                                                      # the newest is full
+    ["--checkpoint.no-enable"],                              # not resuming
+    ["--checkpoint.load_step", "2"],                         # an earlier full one, chosen
+    ["--checkpoint.exclude_from_loading", "train_state,optimizer,lr_scheduler,dataloader"],
+], ids=["full", "disabled", "load_step", "exclude_all"])
+def test_resumable_checkpoints_pass(tmp_path, overrides):
+    save_step(tmp_path, 2, full=True)
+    save_step(tmp_path, 4, full=not overrides)
+    start_up(resume_config(tmp_path, *overrides))
+
+
+@NO_PROCESS_GROUP
+def test_half_written_newest_is_left_to_torchtitan(tmp_path):
+    """A `step-N` without `.metadata` is never loaded (docs: Rank failure); the check skips it too."""
+    save_step(tmp_path, 2, full=True)
+    (tmp_path / "checkpoint" / "step-4").mkdir()
+    start_up(resume_config(tmp_path))

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grt_test_helpers import write_token_dataset
+from grt_test_helpers import build_model, write_token_dataset
 from grt_titan.components.metrics import GRTMetricsConfig
 from grt_titan.data.config import DataConfig
 from grt_titan.model import GRTModel
@@ -45,10 +45,8 @@ def tiny_args(**changes) -> GRTModelArgs:
 
 
 def tiny_model(seed: int = 0, **changes) -> GRTModel:
-    torch.manual_seed(seed)
-    model = GRTModel(tiny_args(**changes))
+    model = build_model(tiny_args(**changes), seed)
     with torch.no_grad():
-        model.init_weights()
         # Larger weights than the init so that gates and updates differ per step.
         gate = model.recurrence.step.gate if model.recurrence is not None else torch.nn.Module()
         for p in gate.parameters():

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from components_helpers import hand_step_stats, job_config, replay_steps, tiny_model
+from grt_test_helpers import one_rank_dims, parse_config
 
 from grt_titan.components.metrics import (
     GRTMetricsConfig,
@@ -59,13 +60,11 @@ def test_stats_pool_microbatches_of_different_depths():
 
 
 def _processor(tmp_path, **metrics):
-    from torchtitan.distributed import ParallelDims
-
     from grt_titan.cpu_support import enable_cpu_training
 
     enable_cpu_training()
     jc = job_config(str(tmp_path), log_freq=3, **metrics)
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+    dims = one_rank_dims()
     model = tiny_model().train()
     processor = GRTMetricsProcessor(jc, dims, model.model_args)
     logged = []
@@ -169,15 +168,13 @@ def test_console_line():
 
 def test_metrics_section_parses_from_toml(tmp_path):
     """The `[grt_metrics]` section merges into torchtitan's JobConfig (job_config.py's route)."""
-    from torchtitan.config import ConfigManager
-
     toml = tmp_path / "run.toml"
     toml.write_text(
         '[job]\ncustom_config_module = "grt_titan.job_config"\n'
         '[model]\nname = "grt"\nflavor = "debug"\n'
         "[grt_metrics]\nenable = false\n"
     )
-    jc = ConfigManager().parse_args(["--job.config_file", str(toml), "--grt_metrics.no_validation_depths"])
+    jc = parse_config("--grt_metrics.no_validation_depths", path=toml)
     assert metrics_config(jc) == GRTMetricsConfig(enable=False, validation_depths=False)
 
 

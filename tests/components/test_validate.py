@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from components_helpers import ByteTokenizer, job_config, make_dataset, tiny_model
+from grt_test_helpers import one_rank_dims
 
 from grt_titan.components.validate import GRTValidator, validation_depths
 from grt_titan.data.loader import build_validation_dataloader
@@ -27,16 +28,13 @@ class RecordingMetrics:
 
 def _validator(tmp_path, metrics, **cfg):
     from torchtitan.components.loss import build_cross_entropy_loss
-    from torchtitan.distributed import ParallelDims
-
     from grt_titan.cpu_support import enable_cpu_training
 
     enable_cpu_training()
     data = make_dataset(tmp_path / "data")
     jc = job_config(str(data), **cfg)
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
     validator = GRTValidator(
-        jc, 1, 0, ByteTokenizer(), dims, build_cross_entropy_loss(jc),
+        jc, 1, 0, ByteTokenizer(), one_rank_dims(), build_cross_entropy_loss(jc),
         contextlib.nullcontext, contextlib.nullcontext(), metrics,
     )
     return validator, jc

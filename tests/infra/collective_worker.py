@@ -9,7 +9,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from grt_titan.infra.comm_stats import CollectiveCounter
 from grt_titan.infra.parallelize import apply_fsdp
-from grt_titan.model import GRTModel, grt_flavors
+from grt_titan.model import grt_flavors
+from tests.grt_test_helpers import build_model  # run as tests.infra.collective_worker from the repo root
 
 
 def main(out_path: str) -> None:
@@ -18,13 +19,8 @@ def main(out_path: str) -> None:
     results = {}
     for core_reshard in (False, True):
         args = grt_flavors["debug"].replace(vocab_size=512)
-        with torch.device("meta"):
-            model = GRTModel(args)
-        apply_fsdp(model, mesh, torch.float32, torch.float32, pp_enabled=False,
-                   core_reshard_after_forward=core_reshard)
-        model.to_empty(device="cpu")
-        with torch.no_grad():
-            model.init_weights()
+        model = build_model(args, before_init=lambda m: apply_fsdp(
+            m, mesh, torch.float32, torch.float32, pp_enabled=False, core_reshard_after_forward=core_reshard))
         tokens = torch.randint(0, 512, (2, 16))
         for depth in (1, args.num_recurrences, 2 * args.num_recurrences):
             with CollectiveCounter() as counter:

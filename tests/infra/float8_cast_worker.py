@@ -19,7 +19,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
 from grt_titan.infra.parallelize import apply_fsdp
-from grt_titan.model import GRTModel, grt_flavors
+from tests.grt_test_helpers import build_model  # run as tests.infra.float8_cast_worker from the repo root
 
 CASTS: Counter = Counter()
 
@@ -38,19 +38,17 @@ def main(out_path: str) -> None:
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("fsdp",))
     float8_linear.hp_tensor_to_float8_dynamic = counting(float8_linear.hp_tensor_to_float8_dynamic, "linear")
     fsdp_utils.hp_tensor_to_float8_dynamic = counting(fsdp_utils.hp_tensor_to_float8_dynamic, "all_gather")
-    args = grt_flavors["debug"].replace(vocab_size=512)
-    with torch.device("meta"):
-        model = GRTModel(args)
-    # Only the recurrence's linears are converted, so every weight cast counted is the core's.
-    convert_to_float8_training(
-        model,
-        config=Float8LinearConfig(enable_fsdp_float8_all_gather=True, emulate=True),
-        module_filter_fn=lambda module, fqn: fqn.startswith("recurrence."),
-    )
-    apply_fsdp(model, mesh, torch.float32, torch.float32, pp_enabled=False)
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_weights()
+
+    def float8_and_fsdp(model):
+        # Only the recurrence's linears are converted, so every weight cast counted is the core's.
+        convert_to_float8_training(
+            model,
+            config=Float8LinearConfig(enable_fsdp_float8_all_gather=True, emulate=True),
+            module_filter_fn=lambda module, fqn: fqn.startswith("recurrence."),
+        )
+        apply_fsdp(model, mesh, torch.float32, torch.float32, pp_enabled=False)
+
+    model = build_model("debug", vocab_size=512, before_init=float8_and_fsdp)
     results = {}
     for depth in (1, 4):
         CASTS.clear()

@@ -7,13 +7,9 @@ from torchtitan.config.job_config import ActivationCheckpoint
 from grt_titan.infra.memory_stats import saved_activation_bytes
 from grt_titan.infra.parallelize import apply_recurrence_ac
 from grt_test_helpers import build_model
-from grt_titan.model import GRTModel, grt_flavors
+from grt_titan.model import grt_flavors
 
 VOCAB = 512
-
-
-def build(**changes) -> GRTModel:
-    return build_model(vocab_size=VOCAB, **changes)
 
 
 def run(model, depth, seed=5):
@@ -38,8 +34,8 @@ AC_MODES = {
 
 @pytest.mark.parametrize("mode", sorted(AC_MODES))
 def test_checkpointed_gradients_equal_plain(mode):
-    reference = run(build(), depth=3)
-    model = build()
+    reference = run(build_model(vocab_size=VOCAB), depth=3)
+    model = build_model(vocab_size=VOCAB)
     ac_config, recurrence_checkpoint = AC_MODES[mode]
     apply_recurrence_ac(model, ac_config, recurrence_checkpoint, compile_enabled=False)
     grads = run(model, depth=3)
@@ -60,7 +56,7 @@ def memory_per_mode(depths=(2, 4, 8)) -> dict[str, list[float]]:
     for mode, ac in (("none", None), ("per_block", "block"), ("per_step", "step")):
         row = []
         for depth in depths:
-            model = build(num_recurrences=depth)
+            model = build_model(vocab_size=VOCAB, num_recurrences=depth)
             if ac is not None:
                 apply_recurrence_ac(model, ActivationCheckpoint(mode="full"), ac, compile_enabled=False)
             row.append(saved_bytes_per_token(model, depth))

@@ -7,21 +7,17 @@ from torchtitan.config.job_config import ActivationCheckpoint, Compile
 
 from grt_titan.infra.parallelize import apply_recurrence_ac, apply_recurrence_compile
 from grt_test_helpers import build_model
-from grt_titan.model import GRTModel, grt_flavors
+from grt_titan.model import grt_flavors
 
 VOCAB = 512
-
-
-def build(**changes) -> GRTModel:
-    return build_model(vocab_size=VOCAB, **changes)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("checkpoint", [None, "step"])
 def test_no_recompiles_across_depths_and_steps(checkpoint):
     torch._dynamo.reset()
-    model = build()
-    reference = build()
+    model = build_model(vocab_size=VOCAB)
+    reference = build_model(vocab_size=VOCAB)
     if checkpoint:
         apply_recurrence_ac(model, ActivationCheckpoint(mode="full"), checkpoint, compile_enabled=True)
     apply_recurrence_compile(model, Compile(enable=True, backend="inductor"))

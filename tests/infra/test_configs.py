@@ -1,20 +1,14 @@
 """Every train config parses, selects the grt spec and builds its flavor on the meta device."""
 
-from pathlib import Path
-
 import pytest
-import torch
-from torchtitan.config import ConfigManager
 from torchtitan.protocols.train_spec import get_train_spec
 
 import grt_titan  # noqa: F401  registers the spec
+from grt_test_helpers import REPO, parse_config
 from grt_titan.model import GRTModel
+from grt_titan.model.model import build_meta_model
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "train_configs").glob("*.toml"))
-
-
-def parse(path, *overrides):
-    return ConfigManager().parse_args(["--job.config_file", str(path), *overrides])
+CONFIGS = sorted((REPO / "train_configs").glob("*.toml"))
 
 
 def test_all_configs_are_found():
@@ -26,13 +20,12 @@ def test_all_configs_are_found():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_config_builds_its_flavor(path):
-    config = parse(path)
+    config = parse_config(path=path)
     assert config.model.name == "grt" and config.experimental.custom_import == "grt_titan"
     spec = get_train_spec("grt")
     args = spec.model_args[config.model.flavor].replace()
     args.update_from_config(config)
-    with torch.device("meta"):
-        model = GRTModel(args)
+    model = build_meta_model(args)
     nparams, flops = args.get_nparams_and_flops(model, config.training.seq_len)
     assert nparams > 0 and flops > 0
     grt = config.grt
@@ -42,7 +35,7 @@ def test_config_builds_its_flavor(path):
 
 def test_paper_configs_follow_the_recipe():
     for stem in ("grt_small", "grt_medium", "grt_large", "dense_large"):
-        c = parse(CONFIGS[0].parent / f"{stem}.toml")
+        c = parse_config(path=CONFIGS[0].parent / f"{stem}.toml")
         assert (c.training.seq_len, c.training.global_batch_size, c.training.steps) == (1024, 480, 20000)
         assert (c.optimizer.lr, c.optimizer.beta1, c.optimizer.beta2, c.optimizer.weight_decay) == (6e-4, 0.9, 0.95, 0.1)
         assert (c.lr_scheduler.warmup_steps, c.lr_scheduler.decay_type, c.lr_scheduler.min_lr_factor) == (2000, "cosine", 0.1)
@@ -50,8 +43,7 @@ def test_paper_configs_follow_the_recipe():
 
 
 def test_toml_overrides_reach_the_model():
-    config = parse(CONFIGS[0].parent / "grt_debug.toml", "--grt.num_recurrences", "7",
-                   "--grt.gate_temperature", "0.5")
+    config = parse_config("--grt.num_recurrences", "7", "--grt.gate_temperature", "0.5")
     args = get_train_spec("grt").model_args["debug"].replace()
     args.update_from_config(config)
     assert (args.num_recurrences, args.gate_temperature) == (7, 0.5)
@@ -61,7 +53,7 @@ def test_unknown_grt_key_names_it(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[job]\ncustom_config_module = "grt_titan.job_config"\n[grt]\nnum_recurrencez = 3\n')
     with pytest.raises(ValueError, match="num_recurrencez"):
-        parse(bad)
+        parse_config(path=bad)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +67,7 @@ def test_unknown_grt_key_names_it(tmp_path):
     ],
 )
 def test_invalid_grt_values_fail_at_start_up(override, key):
-    config = parse(CONFIGS[0].parent / "grt_debug.toml", *override)
+    config = parse_config(*override)
     args = get_train_spec("grt").model_args["debug"].replace()
     with pytest.raises(ValueError, match=key):
         args.update_from_config(config)

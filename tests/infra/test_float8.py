@@ -1,33 +1,22 @@
 """Float8 through torchtitan's converter (torchao, emulated on CPU)."""
 
-import os
-import subprocess
-import sys
-
 import pytest
-import torch
 from torch import nn
 import torchtitan.components.quantization  # noqa: F401  registers the float8 converter
-from torchtitan.config import ConfigManager
-from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.model_converter import build_model_converters
 
 import grt_titan  # noqa: F401
-from grt_test_helpers import REPO, step_losses
-from grt_titan.model import GRTModel, grt_flavors
+from grt_test_helpers import one_process, one_rank_dims, parse_config, step_losses
+from grt_titan.model import grt_flavors
+from grt_titan.model.model import build_meta_model
 
 
 def converted_fqns(*overrides) -> tuple[set[str], set[str]]:
-    config = ConfigManager().parse_args([
-        "--job.config_file", str(REPO / "train_configs/grt_debug.toml"),
-        "--model.converters", "quantize.linear.float8",
-        "--quantize.linear.float8.emulate", *overrides,
-    ])
-    with torch.device("meta"):
-        model = GRTModel(grt_flavors["debug"].replace())
+    config = parse_config("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",
+                          *overrides)
+    model = build_meta_model(grt_flavors["debug"].replace())
     linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    dims = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
-    build_model_converters(config, dims).convert(model)
+    build_model_converters(config, one_rank_dims()).convert(model)
     from torchao.float8.float8_linear import Float8Linear
 
     return linears, {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
@@ -67,9 +56,8 @@ def test_float8_emulated_trains_like_bf16_on_two_fsdp_ranks(run_torchrun, tmp_pa
 @pytest.mark.slow
 def test_float8_tensor_parallel_builds_and_steps_on_fake_backend(tmp_path):
     """gloo cannot run float8 TP; the fake backend checks plans, shapes and a full step."""
-    env = {**os.environ, "NGPU": "8", "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "8"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "grt_titan.train", "--job.config_file", "train_configs/grt_debug.toml",
+    proc = one_process(
+        ["--job.config_file", "train_configs/grt_debug.toml",
          "--comm.mode", "fake_backend", "--job.dump_folder", str(tmp_path),
          "--parallelism.data_parallel_shard_degree", "4", "--parallelism.tensor_parallel_degree", "2",
          "--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",
@@ -77,7 +65,7 @@ def test_float8_tensor_parallel_builds_and_steps_on_fake_backend(tmp_path):
          "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
          "--training.steps", "2", "--training.seq_len", "64", "--validation.no-enable",
          "--metrics.no-enable-tensorboard", "--metrics.log_freq", "1"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        env={"NGPU": "8", "WORLD_SIZE": "8"}, timeout=600,
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
@@ -91,8 +79,7 @@ def test_core_weights_are_cast_once_per_step_whatever_the_depth(tmp_path):
     import json
 
     out = tmp_path / "casts.json"
-    proc = subprocess.run([sys.executable, "-m", "tests.infra.float8_cast_worker", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = one_process([str(out)], module="tests.infra.float8_cast_worker", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     casts = json.loads(out.read_text())
     core_linears = 1 + 2 * 6 + 2  # W_proj, 2 core blocks x (wq, wk, wv, wo, w1, w2), gate w_in/w_out

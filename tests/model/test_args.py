@@ -5,16 +5,13 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from grt_titan.model import DepthSampler, GRTModel, grt_flavors
-
-
-def meta_model(args) -> GRTModel:
-    with torch.device("meta"):
-        return GRTModel(args)
+from grt_test_helpers import build_model
+from grt_titan.model import DepthSampler, grt_flavors
+from grt_titan.model.model import build_meta_model
 
 
 def nparams(args) -> int:
-    return sum(p.numel() for p in meta_model(args).parameters())
+    return sum(p.numel() for p in build_meta_model(args).parameters())
 
 
 @pytest.mark.parametrize(
@@ -56,7 +53,7 @@ def test_flops_equal_eq1(flavor, layout):
     args = grt_flavors[flavor]
     S, V, R = 1024, 50257, args.num_recurrences
     expected_r = (1 + R) / 2  # E[r] of Uniform{1..R}
-    _, flops = args.get_nparams_and_flops(meta_model(args), S)
+    _, flops = args.get_nparams_and_flops(build_meta_model(args), S)
     assert flops == int(3 * eq1_by_hand(p, n, c, expected_r, d, S, V))
     assert args.forward_flops_per_token(S, R) == eq1_by_hand(p, n, c, R, d, S, V)
 
@@ -70,7 +67,7 @@ def test_dense_flops_are_eq1_without_recurrence():
 def test_matmul_flops_match_flop_counter(block_style):
     """The linear part of the count equals what torch's FlopCounterMode measures at r = 3."""
     args = grt_flavors["debug"].replace(block_style=block_style, n_kv_heads=2 if block_style == "llama" else None)
-    model = GRTModel(args).eval()
+    model = build_model(args).eval()
     S, r = 16, 3
     x = torch.randint(0, args.vocab_size, (1, S))
     with FlopCounterMode(display=False) as counter:

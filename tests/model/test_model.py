@@ -11,9 +11,6 @@ from grt_test_helpers import build_model
 VOCAB = 50257
 
 
-build = build_model
-
-
 def tokens(batch=2, seq=32, seed=1):
     return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
@@ -41,7 +38,7 @@ def reference_step(step, h, h_pre, state_noise, gate_noise, freqs_cis, tau):
 
 @pytest.mark.parametrize("block_style", ["gpt2", "llama"])
 def test_training_forward_matches_hand_written_recurrence(block_style):
-    model = build(block_style=block_style, gate_temperature=0.7)
+    model = build_model(block_style=block_style, gate_temperature=0.7)
     model.train()
     x = tokens()
     captured = []
@@ -60,7 +57,7 @@ def test_training_forward_matches_hand_written_recurrence(block_style):
 
 
 def test_gate_at_init_is_sigmoid_of_bias():
-    model = build().eval()
+    model = build_model().eval()
     h = torch.randn(4, 64, 128)
     h_pre = torch.randn(4, 64, 128)
     g = model.recurrence.step.gate(h, h_pre, None)
@@ -68,7 +65,7 @@ def test_gate_at_init_is_sigmoid_of_bias():
 
 
 def test_gate_one_keeps_prelude_state_for_any_depth():
-    model = build(gate_override=1.0)
+    model = build_model(gate_override=1.0)
     model.train()  # noise on: the copied state must not see it
     x = tokens()
     h_pre = prelude_output(model, x)
@@ -78,7 +75,7 @@ def test_gate_one_keeps_prelude_state_for_any_depth():
 
 
 def test_gate_zero_writes_core_output():
-    model = build(gate_override=0.0).eval()
+    model = build_model(gate_override=0.0).eval()
     x = tokens()
     h_pre = prelude_output(model, x)
     step = model.recurrence.step
@@ -87,7 +84,7 @@ def test_gate_zero_writes_core_output():
 
 
 def test_depth_zero_is_prelude_only_and_negative_is_rejected():
-    model = build().eval()
+    model = build_model().eval()
     x = tokens()
     expected = model.logits_from_state(prelude_output(model, x))
     torch.testing.assert_close(model(x, num_recurrences=0), expected, rtol=0, atol=0)
@@ -96,7 +93,7 @@ def test_depth_zero_is_prelude_only_and_negative_is_rejected():
 
 
 def test_early_exit_and_extrapolation_change_the_output():
-    model = build().eval()
+    model = build_model().eval()
     x = tokens()
     outs = {r: model(x, num_recurrences=r) for r in (1, 4, 6)}
     assert model(x).equal(outs[4])  # eval default depth = R = 4
@@ -104,7 +101,7 @@ def test_early_exit_and_extrapolation_change_the_output():
 
 
 def test_eval_is_deterministic_and_training_is_noisy():
-    model = build()
+    model = build_model()
     x = tokens()
     model.eval()
     assert model(x).equal(model(x))
@@ -114,7 +111,7 @@ def test_eval_is_deterministic_and_training_is_noisy():
 
 @pytest.mark.parametrize("sigma_x,sigma_g", [(0.1, 0.1), (0.3, 0.05)])
 def test_training_noise_has_configured_std(sigma_x, sigma_g):
-    model = build(state_noise_std=sigma_x, gate_noise_std=sigma_g).train()
+    model = build_model(state_noise_std=sigma_x, gate_noise_std=sigma_g).train()
     captured = []
     model.recurrence.step.register_forward_pre_hook(lambda m, args: captured.append(args))
     model(tokens(4, 64), num_recurrences=2)
@@ -127,7 +124,7 @@ def test_training_noise_has_configured_std(sigma_x, sigma_g):
 
 
 def test_zero_noise_passes_none():
-    model = build(state_noise_std=0.0, gate_noise_std=0.0).train()
+    model = build_model(state_noise_std=0.0, gate_noise_std=0.0).train()
     captured = []
     model.recurrence.step.register_forward_pre_hook(lambda m, args: captured.append(args))
     model(tokens(), num_recurrences=1)
@@ -135,7 +132,7 @@ def test_zero_noise_passes_none():
 
 
 def test_dense_model_has_no_recurrence():
-    model = build("dense_debug")
+    model = build_model("dense_debug")
     assert model.recurrence is None
     assert not any("proj" in n or "gate" in n for n, _ in model.named_parameters())
     with pytest.raises(ValueError, match="dense"):
@@ -143,26 +140,26 @@ def test_dense_model_has_no_recurrence():
 
 
 def test_gpt2_head_is_tied_llama_is_not():
-    gpt2 = build()
+    gpt2 = build_model()
     assert gpt2.output.weight is gpt2.tok_embeddings.weight
-    llama = build(block_style="llama")
+    llama = build_model(block_style="llama")
     assert llama.output.weight is not llama.tok_embeddings.weight
 
 
 def test_llama_blocks_are_torchtitans():
     from torchtitan.models.llama3.model.model import TransformerBlock
 
-    model = build(block_style="llama")
+    model = build_model(block_style="llama")
     assert all(isinstance(b, TransformerBlock) for b in model.prelude.layers.values())
     assert model.freqs_cis is not None and model.pos_embeddings is None
 
 
 def test_truncated_backprop_matches_detached_reference():
     x = tokens()
-    full = build(state_noise_std=0.0, gate_noise_std=0.0, backprop_recurrences=1).train()
+    full = build_model(state_noise_std=0.0, gate_noise_std=0.0, backprop_recurrences=1).train()
     full(x, num_recurrences=3).square().mean().backward()
 
-    ref = build(state_noise_std=0.0, gate_noise_std=0.0).train()
+    ref = build_model(state_noise_std=0.0, gate_noise_std=0.0).train()
     h_pre = prelude_output(ref, x)
     with torch.no_grad():
         h = ref.recurrence.step(ref.recurrence.step(h_pre, h_pre, None), h_pre, None)
@@ -176,7 +173,7 @@ def test_truncated_backprop_keeps_fewer_graphs():
     x = tokens()
     counts = {}
     for k in (None, 1):
-        model = build(backprop_recurrences=k).train()
+        model = build_model(backprop_recurrences=k).train()
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
             model(x, num_recurrences=4)
@@ -185,7 +182,7 @@ def test_truncated_backprop_keeps_fewer_graphs():
 
 
 def test_observer_sees_every_step():
-    model = build().eval()
+    model = build_model().eval()
     x = tokens()
     records = []
     model.recurrence.observer = records.append

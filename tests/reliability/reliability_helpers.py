@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from grt_test_helpers import torchrun
+
 WORKER = "tests.reliability.reliability_worker"
 STEPS = 6
 
@@ -31,34 +30,12 @@ COMMON = [
 NOISE_OFF = ["--grt.state_noise_std", "0", "--grt.gate_noise_std", "0"]
 
 
-def launch_args(nproc: int, args: list[str], max_restarts: int | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--local-ranks-filter=0"]
-    if max_restarts is not None:
-        cmd.append(f"--max-restarts={max_restarts}")
-    return [*cmd, "-m", WORKER, *args]
-
-
-# torch 2.13's torchrun reuses one rendezvous TCPStore across restarts, and restarted workers
-# can read the previous attempt's addresses (gloo/NCCL "connection refused"; pytorch#135712,
-# #167288). Every launch with --max-restarts needs this (docs/reliability.md).
-RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-
-def run_env(env: dict | None = None) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-
-
 def train(nproc: int, dump: Path, *extra: str, env: dict | None = None, timeout: int = 300,
           max_restarts: int | None = None) -> subprocess.CompletedProcess:
     """One torchrun job of the worker; its output is kept next to the dump folder."""
-    args = [*COMMON, "--job.dump_folder", str(dump), *extra]
-    env = {**(RESTART_ENV if max_restarts else {}), **(env or {})}
-    proc = subprocess.run(launch_args(nproc, args, max_restarts), cwd=REPO, env=run_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = torchrun(nproc, [*COMMON, "--job.dump_folder", str(dump), *extra], dump.parent, timeout=timeout,
+                    module=WORKER, env=env, max_restarts=max_restarts, log_name=f"{dump.name}.log")
     dump.mkdir(parents=True, exist_ok=True)
-    with open(dump.parent / f"{dump.name}.log", "a") as f:
-        f.write(proc.stdout + proc.stderr)
     return proc
 
 

@@ -15,18 +15,16 @@ from types import SimpleNamespace
 import pytest
 from torchtitan.components.checkpoint import CheckpointManager
 
+from grt_test_helpers import REPO, torchrun_command, torchrun_env
 from reliability_helpers import (
     COMMON,
     NOISE_OFF,
-    REPO,
-    RESTART_ENV,
     STEPS,
+    WORKER,
     assert_same_tensors,
     checkpoint_state,
-    launch_args,
     model_tensors,
     output,
-    run_env,
     scalars,
     train,
 )
@@ -62,8 +60,8 @@ def test_sigkilled_rank_restarts_and_matches_the_uninterrupted_run(uninterrupted
     run, pids = tmp_path / "killed", tmp_path / "pids"
     args = [*COMMON, *NOISE_OFF, "--job.dump_folder", str(run)]
     # 1 s per step leaves the kill time to land inside step 3, after checkpoint step-2.
-    env = run_env({**RESTART_ENV, "GRT_TEST_PID_DIR": str(pids), "GRT_TEST_STEP_SLEEP": "1"})
-    proc = subprocess.Popen(launch_args(2, args, max_restarts=1), cwd=REPO, env=env,
+    env = torchrun_env({"GRT_TEST_PID_DIR": str(pids), "GRT_TEST_STEP_SLEEP": "1"}, max_restarts=1)
+    proc = subprocess.Popen(torchrun_command(2, args, WORKER, max_restarts=1), cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed = {}
 

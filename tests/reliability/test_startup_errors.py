@@ -1,11 +1,12 @@
-"""Start-up errors a user can make, each stopped with one line naming the key and what is
-allowed (docs/reliability.md, "Config validation"):
+"""Bad configs through the real entry point (`python -m grt_titan.train`, one process): the
+run stops at start-up, before the model is built, with a message naming the key and what is
+allowed, and the traceback ends in grt_titan's or torchtitan's config code, not deep inside
+torch (docs/reliability.md, "Config validation"). The checks themselves, in process:
+tests/test_config_checks.py.
 
-- an unknown `[model] converters` name (torchtitan would end in a bare `KeyError` after
-  building the model);
-- resuming from a checkpoint torchtitan saved model-only at the last step
-  (`[checkpoint] last_save_model_only`, default true): extending a finished run would end
-  in DCP's `Missing key in checkpoint state_dict: dataloader.dp_rank_0`.
+A finished run is extended: from a full last save it resumes at the next step; from the
+model-only last save torchtitan makes by default (`[checkpoint] last_save_model_only`) it
+stops with one line, instead of DCP's `Missing key in checkpoint state_dict`.
 """
 
 from __future__ import annotations
@@ -13,31 +14,71 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
-import torch.distributed.checkpoint as dcp
 
-from test_config_checks import assert_clear_failure, launch, parse, start_up
-
-# dcp.save in one process, no process group (the fabricated checkpoints below)
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-REGISTERED = "quantize.grouped_mm.float8, quantize.grouped_mm.mx, quantize.linear.float8, quantize.linear.mx"
+from grt_test_helpers import DEBUG_TOML, REGISTERED_CONVERTERS, one_process
 
 
-# ---- [model] converters -----------------------------------------------------------------
+def launch(tmp_path, *overrides, env=None, config=DEBUG_TOML):
+    """`python -m grt_titan.train` as one process (rank 0 of 1, or of NGPU on the fake backend)."""
+    return one_process(["--job.config_file", str(config), "--job.dump_folder", str(tmp_path / "run"),
+                        "--training.seq_len", "64", "--validation.no-enable", "--metrics.no-enable-tensorboard",
+                        *overrides], env=env)
 
 
-@pytest.mark.parametrize("name,hint", [
-    ("float8", " (did you mean 'quantize.linear.float8'?)"),
-    ("quantize.linear.fp8", " (did you mean 'quantize.linear.float8'?)"),
-    ("fused_rmsnorm", ""),
-])
-def test_unknown_converter_is_named_with_the_registered_ones(name, hint):
-    with pytest.raises(ValueError) as info:
-        start_up(parse("--model.converters", name))
-    assert str(info.value) == (
-        f"invalid job config: [model] converters: unknown converter {name!r}{hint}; allowed: {REGISTERED}"
-    )
+FRAME = re.compile(r'^\s*File "([^"]+)", line \d+', re.MULTILINE)
+
+
+RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.MULTILINE)
+
+
+def assert_clear_failure(proc, *patterns):
+    output = RANK_PREFIX.sub("", proc.stdout + proc.stderr)  # torch prefixes rank errors
+    assert proc.returncode != 0, output[-2000:]
+    assert "Training starts" not in output and "Applied FSDP" not in output  # failed before building
+    frames = FRAME.findall(output)
+    assert frames, output[-2000:]
+    last = frames[-1]
+    # The raising frame is plugin or torchtitan config code, never torch internals.
+    assert "/grt_titan/" in last or "/torchtitan/" in last, last
+    assert "/site-packages/torch/" not in last, last
+    final = [line for line in output.splitlines() if re.match(r"^[\w.]*(Error|Exception):", line)]
+    assert final, output[-2000:]
+    for pattern in patterns:
+        assert re.search(pattern, output), (pattern, output[-2000:])
+
+
+ENTRY_CASES = {
+    "unknown_flavor": (["--model.flavor", "tiny"], {}, [r"\[model\] flavor = 'tiny' is not a grt flavor; allowed: "]),
+    "R<1": (["--grt.num_recurrences", "0"], {}, [r"num_recurrences = 0 is invalid; must be >= 1"]),
+    "seq_len>positions": (["--training.seq_len", "2048"], {}, [r"\[training\] seq_len = 2048 exceeds", r"max_seq_len = 1024"]),
+    # Raised by the data loader, which torchtitan builds before the model args.
+    "missing_dataset": (["--training.dataset", "/nonexistent/grt-data"], {},
+                        [r"\[training\] dataset = '/nonexistent/grt-data': no such file", r"prepared dataset folder"]),
+    # 3 fake ranks: a TP degree torchtitan's mesh accepts but the 4-head flavor cannot split.
+    "tp_vs_heads": (["--comm.mode", "fake_backend", "--parallelism.tensor_parallel_degree", "3",
+                     "--training.seq_len", "96"], {"NGPU": "3"},
+                    [r"tensor_parallel_degree = 3 must divide the flavor's n_heads = 4; allowed: 1, 2, 4"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ENTRY_CASES))
+def test_entry_point_fails_clearly(name, tmp_path):
+    overrides, env, patterns = ENTRY_CASES[name]
+    proc = launch(tmp_path, *overrides, env=env)
+    assert_clear_failure(proc, *patterns)
+
+
+@pytest.mark.slow
+def test_entry_point_reports_toml_problems_together(tmp_path):
+    text = DEBUG_TOML.read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace('\ndtype = "float32"', '\ndtype = "fp32"')
+                   .replace('mixed_precision_param = "float32"', 'mixed_precision_param = "bf16"'))
+    proc = launch(tmp_path, config=bad)
+    assert_clear_failure(proc, r"invalid job config:\n",
+                         r"  - \[training\] dtype = 'fp32' is invalid; allowed: 'bfloat16', 'float32'",
+                         r"  - \[training\] mixed_precision_param = 'bf16' is invalid; allowed: 'bfloat16', 'float32'")
 
 
 @pytest.mark.slow
@@ -45,79 +86,11 @@ def test_unknown_converter_through_the_entry_point(tmp_path):
     proc = launch(tmp_path, "--model.converters", "float8", "--training.steps", "1")
     assert_clear_failure(proc, r"ValueError: invalid job config: \[model\] converters: unknown converter "
                                r"'float8' \(did you mean 'quantize\.linear\.float8'\?\); allowed: "
-                               + re.escape(REGISTERED))
+                               + re.escape(REGISTERED_CONVERTERS))
     assert "KeyError" not in proc.stdout + proc.stderr
 
 
-# ---- resuming from a model-only last checkpoint -----------------------------------------
-
-def save_step(folder, step: int, full: bool) -> None:
-    """A DCP `step-N` folder as torchtitan writes it: model entries by FQN, plus (full) the
-    flattened train_state / optimizer / lr_scheduler / dataloader entries."""
-    state = {"tok_embeddings.weight": torch.zeros(4, 2)}
-    if full:
-        state |= {"train_state": {"step": step}, "optimizer": {"state": {"w": torch.zeros(2)}},
-                  "lr_scheduler": {"last_epoch": step}, "dataloader": {"dp_rank_0": b"pos"}}
-    dcp.save(state, checkpoint_id=str(folder / "checkpoint" / f"step-{step}"))
-
-
-def resume_config(dump, *overrides):
-    return parse("--checkpoint.enable", "--job.dump_folder", str(dump), *overrides)
-
-
-def test_model_only_last_checkpoint_stops_the_resume(tmp_path):
-    save_step(tmp_path, 4, full=False)
-    path = tmp_path / "checkpoint" / "step-4"
-    with pytest.raises(ValueError) as info:
-        start_up(resume_config(tmp_path))
-    assert str(info.value) == (
-        f"invalid job config: [checkpoint] last_save_model_only: {path} holds only the model weights "
-        "(torchtitan saves the last step model-only while last_save_model_only = true), so the run "
-        "cannot resume from it (no train_state, optimizer, lr_scheduler, dataloader); allowed: start "
-        "from these weights with a fresh optimizer and LR schedule in a new folder (--job.dump_folder "
-        f"<new> --checkpoint.initial_load_path {path} --checkpoint.initial_load_model_only); set "
-        "last_save_model_only = false in runs you may extend"
-    )
-
-
-def test_model_only_message_names_an_earlier_full_checkpoint(tmp_path):
-    save_step(tmp_path, 2, full=True)
-    save_step(tmp_path, 4, full=True)
-    save_step(tmp_path, 6, full=False)
-    with pytest.raises(ValueError, match=r"step-6 holds only the model weights .* allowed: resume from the "
-                                         r"newest full checkpoint with --checkpoint\.load_step 4, or start"):
-        start_up(resume_config(tmp_path))
-
-
-def test_hf_last_save_is_model_only_too(tmp_path):
-    save_step(tmp_path, 2, full=True)
-    hf = tmp_path / "checkpoint" / "step-4"
-    hf.mkdir()
-    (hf / "model.safetensors.index.json").write_text("{}")
-    with pytest.raises(ValueError, match=r"step-4 holds only the model weights.*--checkpoint\.load_step 2"):
-        start_up(resume_config(tmp_path))
-
-
-@pytest.mark.parametrize("overrides", [
-    [],                                                      # the newest is full
-    ["--checkpoint.no-enable"],                              # not resuming
-    ["--checkpoint.load_step", "2"],                         # an earlier full one, chosen
-    ["--checkpoint.exclude_from_loading", "train_state,optimizer,lr_scheduler,dataloader"],
-], ids=["full", "disabled", "load_step", "exclude_all"])
-def test_resumable_checkpoints_pass(tmp_path, overrides):
-    save_step(tmp_path, 2, full=True)
-    save_step(tmp_path, 4, full=not overrides)
-    start_up(resume_config(tmp_path, *overrides))
-
-
-def test_half_written_newest_is_left_to_torchtitan(tmp_path):
-    """A `step-N` without `.metadata` is never loaded (docs: Rank failure); the check skips it too."""
-    save_step(tmp_path, 2, full=True)
-    (tmp_path / "checkpoint" / "step-4").mkdir()
-    start_up(resume_config(tmp_path))
-
-
-# ---- the real entry point: extend a finished run ----------------------------------------
+# ---- extend a finished run ----------------------------------------------------------------
 
 RUN = ["--checkpoint.enable", "--checkpoint.interval", "4", "--metrics.log_freq", "1"]
 

@@ -1,0 +1,84 @@
+"""grt_titan/components/optimizer.py: torchtitan's optimizers with the non-finite guard. A
+non-finite gradient norm stops the step naming it, or skips it; either way no parameter
+and no optimizer state changes. Through the trainer on 2 ranks:
+tests/reliability/test_nonfinite.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from grt_test_helpers import one_rank_dims, parse_config, same_values
+from grt_titan.components.optimizer import NonFiniteGuard, NonFiniteStepError, build_grt_optimizers
+
+
+def optimizers_for(model: nn.Module, *overrides):
+    return build_grt_optimizers([model], parse_config(*overrides).optimizer, one_rank_dims())
+
+
+def two_linears() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+
+
+def backward(model: nn.Module, poison: float | None = None) -> None:
+    model.zero_grad()
+    model(torch.ones(3, 4)).square().sum().backward()
+    if poison is not None:
+        model[1].bias.grad[0] = poison
+
+
+def snapshot(model, optimizers):
+    params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = {k: v.clone() if isinstance(v, torch.Tensor) else v
+             for k, v in optimizers.state_dict().items()}
+    return params, state
+
+
+@pytest.mark.parametrize("poison", [math.nan, math.inf])
+def test_stop_raises_before_any_update(poison):
+    model = two_linears()
+    optimizers = optimizers_for(model)
+    backward(model)
+    optimizers.step()  # step 1 is finite
+    backward(model, poison)
+    before = snapshot(model, optimizers)
+    with pytest.raises(NonFiniteStepError, match=r"^step 2: the gradient norm is NaN or inf"):
+        optimizers.step()
+    after = snapshot(model, optimizers)
+    assert same_values(before[0], after[0]) and same_values(before[1], after[1])
+
+
+def test_skip_leaves_parameters_and_optimizer_state_unchanged():
+    model = two_linears()
+    optimizers = optimizers_for(model, "--optimizer.on_nonfinite", "skip")
+    guard = next(h for h in optimizers._optimizer_step_pre_hooks.values() if isinstance(h, NonFiniteGuard))
+    backward(model)
+    optimizers.step()
+    before = snapshot(model, optimizers)
+    backward(model, math.nan)
+    optimizers.step()  # step 2: skipped
+    after = snapshot(model, optimizers)
+    assert same_values(before[0], after[0]) and same_values(before[1], after[1])
+    assert guard.skipped == 1
+    backward(model)
+    optimizers.step()  # step 3 trains again; AdamW counts the 2 steps it took
+    assert not same_values(after[0], snapshot(model, optimizers)[0])
+    assert optimizers.optimizers[0].state[model[0].weight]["step"].item() == 2
+
+
+def test_step_is_named_after_a_restored_optimizer_state():
+    model = two_linears()
+    first = optimizers_for(model)
+    for _ in range(5):
+        backward(model)
+        first.step()
+    model.zero_grad(set_to_none=True)  # as in a fresh process: no gradient at load time
+    resumed = optimizers_for(model)
+    resumed.load_state_dict(first.state_dict())
+    backward(model, math.nan)
+    with pytest.raises(NonFiniteStepError, match=r"^step 6:"):
+        resumed.step()
