@@ -40,6 +40,16 @@ def torchrun_env(env: dict | None = None, max_restarts: int | None = None) -> di
             **(RESTART_ENV if max_restarts else {}), **(env or {})}
 
 
+# A short grt_debug training run: sequence 64, every step logged, no validation. Tests add
+# their steps, layout and options.
+SHORT_DEBUG_RUN = [
+    "--job.config_file", "train_configs/grt_debug.toml",
+    "--training.seq_len", "64",
+    "--metrics.log_freq", "1",
+    "--validation.no-enable",
+]
+
+
 def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, module: str = "grt_titan.train",
              env: dict | None = None, max_restarts: int | None = None,
              log_name: str = "torchrun.log") -> subprocess.CompletedProcess:

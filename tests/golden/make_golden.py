@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for grt_test_helpers
-from grt_test_helpers import REPO, torchrun  # noqa: E402
+from grt_test_helpers import REPO, SHORT_DEBUG_RUN, torchrun  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent / "grt_debug_losses.json"
 STEPS = 20
@@ -42,14 +42,7 @@ SEED = 0
 GLOBAL_BATCH = 4
 LOSS_TAG = "loss_metrics/global_avg_loss"
 
-COMMON = [
-    "--job.config_file", "train_configs/grt_debug.toml",
-    "--training.steps", str(STEPS),
-    "--training.seq_len", "64",
-    "--metrics.log_freq", "1",
-    "--validation.no-enable",
-    "--debug.seed", str(SEED),
-]
+COMMON = [*SHORT_DEBUG_RUN, "--training.steps", str(STEPS), "--debug.seed", str(SEED)]
 NO_NOISE_NO_CLIP = [
     "--grt.state_noise_std", "0",
     "--grt.gate_noise_std", "0",

@@ -5,12 +5,11 @@ import json
 import pytest
 from safetensors import safe_open
 
-from grt_test_helpers import step_losses
+from grt_test_helpers import SHORT_DEBUG_RUN, step_losses
 from grt_titan.model import grt_flavors
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
 
-COMMON = ["--job.config_file", "train_configs/grt_debug.toml", "--validation.no-enable",
-          "--metrics.log_freq", "1", "--training.seq_len", "64", "--checkpoint.enable"]
+COMMON = [*SHORT_DEBUG_RUN, "--checkpoint.enable"]
 
 
 @pytest.mark.slow

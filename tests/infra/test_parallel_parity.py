@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from grt_test_helpers import SHORT_DEBUG_RUN
+
 STEPS = 5
 COMMON = [
-    "--job.config_file", "train_configs/grt_debug.toml",
+    *SHORT_DEBUG_RUN,
     "--training.steps", str(STEPS),
-    "--training.seq_len", "64",
-    "--metrics.log_freq", "1",
-    "--validation.no-enable",
     "--grt.state_noise_std", "0",
     "--grt.gate_noise_std", "0",
     "--lr_scheduler.warmup_steps", "2",

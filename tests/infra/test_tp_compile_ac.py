@@ -12,17 +12,14 @@ from datetime import datetime
 
 import pytest
 
-from grt_test_helpers import step_losses
+from grt_test_helpers import SHORT_DEBUG_RUN, step_losses
 
 STEPS = 3
 COMMON = [
-    "--job.config_file", "train_configs/grt_debug.toml",
+    *SHORT_DEBUG_RUN,
     "--training.steps", str(STEPS),
-    "--training.seq_len", "64",
     "--training.local_batch_size", "4",
-    "--metrics.log_freq", "1",
     "--metrics.no-enable-tensorboard",
-    "--validation.no-enable",
     "--debug.seed", "7",
     "--parallelism.tensor_parallel_degree", "2",
     "--parallelism.data_parallel_shard_degree", "1",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from grt_test_helpers import torchrun
+from grt_test_helpers import SHORT_DEBUG_RUN, torchrun
 
 WORKER = "tests.reliability.reliability_worker"
 STEPS = 6
@@ -15,13 +15,10 @@ STEPS = 6
 # grt_debug, small and fully deterministic: fp32, a fixed seed (every fresh run starts from
 # the same weights), deterministic kernels, a loss/grad-norm/lr/r scalar at every step.
 COMMON = [
-    "--job.config_file", "train_configs/grt_debug.toml",
+    *SHORT_DEBUG_RUN,
     "--training.steps", str(STEPS),
-    "--training.seq_len", "64",
     "--training.local_batch_size", "2",
     "--lr_scheduler.warmup_steps", "2",
-    "--metrics.log_freq", "1",
-    "--validation.no-enable",
     "--checkpoint.enable",
     "--checkpoint.interval", "2",
     "--debug.seed", "7",
