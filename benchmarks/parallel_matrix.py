@@ -110,7 +110,7 @@ def main() -> int:
     names = [n for n in CASES if options.only in n]
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(options.jobs) as pool:
         results = list(pool.map(lambda n: run_case(n, os.path.join(tmp, n)), names))
-    print(f"| TP | FSDP | compile | AC | float8 | step 1 loss | s | result |")
+    print("| TP | FSDP | compile | AC | float8 | step 1 loss | s | result |")
     print("|---|---|---|---|---|---|---|---|")
     for result in results:
         tp, compiled, ac, float8 = CASES[result["name"]]

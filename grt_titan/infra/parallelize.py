@@ -48,14 +48,13 @@ from torchtitan.models.llama3.infra.parallelize import (
 )
 from torchtitan.tools.logging import logger
 
-from grt_titan.job_config import FLOAT8_CONVERTER, RecurrenceCheckpoint
 from grt_titan.infra.torch_workarounds import (
     clone_embedding_output,
     disable_autograd_cache_for_uneven_shards,
     install_rng_state_order_fix,
 )
+from grt_titan.job_config import FLOAT8_CONVERTER, RecurrenceCheckpoint
 from grt_titan.model import GRTModel
-
 
 
 def grt_stacks(model: GRTModel) -> list[nn.Module]:
