@@ -72,12 +72,12 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
     """`torchrun --nproc_per_node=nproc -m module args` from the repo root; output appended to
     tmp_path / log_name. Repeated once after a TEARDOWN_ABORT, from a copy of the dump folder
     as it was before (a resumed run resumes from the same checkpoint again)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
     dump = _dump_folder(args)
     backup = None
     if dump is not None and dump.exists():
-        backup = Path(tempfile.mkdtemp(dir=tmp_path)) / "dump"
+        backup = Path(tempfile.mkdtemp(prefix="grt-dump-backup-")) / "dump"  # not inside the dump
         shutil.copytree(dump, backup)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     for attempt in (1, 2):
         proc = subprocess.run(torchrun_command(nproc, args, module, max_restarts), cwd=REPO,
                               env=torchrun_env(env, max_restarts), capture_output=True, text=True,
