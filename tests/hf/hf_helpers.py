@@ -20,6 +20,7 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 
+import contextlib  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -57,3 +58,22 @@ def load_hf(folder, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=True, dtype=dtype).eval()
+
+
+@contextlib.contextmanager
+def sharded_state_dict(args, store_dir: Path, make=torch.empty):
+    """GRTModel(args)'s state dict as DTensors sharded on dim 0 (the vocabulary of the
+    embedding and head) over a 1-rank gloo mesh, as torchtitan hands it to the adapter."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from grt_titan.model.model import build_meta_model
+
+    dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        yield {k: distribute_tensor(make(v.shape), mesh, [Shard(0)]) if v.ndim else v
+               for k, v in build_meta_model(args).state_dict().items()}
+    finally:
+        dist.destroy_process_group()

@@ -12,7 +12,7 @@ from grt_titan.model.state_dict_adapter import (
     expected_native_keys,
 )
 
-from hf_helpers import small_args
+from hf_helpers import sharded_state_dict, small_args
 
 
 @pytest.mark.parametrize("flavor", sorted(grt_flavors))
@@ -64,25 +64,13 @@ def test_hf_keys_are_the_hf_models_parameters(style, hf_models, native_models):
 
 def test_to_hf_accepts_dtensors(tmp_path):
     """torchtitan applies to_hf to the empty sharded state dict to plan its HF reads."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-
     args = small_args("llama")
-    with torch.device("meta"):
-        model = GRTModel(args)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh("cpu", (1,))
-        sharded = {k: distribute_tensor(torch.empty(v.shape), mesh, [Shard(0)]) if v.ndim else v
-                   for k, v in model.state_dict().items()}
+    with sharded_state_dict(args, tmp_path) as sharded:
         adapter = GRTStateDictAdapter(args, None)
         hf = adapter.to_hf(sharded)
         assert set(hf) == set(adapter.hf_keys)
         assert all(type(hf[k]).__name__ == "DTensor" for k in hf)
         assert adapter.to_hf(adapter.from_hf(hf)) == hf
-    finally:
-        dist.destroy_process_group()
 
 
 def test_unknown_keys_are_errors():

@@ -12,6 +12,20 @@ from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
 COMMON = [*SHORT_DEBUG_RUN, "--checkpoint.enable"]
 
 
+def assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, nproc, extra):
+    """One step on `nproc` ranks from the HF folder that run `save` wrote: the loaded weights
+    are the trained ones, so its first loss is below the trained run's first (an untrained
+    model's is ln(50257) = 10.8)."""
+    trained = step_losses(save.stdout + save.stderr)
+    load = run_torchrun(nproc, [*COMMON, *extra, "--job.dump_folder", str(tmp_path / "b"), "--training.steps", "1",
+                                "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"],
+                        tmp_path / "b")
+    output = load.stdout + load.stderr
+    assert load.returncode == 0, output[-3000:]
+    assert "loading from HF safetensors" in output
+    assert step_losses(output)[1] < trained[1] - 0.5
+
+
 @pytest.mark.slow
 def test_last_save_in_hf_then_initial_load_in_hf(run_torchrun, tmp_path):
     save = run_torchrun(2, [*COMMON, "--job.dump_folder", str(tmp_path / "a"), "--training.steps", "6",
@@ -24,17 +38,8 @@ def test_last_save_in_hf_then_initial_load_in_hf(run_torchrun, tmp_path):
     with safe_open(str(folder / sorted(set(index["weight_map"].values()))[0]), "pt") as f:
         assert all("draws" not in key for key in f.keys())
 
-    trained = step_losses(save.stdout + save.stderr)
-    load = run_torchrun(1, [*COMMON, "--job.dump_folder", str(tmp_path / "b"), "--training.steps", "1",
-                            "--parallelism.data_parallel_shard_degree", "1",
-                            "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"],
-                        tmp_path / "b")
-    output = load.stdout + load.stderr
-    assert load.returncode == 0, output[-3000:]
-    assert "loading from HF safetensors" in output
-    # The loaded weights are the trained ones: its first loss is near the trained run's
-    # last losses, far below an untrained model's ln(50257) = 10.8.
-    assert step_losses(output)[1] < trained[1] - 0.5
+    assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, 1,
+                                 ["--parallelism.data_parallel_shard_degree", "1"])
 
 
 @pytest.mark.slow
@@ -57,11 +62,4 @@ def test_padded_vocab_hf_save_under_tp_then_load_under_fsdp(run_torchrun, tmp_pa
     assert set(shapes) == set(adapter.hf_keys)
     assert shapes["model.embed_tokens.weight"] == (50257, padded.dim)  # the true vocabulary
 
-    trained = step_losses(save.stdout + save.stderr)
-    load = run_torchrun(2, [*COMMON, *pad, "--job.dump_folder", str(tmp_path / "b"), "--training.steps", "1",
-                            "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"],
-                        tmp_path / "b")
-    output = load.stdout + load.stderr
-    assert load.returncode == 0, output[-3000:]
-    assert "loading from HF safetensors" in output
-    assert step_losses(output)[1] < trained[1] - 0.5
+    assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, 2, pad)

@@ -8,14 +8,13 @@ import torch
 from safetensors.torch import load_file
 
 from grt_titan.cli import main as cli
-from grt_titan.model.checkpoint import load_checkpoint
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
-from grt_titan.model.checkpoint import load_model_args
 from grt_titan.hf.importer import import_hf
+from grt_titan.model.checkpoint import load_checkpoint, load_model_args
 from grt_titan.model import GRTModel
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, GRTStateDictAdapter
 
-from hf_helpers import load_hf, seeded_model, small_args
+from hf_helpers import load_hf, seeded_model, sharded_state_dict, small_args
 
 VOCAB, PADDED = 500, 512  # vocab_multiple_of = 128
 ATOL = 1e-4  # as test_hf_parity.py: fp32, same ops up to RoPE's form and SDPA kernels
@@ -163,19 +162,11 @@ def test_adapter_trims_to_vocab_size_and_pads_back(style, padded_models):
 
 def test_adapter_pads_dtensors_back_to_their_sharding(tmp_path):
     """torchtitan hands to_hf the (vocabulary-sharded) DTensors of the model."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Shard
 
     args = padded_args("llama")
-    with torch.device("meta"):
-        model = GRTModel(args)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh("cpu", (1,))
-        torch.manual_seed(0)
-        sharded = {k: distribute_tensor(torch.randn(v.shape), mesh, [Shard(0)]) if v.ndim else v
-                   for k, v in model.state_dict().items()}
+    torch.manual_seed(0)
+    with sharded_state_dict(args, tmp_path, make=torch.randn) as sharded:
         adapter = GRTStateDictAdapter(args, None)
         hf = adapter.to_hf(sharded)
         assert all(isinstance(hf[k], DTensor) for k in hf)
@@ -186,8 +177,6 @@ def test_adapter_pads_dtensors_back_to_their_sharding(tmp_path):
             assert back[key].shape == (PADDED, args.dim)
             full = back[key].full_tensor()
             assert torch.equal(full[:VOCAB], sharded[key].full_tensor()[:VOCAB]) and not full[VOCAB:].any()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("style", ["gpt2", "llama"])
