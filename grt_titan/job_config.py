@@ -13,6 +13,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from grt_titan.data.config import DataConfig
+from grt_titan.model.args import (
+    BlockStyle,
+    DepthSampling,
+    InitialState,
+    Injection,
+    Objective,
+    Router,
+    StepAdapter,
+    Update,
+)
 
 
 # torchtitan's registered name of the float8 linear converter ([model] converters).
@@ -26,7 +36,7 @@ class GRTSection:
     """The `[grt]` TOML section: model overrides (unset keeps the flavor's value) and how the
     recurrence is checkpointed and sharded. (Not the Hugging Face `GRTConfig` of exports.)"""
 
-    block_style: Literal["gpt2", "llama"] | None = None
+    block_style: BlockStyle | None = None
     """Block style of the flavor's blocks: gpt2 (the paper's) or llama (torchtitan's)."""
 
     num_recurrences: int | None = None
@@ -38,8 +48,9 @@ class GRTSection:
     eval_recurrences: int | None = None
     """Depth used in eval mode (validation); default R."""
 
-    depth_sampling: Literal["uniform", "fixed"] | None = None
-    """uniform: r ~ Uniform{r_min..R} per training forward; fixed: always R (ablations)."""
+    depth_sampling: DepthSampling | None = None
+    """uniform: r ~ Uniform{r_min..R} per training forward; fixed: always R (ablations);
+    poisson_lognormal: heavy-tail Poisson (Geiping et al. 2025), mean `depth_mean`."""
 
     depth_seed: int | None = None
     """Seed of the depth sequence; r of forward t is a function of (seed, t) alone."""
@@ -69,6 +80,60 @@ class GRTSection:
     aligned size. The padded ids are never inputs or targets; their logits stay in the
     training softmax (as in nanoGPT / Megatron) and the Hugging Face export drops them.
     Default 1 (no padding); `vocab_size` stays the tokenizer's."""
+
+    # ---- parts of the recurrence: each method and ablation rung is one choice of these
+    # (docs/architecture.md, "Methods as parts"; train_configs/paper/ sets them per row).
+
+    injection: Injection | None = None
+    """proj: the step's input is W_proj [h + eps_x ; h_pre] (GRT eq. 2, Huginn's adapter);
+    none: h + eps_x, the prelude output is not re-injected."""
+
+    update: Update | None = None
+    """gate: h <- g h + (1 - g) o (GRT eq. 4); overwrite: h <- o."""
+
+    initial_state: InitialState | None = None
+    """prelude: h_0 = h_pre (GRT); random: a fresh TruncNormal(0, initial_state_std) state
+    every forward (heavy-tail Poisson)."""
+
+    initial_state_std: float | None = None
+    """Std of the random initial state (default 0.02, cut at 3 std)."""
+
+    depth_mean: float | None = None
+    """poisson_lognormal depth sampling: the mean training depth E[r]; default the uniform
+    sampler's (r_min + R) / 2, so both spend the same expected compute."""
+
+    step_adapter: StepAdapter | None = None
+    """lora: one LoRA adapter per (core block, recurrence step) on every linear of the core
+    (Relaxed Recursive Transformers); the depth is then fixed to R."""
+
+    lora_rank: int | None = None
+    """Rank of each per-step LoRA adapter (default 64)."""
+
+    lora_scale: float | None = None
+    """Output scale alpha / rank of the LoRA adapters (default 2)."""
+
+    objective: Objective | None = None
+    """final: cross-entropy at the last step; exit_distribution: Ouro's expected loss over a
+    learned exit distribution minus exit_entropy_weight x its entropy."""
+
+    exit_entropy_weight: float | None = None
+    """Ouro: beta, the weight of the exit distribution's entropy (default 0.05)."""
+
+    exit_threshold: float | None = None
+    """Ouro inference: exit at the first step whose cumulative exit probability >= this
+    (default 1.0: run every step)."""
+
+    router: Router | None = None
+    """expert_choice: Mixture-of-Recursions, a router per step picks the tokens it updates."""
+
+    router_capacity: str | None = None
+    """MoR: comma-separated share of tokens each step keeps, descending (default (R - i) / R)."""
+
+    router_scale: float | None = None
+    """MoR: alpha; a selected token's update is scaled by sigmoid(router logit) x alpha (0.1)."""
+
+    router_aux_weight: float | None = None
+    """MoR: weight of the router's BCE auxiliary loss (0.001)."""
 
     recurrence_checkpoint: RecurrenceCheckpoint = "block"
     """With [activation_checkpoint] mode != none: `block` applies torchtitan's mode to every

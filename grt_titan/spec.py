@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.components.lr_scheduler import build_lr_schedulers
 from torchtitan.protocols.train_spec import TrainSpec, get_train_spec, register_train_spec
 
+from grt_titan.components.loss import build_grt_loss
 from grt_titan.components.metrics import build_grt_metrics_processor
 from grt_titan.components.optimizer import build_grt_optimizers
 from grt_titan.components.validate import build_grt_validator
@@ -30,7 +30,7 @@ def build_grt_train_spec() -> TrainSpec:
         build_lr_schedulers_fn=build_lr_schedulers,
         build_dataloader_fn=build_dataloader,
         build_tokenizer_fn=build_tokenizer,
-        build_loss_fn=build_cross_entropy_loss,
+        build_loss_fn=build_grt_loss,
         build_validator_fn=build_grt_validator,
         build_metrics_processor_fn=build_grt_metrics_processor,
         state_dict_adapter=GRTStateDictAdapter,

@@ -12,7 +12,15 @@ from torchtitan.protocols.model import BaseModelArgs
 from grt_titan.field_checks import field_problems
 
 BlockStyle = Literal["gpt2", "llama"]
-DepthSampling = Literal["uniform", "fixed"]
+DepthSampling = Literal["uniform", "fixed", "poisson_lognormal"]
+# The named parts of one recurrence step (docs/architecture.md, "Methods as parts"): every
+# method of the paper's table 1 and every rung of its figure 5 is one choice of each.
+Injection = Literal["proj", "none"]  # proj: W_proj [h (+ eps_x); h_pre] (eq. 2); none: h (+ eps_x)
+Update = Literal["gate", "overwrite"]  # gate: eq. 4; overwrite: h <- core output
+InitialState = Literal["prelude", "random"]  # h_0 = h_pre, or TruncNormal(0, initial_state_std)
+StepAdapter = Literal["none", "lora"]  # lora: one LoRA per (core block, step) on its linears (RRT)
+Objective = Literal["final", "exit_distribution"]  # CE at the last step, or Ouro's expected loss
+Router = Literal["none", "expert_choice"]  # MoR: which tokens each recursion step updates
 
 # Fields of `GRTModelArgs` that the `[grt]` TOML section may override (same names there).
 CONFIGURABLE_FIELDS = (
@@ -29,6 +37,21 @@ CONFIGURABLE_FIELDS = (
     "gate_override",
     "backprop_recurrences",
     "vocab_multiple_of",
+    "injection",
+    "update",
+    "initial_state",
+    "initial_state_std",
+    "depth_mean",
+    "step_adapter",
+    "lora_rank",
+    "lora_scale",
+    "objective",
+    "exit_entropy_weight",
+    "exit_threshold",
+    "router",
+    "router_capacity",
+    "router_scale",
+    "router_aux_weight",
 )
 
 
@@ -69,6 +92,23 @@ class GRTModelArgs(BaseModelArgs):
     gate_override: float | None = None  # ablation: g fixed to this value in [0, 1]
     backprop_recurrences: int | None = None  # truncated backprop: last k steps; None = all
 
+    # Parts of the recurrence (GRT: proj, gate, prelude, uniform, none, final, none).
+    injection: Injection = "proj"
+    update: Update = "gate"
+    initial_state: InitialState = "prelude"
+    initial_state_std: float = 0.02  # std of the random h_0 (heavy-tail Poisson), cut at 3 std
+    depth_mean: float | None = None  # poisson_lognormal: E[r]; None = (r_min + R) / 2
+    step_adapter: StepAdapter = "none"
+    lora_rank: int = 64  # RRT: rank of each per-step adapter
+    lora_scale: float = 2.0  # RRT: alpha / rank, the adapter's output scale
+    objective: Objective = "final"
+    exit_entropy_weight: float = 0.05  # Ouro: beta of the exit-distribution entropy bonus
+    exit_threshold: float = 1.0  # Ouro: inference exits at the first step with CDF >= q
+    router: Router = "none"
+    router_capacity: str | None = None  # MoR: comma-separated capacity per step; None = (R-i)/R
+    router_scale: float = 0.1  # MoR: alpha, the router weight is sigmoid(logit) * alpha
+    router_aux_weight: float = 0.001  # MoR: weight of the router's BCE auxiliary loss
+
     # llama style (torchtitan's TransformerBlock)
     multiple_of: int = 256
     ffn_dim_multiplier: float | None = None
@@ -77,6 +117,32 @@ class GRTModelArgs(BaseModelArgs):
     @property
     def is_recurrent(self) -> bool:
         return self.n_core_layers > 0
+
+    @property
+    def method_name(self) -> str:
+        """The row of the paper's table 1 (or figure 5) that these parts make."""
+        if not self.is_recurrent:
+            return "dense"
+        if self.router != "none":
+            return "MoR"
+        if self.objective == "exit_distribution":
+            return "Ouro"
+        if self.step_adapter == "lora":
+            return "RRT"
+        if self.depth_sampling == "poisson_lognormal":
+            return "Heavy-tail Poisson"
+        if (self.update, self.injection, self.initial_state) == ("gate", "proj", "prelude"):
+            return "GRT"
+        parts = ["recurrence"]
+        if self.n_prelude_layers + self.n_coda_layers:
+            parts.append("prelude/coda")
+        if self.state_noise_std:
+            parts.append("noise")
+        if self.injection == "proj":
+            parts.append("re-injection")
+        if self.update == "gate":
+            parts.append("gate")
+        return " + ".join(parts)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -123,6 +189,8 @@ class GRTModelArgs(BaseModelArgs):
             return 0.0
         if self.depth_sampling == "fixed":
             return float(self.num_recurrences)
+        if self.depth_sampling == "poisson_lognormal" and self.depth_mean is not None:
+            return self.depth_mean
         return (self.min_recurrences + self.num_recurrences) / 2
 
     @property
@@ -184,6 +252,29 @@ class GRTModelArgs(BaseModelArgs):
             raise bad("backprop_recurrences", self.backprop_recurrences, "must be >= 1 or unset")
         if self.gate_override is not None and not 0.0 <= self.gate_override <= 1.0:
             raise bad("gate_override", self.gate_override, "must be in [0, 1] or unset")
+        if self.gate_override is not None and self.update != "gate":
+            raise bad("gate_override", self.gate_override, f"needs update = 'gate' (update = {self.update!r} has no gate)")
+        if self.initial_state_std <= 0:
+            raise bad("initial_state_std", self.initial_state_std, "must be > 0")
+        if self.depth_mean is not None and self.depth_mean < 1:
+            raise bad("depth_mean", self.depth_mean, "must be >= 1 (the Poisson depth is at least 1)")
+        if self.depth_mean is not None and self.depth_sampling != "poisson_lognormal":
+            raise bad("depth_mean", self.depth_mean, "is used by depth_sampling = 'poisson_lognormal' only")
+        if self.lora_rank < 1:
+            raise bad("lora_rank", self.lora_rank, "must be >= 1")
+        if self.step_adapter == "lora":
+            if self.depth_sampling != "fixed":
+                raise bad("step_adapter", "lora", "needs depth_sampling = 'fixed' (one adapter per step of a fixed depth R)")
+            if self.block_style != "gpt2":
+                raise bad("step_adapter", "lora", "is implemented for block_style = 'gpt2' (the paper's blocks)")
+        if self.exit_entropy_weight < 0:
+            raise bad("exit_entropy_weight", self.exit_entropy_weight, "must be >= 0")
+        if not 0.0 < self.exit_threshold <= 1.0:
+            raise bad("exit_threshold", self.exit_threshold, "must be in (0, 1]")
+        if self.router_scale <= 0:
+            raise bad("router_scale", self.router_scale, "must be > 0")
+        if self.router_aux_weight < 0:
+            raise bad("router_aux_weight", self.router_aux_weight, "must be >= 0")
 
     # The whole-job start-up checks (grt_titan.config_checks.check_job_config), installed by
     # grt_titan.spec at registration: torchtitan's Trainer calls update_from_config after the

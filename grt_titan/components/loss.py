@@ -1,0 +1,45 @@
+"""The training loss: torchtitan's summed cross-entropy, extended to `TrainingOutput`.
+
+Plain logits go straight to torchtitan's `cross_entropy_loss`, so GRT and dense runs
+compute exactly torchtitan's loss. Methods that supervise every step (Ouro) or add an
+auxiliary loss (MoR's router) return a `TrainingOutput` (grt_titan/model/output.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torchtitan.components.loss import IGNORE_INDEX, cross_entropy_loss
+from torchtitan.tools.logging import logger
+
+from grt_titan.model.output import TrainingOutput
+
+
+def grt_loss(pred: torch.Tensor | TrainingOutput, labels: torch.Tensor) -> torch.Tensor:
+    """SUM over tokens (torchtitan divides by the global valid-token count)."""
+    if not isinstance(pred, TrainingOutput):
+        return cross_entropy_loss(pred, labels)
+    if pred.step_logits is None:
+        loss = cross_entropy_loss(pred.logits, labels)
+    else:
+        steps = pred.step_logits.shape[0]
+        per_token = F.cross_entropy(
+            pred.step_logits.flatten(0, 2).float(),
+            labels.flatten().repeat(steps),
+            reduction="none",
+            ignore_index=IGNORE_INDEX,
+        )
+        loss = (per_token * pred.step_weights.flatten().float()).sum()
+    if pred.aux_loss_sum is not None:
+        loss = loss + pred.aux_loss_sum.float()
+    return loss
+
+
+def build_grt_loss(job_config, **kwargs):
+    """The spec's build_loss_fn, compiled like torchtitan's when `compile.components` has loss."""
+    del kwargs
+    loss_fn = grt_loss
+    if job_config.compile.enable and "loss" in job_config.compile.components:
+        logger.info("Compiling the loss function with torch.compile")
+        loss_fn = torch.compile(loss_fn, backend=job_config.compile.backend)
+    return loss_fn
