@@ -106,7 +106,8 @@ def gate_heatmap(model: nn.Module, token_ids: list[int], depth: int) -> list[lis
     rows: list[list[float]] = []
 
     def observe(record: StepRecord) -> None:
-        rows.append(record.gate.detach().float().mean(dim=-1)[0].tolist())
+        gate = torch.zeros_like(record.state) if record.gate is None else record.gate  # overwrite: g = 0
+        rows.append(gate.detach().float().mean(dim=-1)[0].tolist())
 
     device = next(model.parameters()).device
     previous, recurrence.observer = recurrence.observer, observe

@@ -57,6 +57,13 @@ class ExportError(CheckpointError):
 def build_hf_config(args: GRTModelArgs, dtype: str = "float32"):
     from .configuration_grt import GRTConfig
 
+    if args.non_grt_parts:
+        parts = ", ".join(f"{k} = {v!r}" for k, v in args.non_grt_parts.items())
+        raise ExportError(
+            f"{args.method_name} ({parts}) cannot be exported to Hugging Face format yet: the exported "
+            "model implements GRT's parts only (docs/hf_export.md); evaluate it with "
+            "`grt-titan analyze` or torchtitan's validator instead"
+        )
     config = GRTConfig(**hf_config_kwargs(args))
     config.architectures = ["GRTForCausalLM"]
     config.auto_map = dict(AUTO_MAP)

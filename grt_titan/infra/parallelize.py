@@ -207,6 +207,7 @@ def apply_tp(
             {
                 name: SequenceParallel(use_local_output=True)
                 for name in ("proj", "gate.state_norm", "gate.anchor_norm", "gate.w_in", "gate.w_out")
+                if getattr(step, name.split(".")[0]) is not None  # parts a method leaves out are None
             },
         )
     logger.info(

@@ -55,6 +55,12 @@ CONFIGURABLE_FIELDS = (
 )
 
 
+# The parts that make GRT itself (the other methods change some of them).
+GRT_PARTS: dict[str, Any] = dict(
+    injection="proj", update="gate", initial_state="prelude", step_adapter="none", objective="final", router="none"
+)
+
+
 @dataclass
 class GRTModelArgs(BaseModelArgs):
     """Architecture of one GRT flavor: `n_prelude_layers + n_core_layers x R + n_coda_layers`.
@@ -143,6 +149,17 @@ class GRTModelArgs(BaseModelArgs):
         if self.update == "gate":
             parts.append("gate")
         return " + ".join(parts)
+
+    @property
+    def non_grt_parts(self) -> dict[str, Any]:
+        """The parts set to something other than GRT's (empty for GRT and dense models)."""
+        if not self.is_recurrent:
+            return {}
+        return {
+            name: getattr(self, name)
+            for name, default in GRT_PARTS.items()
+            if getattr(self, name) != default
+        }
 
     @property
     def padded_vocab_size(self) -> int:
@@ -307,13 +324,24 @@ class GRTModelArgs(BaseModelArgs):
         return 2 * d * d + 2 * d * kv_dim + 3 * d * self.ffn_hidden_dim
 
     def recurrence_matmul_params(self) -> int:
-        """W_proj (2d x d) and the gate MLP (2d x d_gate, d_gate x d): 10 d^2 FLOPs per step."""
+        """Matmul weights one step applies besides the core's blocks, per the parts:
+        W_proj (2d x d) and the gate MLP (2d x d_gate, d_gate x d), 10 d^2 FLOPs for GRT;
+        RRT's LoRA factors, r (4d + 2d + 5d + 5d) = 16 d r per core block."""
         d = self.dim
         gate_hidden = self.gate_hidden_dim or d
-        return 2 * d * d + 2 * d * gate_hidden + gate_hidden * d
+        params = 0
+        if self.injection == "proj":
+            params += 2 * d * d
+        if self.update == "gate":
+            params += 2 * d * gate_hidden + gate_hidden * d
+        if self.step_adapter == "lora":
+            params += self.n_core_layers * 16 * d * self.lora_rank
+        return params
 
     def forward_flops_per_token(self, seq_len: int, recurrences: float | None = None) -> float:
         """Eq. 1 at depth r, plus the LM head: (p + n r + c)(24 d^2 + 4 S d) + r 10 d^2 + 2 d V.
+
+        10 d^2 is GRT's W_proj and gate; other parts change it (`recurrence_matmul_params`).
 
         For llama blocks 24 d^2 becomes 2x the block's matmul weights (SwiGLU, GQA).
         V is `padded_vocab_size` (what the head matmul computes), not the tokenizer's

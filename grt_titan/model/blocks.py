@@ -19,6 +19,7 @@ from torchtitan.models.llama3.model.args import TransformerModelArgs
 from torchtitan.models.llama3.model.model import TransformerBlock as LlamaBlock
 from torchtitan.models.utils import trunc_normal_
 
+from .adapters import BlockAdapter, lora_delta
 from .args import GRTModelArgs
 
 
@@ -34,15 +35,18 @@ class GPT2Attention(nn.Module):
         self.wo = nn.Linear(args.dim, args.dim)
         self.inner_attention = ScaledDotProductAttentionWrapper()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adapter: BlockAdapter | None = None) -> torch.Tensor:
         bs, seqlen, _ = x.shape
+        q, k, v = (proj(x) for proj in (self.wq, self.wk, self.wv))
+        if adapter is not None:  # RRT: the step's LoRA on the fused q/k/v projection
+            dq, dk, dv = lora_delta(x, adapter.qkv, adapter.scale).chunk(3, dim=-1)
+            q, k, v = q + dq, k + dk, v + dv
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
-        q, k, v = (
-            proj(x).view(bs, seqlen, -1, self.head_dim).transpose(1, 2)
-            for proj in (self.wq, self.wk, self.wv)
-        )
-        out = self.inner_attention(q, k, v).transpose(1, 2).contiguous()
-        return self.wo(out.view(bs, seqlen, -1))
+        q, k, v = (t.view(bs, seqlen, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        out = self.inner_attention(q, k, v).transpose(1, 2).contiguous().view(bs, seqlen, -1)
+        if adapter is None:
+            return self.wo(out)
+        return self.wo(out) + lora_delta(out, adapter.attention_out, adapter.scale)
 
 
 class GPT2FeedForward(nn.Module):
@@ -51,8 +55,11 @@ class GPT2FeedForward(nn.Module):
         self.w1 = nn.Linear(args.dim, 4 * args.dim)
         self.w2 = nn.Linear(4 * args.dim, args.dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+    def forward(self, x: torch.Tensor, adapter: BlockAdapter | None = None) -> torch.Tensor:
+        if adapter is None:
+            return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+        hidden = F.gelu(self.w1(x) + lora_delta(x, adapter.mlp_in, adapter.scale), approximate="tanh")
+        return self.w2(hidden) + lora_delta(hidden, adapter.mlp_out, adapter.scale)
 
 
 class GPT2Block(nn.Module):
@@ -72,9 +79,10 @@ class GPT2Block(nn.Module):
         freqs_cis: torch.Tensor | None = None,
         attention_masks=None,
         positions: torch.Tensor | None = None,
+        adapter: BlockAdapter | None = None,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
+        h = x + self.attention(self.attention_norm(x), adapter)
+        return h + self.feed_forward(self.ffn_norm(h), adapter)
 
     def init_weights(self) -> None:
         for norm in (self.attention_norm, self.ffn_norm):
@@ -129,9 +137,19 @@ class BlockStack(nn.Module):
             {str(i): build_block(args, first_layer_id + i) for i in range(num_layers)}
         )
 
-    def forward(self, h: torch.Tensor, freqs_cis: torch.Tensor | None) -> torch.Tensor:
-        for block in self.layers.values():
-            h = block(h, freqs_cis, None)
+    def forward(
+        self,
+        h: torch.Tensor,
+        freqs_cis: torch.Tensor | None,
+        adapters: list[BlockAdapter] | None = None,
+    ) -> torch.Tensor:
+        """`adapters`: one per block, the per-step LoRA of RRT (gpt2 blocks only)."""
+        if adapters is None:
+            for block in self.layers.values():
+                h = block(h, freqs_cis, None)
+            return h
+        for block, adapter in zip(self.layers.values(), adapters, strict=True):
+            h = block(h, freqs_cis, None, None, adapter)
         return h
 
     def init_weights(self) -> None:

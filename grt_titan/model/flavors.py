@@ -36,12 +36,15 @@ grt_flavors: dict[str, GRTModelArgs] = {
     # CPU-sized: 1 + 2x4 + 1 at d = 128 (the GPT-2 vocabulary dominates its size).
     "debug": _gpt2(dim=128, n_heads=4, prelude=1, core=2, recurrences=4, coda=1),
     "dense_debug": _dense(layers=10, dim=128, n_heads=4),
+    # Figure 5's "recurrence alone" rung: no prelude, no coda, the core from the embeddings.
+    "debug_core_only": _gpt2(dim=128, n_heads=4, prelude=0, core=2, recurrences=5, coda=0),
     # Paper table 1 / table 5 (GPT-2 blocks, learned positions, tied embeddings).
     "small": _gpt2(dim=768, n_heads=12, prelude=1, core=1, recurrences=10, coda=1),
     "medium": _gpt2(dim=1024, n_heads=16, prelude=2, core=5, recurrences=4, coda=2),
     "large": _gpt2(dim=1280, n_heads=20, prelude=1, core=5, recurrences=6, coda=5),
     "medium_isoparams": _gpt2(dim=1024, n_heads=16, prelude=2, core=20, recurrences=4, coda=2),
     "large_isoparams": _gpt2(dim=1280, n_heads=20, prelude=3, core=30, recurrences=6, coda=3),
+    "small_core_only": _gpt2(dim=768, n_heads=12, prelude=0, core=1, recurrences=12, coda=0),
     "dense_small": _dense(layers=12, dim=768, n_heads=12),
     "dense_medium": _dense(layers=24, dim=1024, n_heads=16),
     "dense_large": _dense(layers=36, dim=1280, n_heads=20),

@@ -6,6 +6,15 @@
         g       = sigmoid(f_g([LN(h) ; LN(h_pre)]) / tau + eps_g)      (eq. 5)
         h       = g * h + (1 - g) * o                                  (eq. 4)
 
+Each line is a named part (`GRTModelArgs`: injection, update, initial_state, depth_sampling,
+step_adapter), so the paper's baselines and its figure-5 ablation rungs are choices of parts
+of this one loop (docs/architecture.md, "Methods as parts"):
+
+    injection = none       h_tilde = h + eps_x                  (no W_proj)
+    update = overwrite     h       = o                          (no gate)
+    initial_state = random h_0     = TruncNormal(0, s^2)        (heavy-tail Poisson)
+    step_adapter = lora    core_t  = core + the step's LoRA     (RRT)
+
 `RecurrenceStep` is one iteration with no randomness inside: the noise is drawn by the
 eager loop in `Recurrence` and passed in, so a step is a pure function of its inputs.
 That is what lets activation checkpointing recompute it exactly and lets torch.compile
@@ -14,17 +23,31 @@ build one graph that every step and every sampled depth reuses.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchtitan.models.utils import trunc_normal_
 
+from .adapters import StepAdapters
 from .args import GRTModelArgs
 from .blocks import BlockStack
+
+
+def heavy_tail_depth(rng: np.random.Generator, mean: float, sigma: float = 0.5) -> int:
+    """Geiping et al. 2025 (arXiv 2502.05171, sec. 3.3): r = Poisson(tau) + 1 with
+    tau ~ LogNormal(log(mean - 1) - sigma^2 / 2, sigma), so E[r] = mean, r >= 1, and the
+    tail is heavy (mean 5.5: P(r > 2 mean) ~ 7%)."""
+    rate_mean = mean - 1.0
+    if rate_mean <= 0:
+        return 1
+    rate = rng.lognormal(math.log(rate_mean) - sigma * sigma / 2, sigma)
+    return int(rng.poisson(rate)) + 1
 
 
 class DepthSampler(nn.Module):
@@ -41,6 +64,7 @@ class DepthSampler(nn.Module):
         self.max_recurrences = args.num_recurrences
         self.mode = args.depth_sampling
         self.seed = args.depth_seed
+        self.mean = args.expected_recurrences  # poisson_lognormal: E[r]
         self.register_buffer("draws", torch.zeros((), dtype=torch.int64), persistent=True)
         self._draws: int | None = None  # host mirror of `draws`: no device sync per step
         self.history: list[int] = []  # depths sampled since the metrics last read them
@@ -48,6 +72,8 @@ class DepthSampler(nn.Module):
     def depth_at(self, index: int) -> int:
         if self.mode == "fixed":
             return self.max_recurrences
+        if self.mode == "poisson_lognormal":
+            return heavy_tail_depth(np.random.default_rng(self.seed * 1_000_003 + index), self.mean)
         rng = random.Random(self.seed * 1_000_003 + index)
         return rng.randint(self.min_recurrences, self.max_recurrences)
 
@@ -118,18 +144,24 @@ class StepRecord:
     depth: int  # r of this forward
     state: torch.Tensor  # h before the step
     new_state: torch.Tensor  # h after the step
-    gate: torch.Tensor  # g
+    gate: torch.Tensor | None  # g; None for update = overwrite (g = 0 everywhere)
     proposal: torch.Tensor  # o = core(h_tilde)
 
 
 class RecurrenceStep(nn.Module):
-    """One recurrence step: projection, shared core, gated update. No RNG inside."""
+    """One recurrence step: injection, shared core, update. No RNG inside.
+
+    Parts that a method does not use are absent (None), not zeroed: their parameters are
+    neither stored nor counted.
+    """
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
-        self.proj = nn.Linear(2 * args.dim, args.dim, bias=False)  # W_proj
+        # W_proj (eq. 2); Huginn's adapter Linear(2d -> d) on [state; prelude output] is the same map.
+        self.proj = nn.Linear(2 * args.dim, args.dim, bias=False) if args.injection == "proj" else None
         self.core = BlockStack(args, args.n_core_layers, first_layer_id=args.n_prelude_layers)
-        self.gate = Gate(args)
+        self.gate = Gate(args) if args.update == "gate" else None
+        self.adapters = StepAdapters(args) if args.step_adapter == "lora" else None
 
     def forward(
         self,
@@ -139,18 +171,38 @@ class RecurrenceStep(nn.Module):
         state_noise: torch.Tensor | None = None,
         gate_noise: torch.Tensor | None = None,
         return_parts: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        step_index: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """`step_index` (0-dim int64 tensor, 0-based): selects the step's adapters (RRT)."""
         noisy = h if state_noise is None else h + state_noise
-        proposal = self.core(self.proj(torch.cat([noisy, h_pre], dim=-1)), freqs_cis)
-        g = self.gate(h, h_pre, gate_noise)
-        new_h = g * h + (1 - g) * proposal
+        core_input = noisy if self.proj is None else self.proj(torch.cat([noisy, h_pre], dim=-1))
+        adapters = None if self.adapters is None else self.adapters.at_step(step_index)
+        proposal = self.core(core_input, freqs_cis, adapters)
+        if self.gate is None:
+            g, new_h = None, proposal
+        else:
+            g = self.gate(h, h_pre, gate_noise)
+            new_h = g * h + (1 - g) * proposal
         # g and the proposal are kept for backward anyway; returning them costs nothing.
         return (new_h, g, proposal) if return_parts else new_h
 
     def init_weights(self) -> None:
-        trunc_normal_(self.proj.weight, std=0.02)
+        if self.proj is not None:
+            trunc_normal_(self.proj.weight, std=0.02)
         self.core.init_weights()
-        self.gate.init_weights()
+        if self.gate is not None:
+            self.gate.init_weights()
+        if self.adapters is not None:
+            self.adapters.init_weights()
+
+
+def eval_initial_state(seed: int, max_seq_len: int, dim: int, std: float) -> torch.Tensor:
+    """The eval-mode random initial state [max_seq_len, dim]: row s is position s's, the same
+    for every sequence and every call (one CPU draw seeded by `seed`, always of the full
+    length: a draw's prefix depends on its length)."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    state = torch.empty(max_seq_len, dim)
+    return nn.init.trunc_normal_(state, std=std, a=-3 * std, b=3 * std, generator=generator)
 
 
 class Recurrence(nn.Module):
@@ -177,6 +229,12 @@ class Recurrence(nn.Module):
         # an uninterrupted one would, and every rank (DP or TP shard) draws its own noise.
         self.noise_seed = args.depth_seed
         self.noise_rank: int | None = None
+        self.random_initial_state = args.initial_state == "random"
+        self.initial_state_std = args.initial_state_std
+        self.has_step_adapters = args.step_adapter == "lora"
+        self.max_recurrences = args.num_recurrences
+        self.max_seq_len = args.max_seq_len
+        self._eval_state_table: torch.Tensor | None = None  # cache of eval_initial_state
 
     def resolve_depth(self, num_recurrences: int | None) -> int:
         if num_recurrences is None:
@@ -187,6 +245,11 @@ class Recurrence(nn.Module):
             raise ValueError(
                 f"num_recurrences = {num_recurrences} is invalid; use r >= 0 "
                 "(0 = prelude only, r < R early exit, r > R extrapolation)"
+            )
+        if self.has_step_adapters and num_recurrences > self.max_recurrences:
+            raise ValueError(
+                f"num_recurrences = {num_recurrences} is invalid with step_adapter = 'lora': "
+                f"there is one adapter per step up to R = {self.max_recurrences}"
             )
         return num_recurrences
 
@@ -206,17 +269,33 @@ class Recurrence(nn.Module):
             return torch.randn_like(like) * std
         return torch.randn(like.shape, generator=generator, device=like.device, dtype=like.dtype) * std
 
+    def initial_state(self, h_pre: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """h_0: the prelude output, or a fresh TruncNormal(0, s^2) cut at 3 s per training
+        forward (Huginn's "like-init"). In eval mode the random state is one fixed draw per
+        position (`eval_initial_state`), so eval forwards are deterministic and a cached
+        decode step sees the state a full forward gives its position."""
+        if not self.random_initial_state:
+            # A distinct tensor, not h_pre itself: a compiled step guards on its inputs
+            # aliasing, and step 1 would otherwise compile a second graph.
+            return h_pre.clone()
+        if not self.training:
+            table = self._eval_state_table
+            if table is None or table.device != h_pre.device or table.dtype != h_pre.dtype:
+                table = eval_initial_state(self.noise_seed, self.max_seq_len, h_pre.shape[-1], self.initial_state_std)
+                self._eval_state_table = table = table.to(device=h_pre.device, dtype=h_pre.dtype)
+            return table[: h_pre.shape[-2]].expand_as(h_pre).clone()
+        std = self.initial_state_std
+        return nn.init.trunc_normal_(torch.empty_like(h_pre), std=std, a=-3 * std, b=3 * std, generator=generator)
+
     def forward(
         self,
         h_pre: torch.Tensor,
         freqs_cis: torch.Tensor | None,
         num_recurrences: int | None = None,
     ) -> torch.Tensor:
-        # A distinct tensor, not h_pre itself: a compiled step guards on its inputs
-        # aliasing, and step 1 would otherwise compile a second graph.
-        h = h_pre.clone()
         depth = self.resolve_depth(num_recurrences)
-        generator = self._noise_generator(h)
+        generator = self._noise_generator(h_pre)
+        h = self.initial_state(h_pre, generator)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
         grad_enabled = torch.is_grad_enabled()
         for index in range(depth):
@@ -224,9 +303,15 @@ class Recurrence(nn.Module):
                 self._noise(h, self.state_noise_std, generator),
                 self._noise(h, self.gate_noise_std, generator),
             )
+            # RRT's adapters are chosen by a tensor index: one compiled graph for every step.
+            step_index = (
+                torch.tensor(index, dtype=torch.int64, device=h.device) if self.has_step_adapters else None
+            )
             with torch.set_grad_enabled(grad_enabled and index >= first_tracked):
                 # Always with its parts: one compiled graph whether an observer looks or not.
-                new_h, gate, proposal = self.step(h, h_pre, freqs_cis, *noise, return_parts=True)
+                new_h, gate, proposal = self.step(
+                    h, h_pre, freqs_cis, *noise, return_parts=True, step_index=step_index
+                )
             if self.observer is not None:
                 self.observer(StepRecord(index + 1, depth, h, new_h, gate, proposal))
             h = new_h

@@ -84,18 +84,22 @@ def _cosine_sum(a: torch.Tensor, b: torch.Tensor, a_norm: torch.Tensor, b_norm: 
 def step_row(record: StepRecord, full: bool = True) -> torch.Tensor:
     """The `SUMS` of one step of one batch (`full=False`: the `TRAINING_SUMS` prefix), as a
     float64 vector on the record's device."""
-    g, h, h_new, o = (t.detach() for t in (record.gate, record.state, record.new_state, record.proposal))
+    h, h_new, o = (t.detach() for t in (record.state, record.new_state, record.proposal))
     f64 = torch.float64
     delta = h_new - h
-    values = [
-        _count(g.numel(), g),
-        torch.sum(g, dtype=f64),
-        torch.sum(g.float().square(), dtype=f64),
-        torch.count_nonzero(g > COPY_THRESHOLD).to(f64),
-        torch.count_nonzero(g < WRITE_THRESHOLD).to(f64),
-        _square_norm(delta),
-        _square_norm(o - h),
-    ]
+    if record.gate is None:  # update = overwrite: g = 0 everywhere, every value a write
+        zero = torch.zeros((), dtype=f64, device=h.device)
+        gate_sums = [_count(h.numel(), h), zero, zero, zero, _count(h.numel(), h)]
+    else:
+        g = record.gate.detach()
+        gate_sums = [
+            _count(g.numel(), g),
+            torch.sum(g, dtype=f64),
+            torch.sum(g.float().square(), dtype=f64),
+            torch.count_nonzero(g > COPY_THRESHOLD).to(f64),
+            torch.count_nonzero(g < WRITE_THRESHOLD).to(f64),
+        ]
+    values = gate_sums + [_square_norm(delta), _square_norm(o - h)]
     if full:
         h_norm, new_norm, o_norm = _token_norms(h), _token_norms(h_new), _token_norms(o)
         values += [

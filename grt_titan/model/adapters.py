@@ -1,0 +1,77 @@
+"""Per-step LoRA adapters on the shared core: Relaxed Recursive Transformers (RRT).
+
+Bae et al. 2024 (arXiv 2410.20672) relax the tying of a recursive transformer with one
+low-rank adapter per (core block, recursion step) on the block's linears ("layer-wise
+LoRA"); the shared weights stay one tensor. On the paper's GPT-2 blocks the adapted linears
+are GPT-2's four: the fused q/k/v projection (c_attn, d -> 3d), the attention output
+(c_proj), the MLP input (c_fc, d -> 4d) and output (mlp c_proj, 4d -> d), so a step adds
+r (4d + 2d + 5d + 5d) = 16 d r parameters per block.
+
+The adapters of step t are selected with a tensor index and passed to the blocks as an
+explicit argument, so one compiled graph serves every step and activation checkpointing
+recomputes a block with the adapter it used. From scratch, B = 0 (PEFT's default): each
+adapter starts as a no-op; A is Kaiming-uniform.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from .args import GRTModelArgs
+
+
+class BlockAdapter(NamedTuple):
+    """LoRA factors of one GPT-2 block at one step: delta(x) = scale * (x A^T) B^T per linear."""
+
+    qkv: tuple[torch.Tensor, torch.Tensor]  # A [r, d], B [3d, r]
+    attention_out: tuple[torch.Tensor, torch.Tensor]  # A [r, d], B [d, r]
+    mlp_in: tuple[torch.Tensor, torch.Tensor]  # A [r, d], B [4d, r]
+    mlp_out: tuple[torch.Tensor, torch.Tensor]  # A [r, 4d], B [d, r]
+    scale: float
+
+
+def lora_delta(x: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
+    a, b = factors
+    return (x @ a.t().to(x.dtype)) @ (b.t().to(x.dtype) * scale)
+
+
+def _linear_shapes(dim: int) -> dict[str, tuple[int, int]]:
+    """(in, out) of each adapted GPT-2 linear."""
+    return {"qkv": (dim, 3 * dim), "attention_out": (dim, dim), "mlp_in": (dim, 4 * dim), "mlp_out": (4 * dim, dim)}
+
+
+class StepAdapters(nn.Module):
+    """A [R, n, r, in] and B [R, n, out, r] per adapted linear: step-major, so the factors of
+    step t are one slice."""
+
+    def __init__(self, args: GRTModelArgs):
+        super().__init__()
+        steps, blocks, rank = args.num_recurrences, args.n_core_layers, args.lora_rank
+        self.scale = args.lora_scale
+        self.num_blocks = blocks
+        self.a = nn.ParameterDict()
+        self.b = nn.ParameterDict()
+        for name, (fan_in, fan_out) in _linear_shapes(args.dim).items():
+            self.a[name] = nn.Parameter(torch.empty(steps, blocks, rank, fan_in))
+            self.b[name] = nn.Parameter(torch.empty(steps, blocks, fan_out, rank))
+
+    def at_step(self, step_index: torch.Tensor) -> list[BlockAdapter]:
+        """The adapters of every core block at step `step_index` (a 0-dim int64 tensor)."""
+        a = {name: p[step_index] for name, p in self.a.items()}
+        b = {name: p[step_index] for name, p in self.b.items()}
+        return [
+            BlockAdapter(*((a[name][i], b[name][i]) for name in _linear_shapes(1)), scale=self.scale)
+            for i in range(self.num_blocks)
+        ]
+
+    def init_weights(self) -> None:
+        for a in self.a.values():
+            fan_in = a.shape[-1]
+            bound = 1 / math.sqrt(fan_in)  # kaiming_uniform_(a=sqrt(5)) on [r, in], as PEFT / nn.Linear
+            nn.init.uniform_(a, -bound, bound)
+        for b in self.b.values():
+            nn.init.zeros_(b)

@@ -1,0 +1,101 @@
+"""train_configs/paper/: one TOML per table 1 row and figure 5 rung, each the paper's recipe
+(its preset's, to the key) with only its method's parts changed; each builds, and every
+distinct set of parts trains on 2 CPU ranks from its TOML at debug size."""
+
+import dataclasses
+
+import pytest
+import tomli
+
+from benchmarks.paper_suite import PAPER_CONFIGS, cpu_scale_overrides, paper_configs
+from grt_test_helpers import REPO, parse_config, step_losses
+from grt_titan.model import grt_flavors
+from grt_titan.model.args import CONFIGURABLE_FIELDS
+from grt_titan.model.model import build_meta_model
+
+CONFIGS = paper_configs()
+METHOD = {"dense": "dense", "grt": "GRT", "poisson": "Heavy-tail Poisson", "rrt": "RRT",
+          "ouro": "Ouro", "mor": "MoR"}
+LADDER = {1: "dense", 2: "recurrence", 3: "recurrence + prelude/coda",
+          4: "recurrence + prelude/coda + noise", 5: "recurrence + prelude/coda + noise + re-injection", 6: "GRT"}
+
+
+def model_args(path):
+    """The flavor's args with the TOML's [grt] overrides (what update_from_config applies)."""
+    job = parse_config(path=path)
+    args = grt_flavors[job.model.flavor]
+    changes = {name: getattr(job.grt, name) for name in CONFIGURABLE_FIELDS if getattr(job.grt, name) is not None}
+    args = dataclasses.replace(args, **changes)
+    args.validate(where=path.name)
+    return args
+
+
+def base_preset(path):
+    flavor = tomli.loads(path.read_text())["model"]["flavor"]
+    name = {"small_core_only": "grt_small"}.get(flavor) or (flavor if flavor.startswith("dense_") else f"grt_{flavor}")
+    return REPO / "train_configs" / f"{name}.toml"
+
+
+def test_every_row_and_rung_has_a_toml():
+    names = {p.stem for p in CONFIGS}
+    for size in ("small", "medium", "large"):
+        assert {f"{size}_dense", f"{size}_grt", f"{size}_poisson", f"{size}_rrt"} <= names
+    assert {"medium_isoparams_grt", "medium_isoparams_poisson", "large_isoparams_grt", "large_isoparams_poisson"} <= names
+    assert sorted(n for n in names if n.startswith("ladder_")) == [
+        "ladder_1_dense", "ladder_2_recurrence", "ladder_3_prelude_coda", "ladder_4_noise",
+        "ladder_5_reinjection", "ladder_6_gate"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_row_is_its_presets_recipe_with_only_the_parts_changed(path):
+    row, preset = tomli.loads(path.read_text()), tomli.loads(base_preset(path).read_text())
+    for toml in (row, preset):
+        toml["job"].pop("dump_folder"), toml["job"].pop("description")
+        toml["model"].pop("flavor")
+        toml.pop("grt", None)
+    assert row == preset
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_row_builds_and_is_the_method_it_names(path):
+    args = model_args(path)
+    if path.stem.startswith("ladder_"):
+        expected = LADDER[int(path.stem.split("_")[1])]
+    else:
+        expected = METHOD[path.stem.rsplit("_", 1)[1]]
+    assert args.method_name == expected
+    # Every row has the dense twin's number of block applications (table 1's isoFLOP sense).
+    dense = {"small": 12, "medium": 24, "large": 36}
+    size = "small" if path.stem.startswith("ladder_") else path.stem.split("_")[0]
+    if "isoparams" not in path.stem:
+        assert args.unrolled_layers == dense[size]
+    assert sum(p.numel() for p in build_meta_model(args).parameters()) > 0
+
+
+def test_ladder_rungs_add_one_component_each():
+    rungs = [model_args(PAPER_CONFIGS / f"{name}.toml") for name in (
+        "ladder_2_recurrence", "ladder_3_prelude_coda", "ladder_4_noise", "ladder_5_reinjection", "ladder_6_gate")]
+    def parts(a):
+        return dict(prelude_coda=(a.n_prelude_layers, a.n_coda_layers) != (0, 0), noise=a.state_noise_std > 0,
+                    injection=a.injection == "proj", gate=a.update == "gate")
+    for before, after in zip(rungs, rungs[1:]):
+        changed = [k for k in parts(before) if parts(before)[k] != parts(after)[k]]
+        assert len(changed) == 1 and parts(after)[changed[0]], (before.method_name, after.method_name)
+    assert all(r.depth_sampling == "uniform" for r in rungs)  # only the named component changes
+
+
+# One run per distinct set of parts not trained elsewhere in the tests (GRT and dense are).
+TRAINED_ROWS = ["ladder_2_recurrence", "ladder_3_prelude_coda", "ladder_4_noise", "ladder_5_reinjection",
+                "small_poisson", "small_rrt"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TRAINED_ROWS)
+def test_row_trains_on_two_cpu_ranks_from_its_toml(name, run_torchrun, tmp_path):
+    args = cpu_scale_overrides(PAPER_CONFIGS / f"{name}.toml", steps=3, dump_folder=tmp_path / "run")
+    args += ["--metrics.log_freq", "1", "--metrics.no-enable-tensorboard", "--validation.no-enable"]
+    proc = run_torchrun(2, args, tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    losses = step_losses(output)
+    assert list(losses) == [1, 2, 3] and all(5 < loss < 12 for loss in losses.values()), output[-2000:]
