@@ -39,14 +39,19 @@ def method_label(model_args: GRTModelArgs) -> str:
     return getattr(model_args, "method_name", "GRT" if model_args.is_recurrent else "dense")
 
 
-def build_run_record(job_config, model_args: GRTModelArgs, world_size: int, batch_degree: int) -> dict[str, Any]:
-    """The record of a job (`batch_degree`: data-parallel ranks, dp_replicate x dp_shard)."""
+def build_run_record(job_config, model_args: GRTModelArgs, world_size: int | None = None,
+                     batch_degree: int | None = None) -> dict[str, Any]:
+    """The record of a job (`batch_degree`: data-parallel ranks, dp_replicate x dp_shard).
+
+    Without the job's sizes (a record rebuilt from a TOML after the run, `grt-titan table
+    --config`) `world_size` and a defaulted global batch are None.
+    """
     import torch
 
     training = job_config.training
     global_batch = training.global_batch_size
     if global_batch < 0:  # torchtitan's default: one microbatch per data-parallel rank
-        global_batch = training.local_batch_size * batch_degree
+        global_batch = training.local_batch_size * batch_degree if batch_degree is not None else None
     to_dict = getattr(job_config, "to_dict", None)
     return {
         "format": RECORD_FORMAT,

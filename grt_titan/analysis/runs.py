@@ -10,7 +10,6 @@ under the TensorBoard folder: a resumed run starts a new `tb/<timestamp>/`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.checkpoint import load_model_args
-from grt_titan.run_record import RECORD_NAME, method_label, model_args_from_record, read_run_record
+from grt_titan.run_record import RECORD_NAME, build_run_record, model_args_from_record, read_run_record
 
 LOSS_TAG = "validation_metrics/loss"
 
@@ -61,21 +60,6 @@ def last_scalar(tb_root: Path, tag: str) -> tuple[int, float] | None:
     return None if best is None else (best[0][0], best[1])
 
 
-def _record_from_config(config_file: str | Path) -> dict[str, Any]:
-    """A run record's keys, from the training TOML of a run without one."""
-    args, job_config = load_model_args(config_file)
-    return {
-        "config_file": str(config_file),
-        "description": job_config.job.description,
-        "flavor": job_config.model.flavor,
-        "label": method_label(args),
-        "model_args": dataclasses.asdict(args),
-        "seed": job_config.debug.seed,
-        "seq_len": job_config.training.seq_len,
-        "tb_folder": job_config.metrics.save_tb_folder,
-    }
-
-
 def load_run(run_dir: str | Path, config_file: str | Path | None = None) -> Run:
     """The run in `run_dir`: its record, or with `config_file` (runs without one) the TOML.
 
@@ -84,7 +68,8 @@ def load_run(run_dir: str | Path, config_file: str | Path | None = None) -> Run:
     """
     path = Path(run_dir)
     if config_file is not None and path.is_dir() and not (path / RECORD_NAME).exists():
-        record = _record_from_config(config_file)
+        args, job_config = load_model_args(config_file)
+        record = build_run_record(job_config, args)
         source = str(config_file)
     else:
         record = read_run_record(path)

@@ -33,6 +33,7 @@ from grt_titan.analysis.runs import Run, load_run
 from grt_titan.atomic_dir import atomic_write_text
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.model import build_meta_model
+from grt_titan.run_record import RECORD_NAME
 
 # Fields that differ between seeds of one row, not between rows.
 SEED_FIELDS = ("depth_seed",)
@@ -182,8 +183,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configs_for(run_dirs: list[str], configs: list[str]) -> list[str | None]:
     """Each run dir's --config: None for runs with a record; the one config, or the k-th."""
-    from grt_titan.run_record import RECORD_NAME
-
     bare = [d for d in run_dirs if not (Path(d) / RECORD_NAME).is_file()]
     if configs and len(configs) not in (1, len(bare)):
         raise ValueError(f"{len(configs)} --config given for {len(bare)} run(s) without {RECORD_NAME} "
