@@ -1,4 +1,4 @@
-"""Write a folder all-or-nothing: build it beside its destination, then rename it in place."""
+"""Write a folder or a file all-or-nothing: build it beside its destination, then rename it in place."""
 
 from __future__ import annotations
 
@@ -35,3 +35,16 @@ def atomic_directory(out: str | Path, overwrite: bool = False) -> Iterator[Path]
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write `text` to a temporary file beside `path`, then rename it onto `path`: a reader
+    sees the old file or the whole new one, never part of it."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

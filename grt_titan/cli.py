@@ -11,6 +11,7 @@ COMMANDS = {
     "export-hf": ("grt_titan.hf.export", "export a checkpoint to a Hugging Face folder"),
     "import-hf": ("grt_titan.hf.importer", "convert a Hugging Face folder to a checkpoint"),
     "analyze": ("grt_titan.analysis.cli", "per-recurrence-step plots and numbers of a trained model"),
+    "table": ("grt_titan.analysis.table", "paper table 1 (and figure 5's ladder) from training runs"),
 }
 
 

@@ -1,9 +1,10 @@
-"""Matplotlib figures of the paper's diagnostics (figures 3, 8, 9, 10, 11) for one model.
+"""Matplotlib figures of the paper's diagnostics (figures 3, 8, 9, 10, 11) for one model,
+and of figure 5's ablation ladder over runs (`grt-titan table --ladder-png`).
 
 Figures are built as `matplotlib.figure.Figure` objects (Agg canvas) without pyplot, so
 no global backend is selected and nothing is left open; `save(fig, path)` writes a PNG.
 Every function takes plain lists, so the same code draws the validator's TensorBoard
-image and `grt-titan analyze`'s files.
+image, `grt-titan analyze`'s files and `grt-titan table`'s ladder.
 """
 
 from __future__ import annotations
@@ -172,4 +173,34 @@ def gate_heatmap_figure(prompts: Sequence[dict]) -> Figure:
         ax.set_title(prompt["text"][:80], fontsize=9)
     if image is not None:
         fig.colorbar(image, ax=axes, label="mean_d g (bright = write-heavy)", shrink=0.9)
+    return fig
+
+
+def ladder_figure(
+    names: Sequence[str],
+    losses: Sequence[float],
+    errors: Sequence[float],
+    dense_loss: float | None = None,
+    dense_name: str = "",
+) -> Figure:
+    """Figure 5: validation loss per ablation rung (bars in the order given, +- std over
+    seeds), the dense baseline's loss as a dashed horizontal line."""
+    fig, (ax,) = _figure(1, width=max(6.0, 1.1 * len(names) + 2), height=4.2)
+    x = list(range(len(names)))
+    bars = ax.bar(x, losses, yerr=list(errors), capsize=4, color="C0", alpha=0.85)
+    ax.bar_label(bars, labels=[f"{v:.3f}" for v in losses], padding=3, fontsize=8)
+    if dense_loss is not None:
+        ax.axhline(dense_loss, color="C3", ls="--", lw=1.2, label=f"dense {dense_name}: {dense_loss:.3f}")
+        ax.legend(fontsize=8, loc="upper right")
+    ax.set_xticks(x)
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title("component ablation ladder")
+    if losses:  # the axis starts near the smallest loss, as the paper's figure does
+        dense = [dense_loss] if dense_loss is not None else []
+        low = min([*losses, *dense])
+        high = max([*(v + e for v, e in zip(losses, errors)), *dense])
+        margin = 0.1 * (high - low) + 0.02
+        ax.set_ylim(low - margin, high + 1.5 * margin)
+    ax.grid(alpha=0.3, axis="y")
     return fig

@@ -20,6 +20,9 @@ observer (`Recurrence.observer`) from a forward pre-hook only for training forwa
 step that `should_log` will log; the observer reduces each step to a few device scalars
 (no host sync); they are all-reduced and read with one `.tolist()` in `log()`. With
 `enable = false` no hook is installed at all. See docs/observability.md.
+
+Its builder also writes the run record `<dump_folder>/grt_run.json` on rank 0
+(grt_titan/run_record.py; read by `grt-titan table`).
 """
 
 from dataclasses import replace
@@ -34,6 +37,7 @@ from grt_titan.job_config import GRTMetricsConfig
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.recurrence import DepthSampler, Recurrence, StepRecord, find_recurrence
 from grt_titan.model.step_stats import TRAINING_SUMS, step_row, summarize
+from grt_titan.run_record import build_run_record, write_run_record
 
 
 def metrics_config(job_config) -> GRTMetricsConfig:
@@ -251,4 +255,14 @@ def console_line(metrics: dict[str, float]) -> str:
 
 
 def build_grt_metrics_processor(job_config, parallel_dims, model_args=None, tag=None) -> GRTMetricsProcessor:
+    """The spec's processor; rank 0 also writes the run record (grt_titan/run_record.py).
+
+    torchtitan's Trainer calls this right after `model_args.update_from_config`: the first
+    hook that sees the args with the `[grt]` overrides applied, on every start of a job.
+    """
+    if model_args is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        batch_degree = parallel_dims.dp_replicate * parallel_dims.dp_shard
+        record = build_run_record(job_config, model_args, parallel_dims.world_size, batch_degree)
+        path = write_run_record(job_config.job.dump_folder, record)
+        logger.info(f"Run record: {path}")
     return GRTMetricsProcessor(job_config, parallel_dims, model_args, tag)

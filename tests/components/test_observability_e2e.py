@@ -1,8 +1,10 @@
 """End to end: a short grt_debug run through torchtitan's Trainer (1 CPU rank) logs the
-recurrence metrics and the depth-wise validation; `grt-titan analyze` reads its checkpoint
-(here, not in tests/analysis/, so that one training run serves both)."""
+recurrence metrics and the depth-wise validation and writes its run record; `grt-titan
+analyze` reads its checkpoint and `grt-titan table` its record and events (here, not in
+tests/analysis/, so that one training run serves all)."""
 
 import json
+import math
 
 import pytest
 from components_helpers import check_analysis_output
@@ -64,6 +66,24 @@ def test_training_logs_recurrence_metrics_and_depthwise_validation(trained_run):
     assert values("validation_metrics/loss") == values("validation_metrics/loss_r4")
     images = acc.Images("validation_metrics/depth_curve")
     assert [i.step for i in images] == [1, 20]
+
+
+@pytest.mark.slow
+def test_the_run_record_and_the_table_of_a_trained_run(trained_run, capsys):
+    run, _ = trained_run
+    record = json.loads((run / "grt_run.json").read_text())
+    assert (record["label"], record["flavor"], record["config_file"]) == ("GRT", "debug", CONFIG)
+    assert record["model_args"]["num_recurrences"] == 4 and record["model_args"]["dim"] == 128
+    assert (record["seq_len"], record["global_batch_size"], record["world_size"]) == (128, 8, 1)
+    assert record["job_config"]["training"]["steps"] == 20
+    assert not list(run.glob(".grt_run.json.tmp*"))
+
+    assert cli_main(["table", str(run)]) == 0
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.startswith("| GRT |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:4] == ["GRT", "1+2x4+1", "4", "10"] and cells[7:] == ["20", "1"]
+    assert math.isfinite(float(cells[6])) and float(cells[6]) < 9.0  # trained: below ln(50257) = 10.8
 
 
 @pytest.mark.slow
