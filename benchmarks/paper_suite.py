@@ -50,7 +50,7 @@ def cpu_scale_overrides(path: Path, steps: int, dump_folder: Path, seed: int = 0
         "--model.flavor", debug_flavor,
         "--training.steps", str(steps), "--training.seq_len", "64",
         "--training.local_batch_size", "4", "--training.global_batch_size", "8",
-        "--training.mixed_precision_param", "float32", "--training.seed", str(seed),
+        "--training.mixed_precision_param", "float32", "--debug.seed", str(seed),
         "--lr_scheduler.warmup_steps", str(max(1, steps // 10)),
         "--compile.no-enable", "--activation_checkpoint.mode", "none", "--checkpoint.no-enable",
         "--metrics.log_freq", "10", "--metrics.enable-tensorboard",

@@ -152,6 +152,25 @@ def _parallelism_problems(job_config, args) -> list[str]:
     return problems
 
 
+def _method_problems(job_config, args) -> list[str]:
+    """What a method's parts cannot run with (docs/architecture.md, "Methods as parts")."""
+    problems = []
+    tp = job_config.parallelism.tensor_parallel_degree
+    if tp > 1 and args.is_recurrent:
+        if args.step_adapter == "lora":
+            problems.append(
+                f"[grt] step_adapter = 'lora' (RRT) does not support [parallelism] tensor_parallel_degree = {tp}: "
+                "its per-step adapters have no tensor-parallel plan; allowed: tensor_parallel_degree = 1 (FSDP/HSDP)"
+            )
+        if args.initial_state == "random":
+            problems.append(
+                f"[grt] initial_state = 'random' does not support [parallelism] tensor_parallel_degree = {tp}: "
+                "the eval-mode state is drawn per position of the whole sequence, which tensor parallelism "
+                "shards; allowed: tensor_parallel_degree = 1 (FSDP/HSDP)"
+            )
+    return problems
+
+
 def _sequence_problems(job_config, args) -> list[str]:
     problems = []
     sections = [("training", job_config.training)]
@@ -386,6 +405,7 @@ def check_job_config(job_config, model_args) -> None:
     problems += _training_problems(job_config)
     problems += _sequence_problems(job_config, model_args)
     problems += _parallelism_problems(job_config, model_args)
+    problems += _method_problems(job_config, model_args)
     problems += _vocab_problems(job_config, model_args)
     problems += _converter_problems(job_config)
     problems += _float8_problems(job_config, model_args)

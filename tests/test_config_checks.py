@@ -80,6 +80,15 @@ CASES = [
     ("keep_latest_1", ["--checkpoint.enable", "--checkpoint.keep_latest_k", "1"], None, {},
      [r"\[checkpoint\] keep_latest_k = 1", r"0 \(keep all\) or >= 2"]),
     ("odd_seq_len", ["--training.seq_len", "63"], None, {}, [r"\[training\] seq_len = 63", r"divisible by 2"]),
+    ("rrt_tp", ["--parallelism.tensor_parallel_degree", "2", "--grt.step_adapter", "lora",
+                "--grt.depth_sampling", "fixed"], None, {},
+     [r"\[grt\] step_adapter = 'lora' \(RRT\) does not support \[parallelism\] tensor_parallel_degree = 2",
+      r"allowed: tensor_parallel_degree = 1"]),
+    ("random_state_tp", ["--parallelism.tensor_parallel_degree", "2", "--grt.initial_state", "random"], None, {},
+     [r"\[grt\] initial_state = 'random' does not support \[parallelism\] tensor_parallel_degree = 2"]),
+    ("lora_needs_fixed_depth", ["--grt.step_adapter", "lora"], None, {},
+     [r"step_adapter = 'lora' is invalid", r"depth_sampling = 'fixed'"]),
+    ("unknown_update", [], set_value("grt", "update", "add"), {}, [r"update = 'add'", r"'gate', 'overwrite'"]),
 ]
 
 

@@ -71,7 +71,7 @@ class RecurrenceStats:
     def observe(self, record: StepRecord) -> None:
         local = replace(
             record, state=_local(record.state), new_state=_local(record.new_state),
-            gate=_local(record.gate), proposal=_local(record.proposal),
+            gate=None if record.gate is None else _local(record.gate), proposal=_local(record.proposal),
         )
         row = step_row(local, full=False)  # on the device: no host sync
         if self.sums is None:

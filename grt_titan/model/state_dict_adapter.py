@@ -10,6 +10,7 @@ The HF names are those of grt_titan/hf/modeling_grt.py (a `trust_remote_code` mo
 | recurrence.step.core.layers.{i}.<block>      | model.core.{i}.<block> (one copy, shared)    |
 | recurrence.step.proj.weight                  | model.proj.weight (W_proj)                   |
 | recurrence.step.gate.{state_norm,anchor_norm,w_in,w_out}.* | model.gate.{same}.*            |
+| recurrence.step.adapters.{a,b}.{qkv,attention_out,mlp_in,mlp_out} (RRT) | model.adapters.{same} |
 | coda.layers.{i}.<block>                      | model.coda.{i}.<block>                       |
 | norm.*                                       | model.norm.*                                 |
 | output.weight                                | lm_head.weight (llama only; gpt2 ties it)    |
@@ -79,6 +80,8 @@ _TOP_LEVEL = {
     "recurrence.step.gate.anchor_norm": "model.gate.anchor_norm",
     "recurrence.step.gate.w_in": "model.gate.w_in",
     "recurrence.step.gate.w_out": "model.gate.w_out",
+    "recurrence.step.adapters.a": "model.adapters.a",  # RRT: A [R, n, r, in] per adapted linear
+    "recurrence.step.adapters.b": "model.adapters.b",  # RRT: B [R, n, out, r]
     "norm": "model.norm",
     "output": "lm_head",
 }
