@@ -4,6 +4,7 @@ tabulated by `grt-titan table`.
 
     python benchmarks/paper_suite.py                      # small_* and ladder_* rows, 40 steps each
     python benchmarks/paper_suite.py --rows 'small_*' --steps 100 --out /tmp/suite
+    python benchmarks/paper_suite.py --static --rows '*'  # architecture columns at paper scale, no training
 
 Each TOML keeps its method's parts ([grt]) and recipe; `cpu_scale_overrides` swaps only the
 size: its flavor for the debug-size one with the same layout shape (1 + 2x4 + 1 or 0 + 2x5 + 0
@@ -62,6 +63,45 @@ def cpu_scale_overrides(path: Path, steps: int, dump_folder: Path, seed: int = 0
     return args
 
 
+# Table 1's published columns per row (the paper's text): stored params and validation loss.
+PAPER_TABLE1 = {
+    "small_dense": ("124M", 3.15), "small_mor": ("36M", 3.30), "small_poisson": ("36M", 3.23),
+    "small_ouro": ("36M", 3.19), "small_rrt": ("36M+LoRA", 3.14), "small_grt": ("36M", 3.14),
+    "medium_dense": ("354M", 2.84), "medium_mor": ("124M", 3.02), "medium_poisson": ("124M", 2.97),
+    "medium_ouro": ("124M", 2.93), "medium_rrt": ("124M+LoRA", 2.95), "medium_grt": ("124M", 2.89),
+    "large_dense": ("774M", 2.71), "large_mor": ("288M", 2.91), "large_poisson": ("288M", 2.93),
+    "large_ouro": ("288M", 2.82), "large_rrt": ("288M+LoRA", 2.85), "large_grt": ("288M", 2.77),
+    "medium_isoparams_mor": ("354M", 2.78), "medium_isoparams_poisson": ("354M", 2.74),
+    "medium_isoparams_grt": ("354M", 2.76), "large_isoparams_mor": ("774M", 2.69),
+    "large_isoparams_poisson": ("774M", 2.70), "large_isoparams_grt": ("774M", 2.65),
+}
+
+
+def static_table(rows: list[Path]) -> str:
+    """Table 1's architecture columns of each row's TOML at paper scale, no training: ours
+    (from the model args and a meta-device build) beside the paper's parameter count."""
+    from grt_titan.model import grt_flavors
+    from grt_titan.model.args import CONFIGURABLE_FIELDS
+    from grt_titan.model.model import build_meta_model
+
+    lines = ["| row | method | layout | unique layers | block applications | GFLOPs/token fwd (S=1024) "
+             "| params (ours) | params (table 1) |", "|---|---|---|---|---|---|---|---|"]
+    for path in rows:
+        toml = tomli.loads(path.read_text())
+        args = grt_flavors[toml["model"]["flavor"]].replace(
+            **{k: v for k, v in toml.get("grt", {}).items() if k in CONFIGURABLE_FIELDS})
+        args.validate(where=str(path))
+        layout = (f"{args.n_prelude_layers}+{args.n_core_layers}x{args.num_recurrences}+{args.n_coda_layers}"
+                  if args.is_recurrent else f"{args.n_prelude_layers}L")
+        unique = args.n_prelude_layers + args.n_core_layers + args.n_coda_layers
+        flops = args.forward_flops_per_token(1024, args.eval_depth if args.is_recurrent else 0) / 1e9
+        params = sum(p.numel() for p in build_meta_model(args).parameters()) / 1e6
+        paper = PAPER_TABLE1.get(path.stem, ("-", None))[0]
+        lines.append(f"| {path.stem} | {args.method_name} | {layout} | {unique} | {args.unrolled_layers} "
+                     f"| {flops:.3f} | {params:.1f}M | {paper} |")
+    return "\n".join(lines)
+
+
 def train_row(path: Path, steps: int, out: Path, seed: int = 0, nproc: int = 2) -> tuple[int, float, str]:
     """(exit code, seconds, output tail) of one row's training run."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
@@ -79,7 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="run folders (default: a temp dir)")
+    parser.add_argument("--static", action="store_true",
+                        help="print the rows' architecture columns at paper scale (no training)")
     args = parser.parse_args(argv)
+    if args.static:
+        print(static_table(sorted({p for pattern in args.rows for p in paper_configs(pattern)})))
+        return 0
     out = args.out or Path(tempfile.mkdtemp(prefix="paper_suite_"))
     rows = sorted({p for pattern in args.rows for p in paper_configs(pattern)})
     if not rows:

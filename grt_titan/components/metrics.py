@@ -219,10 +219,12 @@ class GRTMetricsProcessor(MetricsProcessor):
             r_mean = sum(sampler.history) / len(sampler.history)
             extra_metrics["grt/r_mean"] = r_mean
             extra_metrics["grt/r_last"] = sampler.history[-1]
-            sampler.history.clear()
+            # The mean over the sampled depths (not at their mean: truncated backprop is not linear in r).
+            seq_len = self.job_config.training.seq_len
             self.num_flops_per_token = int(
-                self.model_args.train_flops_per_token(self.job_config.training.seq_len, r_mean)
+                sum(self.model_args.train_flops_per_token(seq_len, r) for r in sampler.history) / len(sampler.history)
             )
+            sampler.history.clear()
         grt = self.recurrence_metrics() if self.config.enable and self._recurrence is not None else {}
         extra_metrics.update(grt)
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)

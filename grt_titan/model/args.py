@@ -359,8 +359,15 @@ class GRTModelArgs(BaseModelArgs):
         )
 
     def train_flops_per_token(self, seq_len: int, recurrences: float | None = None) -> float:
-        """Forward + backward = 3x forward, torchtitan's convention (6N per token)."""
-        return 3 * self.forward_flops_per_token(seq_len, recurrences)
+        """Forward + backward = 3x forward, torchtitan's convention (6N per token); with
+        `backprop_recurrences` = k, the r - k steps before the last k run forward only."""
+        r = self.expected_recurrences if recurrences is None else recurrences
+        flops = 3 * self.forward_flops_per_token(seq_len, r)
+        if self.is_recurrent and self.backprop_recurrences is not None and r > self.backprop_recurrences:
+            step = self.n_core_layers * (2 * self.block_matmul_params() + 4 * seq_len * self.dim)
+            step += 2 * self.recurrence_matmul_params()
+            flops -= 2 * (r - self.backprop_recurrences) * step  # no backward for untracked steps
+        return flops
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
         """Stored parameters (a tied weight once) and training FLOPs/token at E[r]."""

@@ -149,10 +149,10 @@ def test_a_run_without_a_record_needs_its_config(tmp_path, capsys):
 def test_record_keys_unknown_and_missing(runs, tmp_path, capsys):
     record = json.loads((runs["dense"] / RECORD_NAME).read_text())
     future = tmp_path / "future"
-    write_run_record(future, {**record, "model_args": {**record["model_args"], "router_capacity": 0.5}})
+    write_run_record(future, {**record, "model_args": {**record["model_args"], "halting_threshold": 0.5}})
     assert cli_main(["table", str(future)]) == 2
     err = capsys.readouterr().err
-    assert f"{future / RECORD_NAME}: model_args key 'router_capacity' is not a field of GRTModelArgs" in err
+    assert f"{future / RECORD_NAME}: model_args key 'halting_threshold' is not a field of GRTModelArgs" in err
 
     older = tmp_path / "older"
     args = dict(record["model_args"])

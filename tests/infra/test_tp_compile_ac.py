@@ -2,9 +2,11 @@
 
 Every pair of the three worked while all three crashed (torch defects worked around in
 grt_titan/infra/torch_workarounds.py). Each case runs the real trainer on 2 gloo ranks
-(TP 2) twice over one compile cache, so the second run meets a warm cache, and compares
-the losses of 3 steps with TP 2 eager without AC. Same layout, same seed: identical
-initial weights, depths and noise, so only compile and AC differ.
+(TP 2) and compares the losses of 3 steps with TP 2 eager without AC. Same layout, same
+seed: identical initial weights, depths and noise, so only compile and AC differ. The
+`step` cases run twice over one compile cache, so the second run meets a warm cache (the
+cache defect itself is reproduced in tests/infra/test_torch_workarounds.py); the other AC
+modes compile the same step and blocks, cold only, to keep CI time down.
 """
 
 import re
@@ -73,10 +75,10 @@ def eager_losses(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("style", STYLES)
 @pytest.mark.parametrize("ac", sorted(AC))
-def test_tp2_compile_ac_matches_eager_on_cold_and_warm_cache(style, ac, eager_losses, run_torchrun, tmp_path):
+def test_tp2_compile_ac_matches_eager(style, ac, eager_losses, run_torchrun, tmp_path):
     args = ["--grt.block_style", style, "--compile.enable", "--compile.components", "model,loss", *AC[ac]]
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache"), "TORCH_LOGS": "recompiles"}
-    for attempt in ("cold", "warm"):
+    for attempt in ("cold", "warm") if ac == "step" else ("cold",):
         losses, output = run(run_torchrun, tmp_path, f"{attempt}", args, env)
         # Inductor reorders fp32 reductions; compiled and eager losses agree to ~1e-6 relative.
         assert losses == pytest.approx(eager_losses[style], rel=1e-4), attempt

@@ -207,3 +207,12 @@ def test_export_refuses_parts_the_hf_model_does_not_implement(parts):
     with pytest.raises(ExportError, match=re.escape(args.method_name) + ".*cannot be exported to Hugging Face format yet"):
         build_hf_config(args)
     build_hf_config(grt_flavors["debug"])  # GRT itself exports
+
+
+def test_truncated_backprop_training_flops_skip_the_untracked_backward():
+    args = grt_flavors["debug"].replace(**POISSON, backprop_recurrences=2)
+    d, S, n = 128, 64, 2
+    core_step = n * (24 * d * d + 4 * S * d) + 2 * (2 * d * d)  # blocks + W_proj (no gate)
+    # r = 5: all 5 steps forward (in 3 F), only the last 2 backward: 3 untracked steps x 2 F_step less.
+    assert args.train_flops_per_token(S, 5) == 3 * args.forward_flops_per_token(S, 5) - 2 * 3 * core_step
+    assert args.train_flops_per_token(S, 2) == 3 * args.forward_flops_per_token(S, 2)  # r <= k: full backward
