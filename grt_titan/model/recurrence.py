@@ -211,7 +211,10 @@ class Recurrence(nn.Module):
         h_pre: torch.Tensor,
         freqs_cis: torch.Tensor | None,
         num_recurrences: int | None = None,
+        step_states: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        """The state after r steps; with `step_states`, every step's new state is appended
+        to it as well (per-step readouts: objective = "exit_distribution")."""
         # A distinct tensor, not h_pre itself: a compiled step guards on its inputs
         # aliasing, and step 1 would otherwise compile a second graph.
         h = h_pre.clone()
@@ -229,6 +232,8 @@ class Recurrence(nn.Module):
                 new_h, gate, proposal = self.step(h, h_pre, freqs_cis, *noise, return_parts=True)
             if self.observer is not None:
                 self.observer(StepRecord(index + 1, depth, h, new_h, gate, proposal))
+            if step_states is not None:
+                step_states.append(new_h)
             h = new_h
         return h
 
