@@ -206,7 +206,8 @@ def _float8_problems(job_config, args) -> list[str]:
     model = build_meta_model(args)
     bad = []
     for fqn, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or fqn == "output":
+        # The LM head (vocabulary rows) and Ouro's exit gate (one output) stay high precision.
+        if not isinstance(module, nn.Linear) or fqn in ("output", "exit_gate"):
             continue
         if any(f in fqn for f in filter_fqns):
             continue
@@ -373,6 +374,19 @@ def _training_problems(job_config) -> list[str]:
     return [f"{key} = {value!r} is invalid; allowed: {allowed}" for key, value, ok, allowed in checks if not ok]
 
 
+def _method_problems(job_config, args) -> list[str]:
+    """What a method's parts cannot run with (docs/architecture.md, "Methods as parts")."""
+    problems = []
+    tp = job_config.parallelism.tensor_parallel_degree
+    if args.per_step_readout and tp > 1:
+        problems.append(
+            f"[parallelism] tensor_parallel_degree = {tp} is not supported with [grt] objective = "
+            "'exit_distribution' (Ouro: its per-step readouts and exit gate have no tensor-parallel "
+            "plan); allowed: 1 (FSDP/HSDP only)"
+        )
+    return problems
+
+
 def check_job_config(job_config, model_args) -> None:
     """Raise ValueError naming the key and the allowed values for a config that cannot run.
 
@@ -389,6 +403,7 @@ def check_job_config(job_config, model_args) -> None:
     problems += _vocab_problems(job_config, model_args)
     problems += _converter_problems(job_config)
     problems += _float8_problems(job_config, model_args)
+    problems += _method_problems(job_config, model_args)
     problems += _dataset_problems(job_config)
     problems += _resume_problems(job_config)
     if problems:

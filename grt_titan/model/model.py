@@ -14,6 +14,7 @@ Initialisation (`init_weights`, run after the meta-device build):
 | gate w_in / w_out                       | trunc normal(0, 0.02); w_out bias = +4      |
 | norms                                   | weight 1, bias 0                            |
 | output (llama, untied)                  | trunc normal(0, dim^-0.5), cut at 3 std     |
+| exit_gate (Ouro, objective exit_distribution) | trunc normal(0, 0.02), bias 0         |
 
 tok_embeddings and output have `padded_vocab_size` rows (`vocab_multiple_of`, default 1 =
 no padding); rows >= vocab_size are initialised like the others, are never an input id or a
@@ -146,10 +147,9 @@ class GRTModel(ModelProtocol):
     def exit_readout(self, h_pre: torch.Tensor, num_recurrences: int | None) -> torch.Tensor | TrainingOutput:
         """Ouro: every step's state read out and weighed by the exit gate (exit_distribution.py).
         Eval with exit_threshold = 1 never comes here: the last step is the plain forward."""
-        states: list[torch.Tensor] = []
-        h = self.recurrence(h_pre, self.freqs_cis, num_recurrences, step_states=states)
+        states = self.recurrence(h_pre, self.freqs_cis, num_recurrences, all_states=True)
         if not states:  # r = 0: the prelude-only readout, no step to exit at
-            return self.logits_from_state(h)
+            return self.logits_from_state(h_pre)
         return exit_forward(self, states)
 
     def get_attention_masks(self, *args, **kwargs):

@@ -211,10 +211,11 @@ class Recurrence(nn.Module):
         h_pre: torch.Tensor,
         freqs_cis: torch.Tensor | None,
         num_recurrences: int | None = None,
-        step_states: list[torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """The state after r steps; with `step_states`, every step's new state is appended
-        to it as well (per-step readouts: objective = "exit_distribution")."""
+        all_states: bool = False,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """The state after r steps; with `all_states`, the list of the states after steps
+        1..r (per-step readouts: objective = "exit_distribution"). A returned list, not an
+        argument to fill: FSDP's hooks copy the containers a module is called with."""
         # A distinct tensor, not h_pre itself: a compiled step guards on its inputs
         # aliasing, and step 1 would otherwise compile a second graph.
         h = h_pre.clone()
@@ -222,6 +223,7 @@ class Recurrence(nn.Module):
         generator = self._noise_generator(h)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
         grad_enabled = torch.is_grad_enabled()
+        states: list[torch.Tensor] = []
         for index in range(depth):
             noise = (
                 self._noise(h, self.state_noise_std, generator),
@@ -232,10 +234,10 @@ class Recurrence(nn.Module):
                 new_h, gate, proposal = self.step(h, h_pre, freqs_cis, *noise, return_parts=True)
             if self.observer is not None:
                 self.observer(StepRecord(index + 1, depth, h, new_h, gate, proposal))
-            if step_states is not None:
-                step_states.append(new_h)
+            if all_states:
+                states.append(new_h)
             h = new_h
-        return h
+        return states if all_states else h
 
     def init_weights(self) -> None:
         self.step.init_weights()
