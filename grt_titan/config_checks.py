@@ -378,11 +378,11 @@ def _method_problems(job_config, args) -> list[str]:
     """What a method's parts cannot run with (docs/architecture.md, "Methods as parts")."""
     problems = []
     tp = job_config.parallelism.tensor_parallel_degree
-    if args.per_step_readout and tp > 1:
+    if args.per_step_readout and tp > 1 and args.exit_threshold < 1:
         problems.append(
-            f"[parallelism] tensor_parallel_degree = {tp} is not supported with [grt] objective = "
-            "'exit_distribution' (Ouro: its per-step readouts and exit gate have no tensor-parallel "
-            "plan); allowed: 1 (FSDP/HSDP only)"
+            f"[grt] exit_threshold = {args.exit_threshold} is not supported with [parallelism] "
+            f"tensor_parallel_degree = {tp} (Ouro's per-token exit gathers over sequence shards); "
+            "allowed: 1.0 (the last step) or tensor_parallel_degree = 1"
         )
     return problems
 

@@ -256,12 +256,12 @@ OURO = ["--grt.objective", "exit_distribution", "--grt.injection", "none", "--gr
         "--grt.depth_sampling", "fixed"]
 
 
-def test_ouro_refuses_tensor_parallel_by_name():
+def test_ouro_refuses_a_per_token_exit_under_tensor_parallel_by_name():
     with pytest.raises(ValueError) as info:
-        start_up(parse_config(*OURO, "--parallelism.tensor_parallel_degree", "2"))
-    assert re.search(r"\[parallelism\] tensor_parallel_degree = 2 is not supported with \[grt\] objective = "
-                     r"'exit_distribution' \(Ouro.*allowed: 1", str(info.value)), str(info.value)
-    start_up(parse_config("--parallelism.tensor_parallel_degree", "2"))  # GRT itself: fine
+        start_up(parse_config(*OURO, "--grt.exit_threshold", "0.5", "--parallelism.tensor_parallel_degree", "2"))
+    assert re.search(r"\[grt\] exit_threshold = 0.5 is not supported with \[parallelism\] "
+                     r"tensor_parallel_degree = 2 .*allowed: 1.0", str(info.value)), str(info.value)
+    start_up(parse_config(*OURO, "--parallelism.tensor_parallel_degree", "2"))  # the last step: fine
 
 
 def test_ouro_exit_gate_is_left_out_of_the_float8_check():

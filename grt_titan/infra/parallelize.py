@@ -225,6 +225,10 @@ def apply_tp(
                 for name in ("proj", "gate.state_norm", "gate.anchor_norm", "gate.w_in", "gate.w_out")
             },
         )
+    if model.exit_gate is not None:
+        # Ouro's exit gate reads the sequence-sharded output of `norm`: replicated weights on
+        # sequence shards, as the norm; its logits stay a DTensor (the loss gathers them).
+        parallelize_module(model.exit_gate, tp_mesh, SequenceParallel())
     logger.info(
         f"Applied {'Float8 tensorwise ' if enable_float8_tensorwise_tp else ''}Tensor Parallelism to the GRT"
     )

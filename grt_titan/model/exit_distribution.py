@@ -85,7 +85,13 @@ def exit_forward(model: nn.Module, states: list[torch.Tensor]) -> torch.Tensor |
     # One [T * B, S, d] batch through the norm, gate and head: the sequence stays dim 1, as
     # every block and the head expect.
     hidden = torch.cat([model.final_hidden(h) for h in states], dim=0)
-    gate_logits = model.exit_gate(hidden).unflatten(0, (steps, batch))  # [T, B, S]
+    gate_logits = model.exit_gate(hidden)
+    # Tensor parallel: the gate's logits are a sequence-sharded DTensor. Gather these few
+    # values; every rank then computes the whole exit distribution in plain tensors.
+    full_tensor = getattr(gate_logits, "full_tensor", None)
+    if full_tensor is not None:
+        gate_logits = full_tensor()
+    gate_logits = gate_logits.unflatten(0, (steps, batch))  # [T, B, S]
     if not model.training:
         exit_step = q_exit_steps(gate_logits, args.exit_threshold)  # [B, S]
         per_step = hidden.unflatten(0, (steps, batch))
