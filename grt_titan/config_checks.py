@@ -168,6 +168,12 @@ def _method_problems(job_config, args) -> list[str]:
                 "the eval-mode state is drawn per position of the whole sequence, which tensor parallelism "
                 "shards; allowed: tensor_parallel_degree = 1 (FSDP/HSDP)"
             )
+    if args.per_step_readout and tp > 1 and args.exit_threshold < 1:
+        problems.append(
+            f"[grt] exit_threshold = {args.exit_threshold} is not supported with [parallelism] "
+            f"tensor_parallel_degree = {tp} (Ouro's per-token exit gathers over sequence shards); "
+            "allowed: 1.0 (the last step) or tensor_parallel_degree = 1"
+        )
     return problems
 
 
@@ -225,7 +231,8 @@ def _float8_problems(job_config, args) -> list[str]:
     model = build_meta_model(args)
     bad = []
     for fqn, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or fqn == "output":
+        # The LM head (vocabulary rows) and Ouro's exit gate (one output) stay high precision.
+        if not isinstance(module, nn.Linear) or fqn in ("output", "exit_gate"):
             continue
         if any(f in fqn for f in filter_fqns):
             continue

@@ -259,3 +259,22 @@ def test_half_written_newest_is_left_to_torchtitan(tmp_path):
     save_step(tmp_path, 2, full=True)
     (tmp_path / "checkpoint" / "step-4").mkdir()
     start_up(resume_config(tmp_path))
+
+
+OURO = ["--grt.objective", "exit_distribution", "--grt.injection", "none", "--grt.update", "overwrite",
+        "--grt.depth_sampling", "fixed"]
+
+
+def test_ouro_refuses_a_per_token_exit_under_tensor_parallel_by_name():
+    with pytest.raises(ValueError) as info:
+        start_up(parse_config(*OURO, "--grt.exit_threshold", "0.5", "--parallelism.tensor_parallel_degree", "2"))
+    assert re.search(r"\[grt\] exit_threshold = 0.5 is not supported with \[parallelism\] "
+                     r"tensor_parallel_degree = 2 .*allowed: 1.0", str(info.value)), str(info.value)
+    start_up(parse_config(*OURO, "--parallelism.tensor_parallel_degree", "2"))  # the last step: fine
+
+
+def test_ouro_exit_gate_is_left_out_of_the_float8_check():
+    # Linear(d, 1) cannot be float8 (torchtitan skips it by itself); it is not reported.
+    args = start_up(parse_config(*OURO, "--model.converters", "quantize.linear.float8",
+                                 "--quantize.linear.float8.emulate"))
+    assert args.per_step_readout

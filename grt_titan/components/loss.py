@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torchtitan.components.loss import IGNORE_INDEX, cross_entropy_loss
 from torchtitan.tools.logging import logger
 
@@ -29,10 +30,19 @@ def grt_loss(pred: torch.Tensor | TrainingOutput, labels: torch.Tensor) -> torch
             reduction="none",
             ignore_index=IGNORE_INDEX,
         )
-        loss = (per_token * pred.step_weights.flatten().float()).sum()
+        weights = _placed_like(pred.step_weights, per_token)
+        loss = (per_token * weights.flatten().float()).sum()
     if pred.aux_loss_sum is not None:
-        loss = loss + pred.aux_loss_sum.float()
+        loss = loss + _placed_like(pred.aux_loss_sum, loss).float()
     return loss
+
+
+def _placed_like(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Tensor parallel with loss parallel: the CE terms are replicated DTensors, the model's
+    weights and auxiliary sums plain tensors equal on every rank: make them DTensors alike."""
+    if isinstance(like, DTensor) and not isinstance(x, DTensor):
+        return DTensor.from_local(x, like.device_mesh, like.placements, run_check=False)
+    return x
 
 
 def build_grt_loss(job_config, **kwargs):

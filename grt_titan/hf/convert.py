@@ -147,6 +147,16 @@ def write_weights(out: Path, hf_state_dict: dict[str, torch.Tensor], max_shard_s
 # ---- the folder -----------------------------------------------------------------------
 
 
+def check_exportable(model_args: GRTModelArgs) -> None:
+    """Refuse, by name, a method modeling_grt.py cannot run yet (before anything is read)."""
+    if model_args.per_step_readout:
+        raise ExportError(
+            f"{model_args.method_name} ([grt] objective = 'exit_distribution') is not exportable to "
+            "Hugging Face yet: modeling_grt.py has no exit gate and no Q-exit; evaluate it with "
+            "torchtitan's validator (docs/hf_export.md)"
+        )
+
+
 def write_hf_folder(
     out: str | Path,
     native_state_dict: dict[str, torch.Tensor],
@@ -177,6 +187,7 @@ def write_hf_folder(
     from .model_card import render_model_card
 
     out = Path(out)
+    check_exportable(model_args)
     if out.exists() and not overwrite:
         raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
     if not out.parent.is_dir():

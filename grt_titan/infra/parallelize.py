@@ -78,6 +78,8 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
     if model.recurrence is not None and dist.is_initialized():
         # Noise of training forward t from (depth_seed, t, rank): exact resume, independent ranks.
         model.recurrence.noise_rank = dist.get_rank()
+    if model.exit_gate is not None:
+        log_per_step_logits(model.model_args, job_config, parallel_dims.fsdp_enabled)
 
     if parallel_dims.tp_enabled:
         tp_mesh = parallel_dims.get_mesh("tp")
@@ -129,6 +131,20 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
         assert not parallel_dims.tp_enabled, "DDP with TP: checked at start-up"
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), compile_enabled)
     return model
+
+
+def log_per_step_logits(args, job_config, fsdp_enabled: bool) -> None:
+    """Ouro keeps every step's logits for its loss: R x the usual logits memory."""
+    t, steps = job_config.training, args.num_recurrences
+    elements = steps * t.local_batch_size * t.seq_len * args.padded_vocab_size
+    dtype = TORCH_DTYPE_MAP[t.mixed_precision_param if fsdp_enabled else t.dtype]
+    logger.warning(
+        f"objective = 'exit_distribution' (Ouro): a training forward keeps the logits of all {steps} "
+        f"steps, {steps} x the usual: {steps} x {t.local_batch_size} x {t.seq_len} x {args.padded_vocab_size} "
+        f"= {elements * dtype.itemsize / 2**30:.2f} GiB in {str(dtype).removeprefix('torch.')} per "
+        "microbatch, plus the loss's float32 log-softmax of as many values; lower [training] "
+        "local_batch_size (gradient accumulation keeps the global batch) if it does not fit"
+    )
 
 
 # ---- tensor parallel -------------------------------------------------------------------
@@ -210,6 +226,10 @@ def apply_tp(
                 if getattr(step, name.split(".")[0]) is not None  # parts a method leaves out are None
             },
         )
+    if model.exit_gate is not None:
+        # Ouro's exit gate reads the sequence-sharded output of `norm`: replicated weights on
+        # sequence shards, as the norm; its logits stay a DTensor (the loss gathers them).
+        parallelize_module(model.exit_gate, tp_mesh, SequenceParallel())
     logger.info(
         f"Applied {'Float8 tensorwise ' if enable_float8_tensorwise_tp else ''}Tensor Parallelism to the GRT"
     )

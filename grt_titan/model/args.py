@@ -162,6 +162,11 @@ class GRTModelArgs(BaseModelArgs):
         }
 
     @property
+    def per_step_readout(self) -> bool:
+        """Every recurrence step is read out through coda, norm and head (Ouro)."""
+        return self.is_recurrent and self.objective == "exit_distribution"
+
+    @property
     def padded_vocab_size(self) -> int:
         """Rows of tok_embeddings and of the LM head: vocab_size rounded up to a multiple of
         vocab_multiple_of (GPT-2: 50257 -> 50304 for 128, as nanoGPT and Megatron's
@@ -248,6 +253,8 @@ class GRTModelArgs(BaseModelArgs):
             raise bad("gate_hidden_dim", self.gate_hidden_dim, "must be >= 1 or unset")
         if self.unrolled_layers < 1 and self.n_core_layers == 0:
             raise bad("n_prelude_layers", self.n_prelude_layers, "the model needs a block")
+        if self.objective != "final" and not self.is_recurrent:
+            raise bad("objective", self.objective, "needs a recurrent flavor (n_core_layers >= 1); allowed for dense: 'final'")
         if not self.is_recurrent:
             return
         if self.num_recurrences < 1:
@@ -288,6 +295,10 @@ class GRTModelArgs(BaseModelArgs):
             raise bad("exit_entropy_weight", self.exit_entropy_weight, "must be >= 0")
         if not 0.0 < self.exit_threshold <= 1.0:
             raise bad("exit_threshold", self.exit_threshold, "must be in (0, 1]")
+        if self.exit_threshold != 1.0 and self.objective != "exit_distribution":
+            raise bad("exit_threshold", self.exit_threshold, "is used by objective = 'exit_distribution' only (no exit gate otherwise)")
+        if self.objective == "exit_distribution" and self.router != "none":
+            raise bad("objective", self.objective, f"cannot be combined with router = {self.router!r} (one method per run)")
         if self.router_scale <= 0:
             raise bad("router_scale", self.router_scale, "must be > 0")
         if self.router_aux_weight < 0:
@@ -338,7 +349,9 @@ class GRTModelArgs(BaseModelArgs):
             params += self.n_core_layers * 16 * d * self.lora_rank
         return params
 
-    def forward_flops_per_token(self, seq_len: int, recurrences: float | None = None) -> float:
+    def forward_flops_per_token(
+        self, seq_len: int, recurrences: float | None = None, training: bool = False
+    ) -> float:
         """Eq. 1 at depth r, plus the LM head: (p + n r + c)(24 d^2 + 4 S d) + r 10 d^2 + 2 d V.
 
         10 d^2 is GRT's W_proj and gate; other parts change it (`recurrence_matmul_params`).
@@ -346,6 +359,7 @@ class GRTModelArgs(BaseModelArgs):
         For llama blocks 24 d^2 becomes 2x the block's matmul weights (SwiGLU, GQA).
         V is `padded_vocab_size` (what the head matmul computes), not the tokenizer's
         vocab_size; the two differ only with `vocab_multiple_of` > 1.
+        `training`: the training forward, which differs for per-step readouts (Ouro).
         """
         r = self.expected_recurrences if recurrences is None else recurrences
         if not self.is_recurrent:
@@ -356,13 +370,28 @@ class GRTModelArgs(BaseModelArgs):
             blocks * per_block
             + r * 2 * self.recurrence_matmul_params()
             + 2 * self.dim * self.padded_vocab_size
+            + self.exit_readout_flops_per_token(seq_len, r, training)
         )
 
+    def exit_readout_flops_per_token(self, seq_len: int, recurrences: float, training: bool) -> float:
+        """Ouro's extra forward FLOPs at depth r: the exit gate on every step (2 d each) and
+        the readouts of steps 1..r-1 (coda: c (24 d^2 + 4 S d) each; training also the LM
+        head, 2 d V each). Eval with exit_threshold = 1 is the plain forward (no extra)."""
+        r = recurrences
+        if not self.per_step_readout or r <= 0 or (not training and self.exit_threshold >= 1):
+            return 0.0
+        per_block = 2 * self.block_matmul_params() + 4 * seq_len * self.dim
+        extra = (r - 1) * self.n_coda_layers * per_block + r * 2 * self.dim
+        if training:
+            extra += (r - 1) * 2 * self.dim * self.padded_vocab_size
+        return extra
+
     def train_flops_per_token(self, seq_len: int, recurrences: float | None = None) -> float:
-        """Forward + backward = 3x forward, torchtitan's convention (6N per token); with
-        `backprop_recurrences` = k, the r - k steps before the last k run forward only."""
+        """Forward + backward = 3x the training forward, torchtitan's convention (6N per
+        token); with `backprop_recurrences` = k, the r - k steps before the last k run
+        forward only."""
         r = self.expected_recurrences if recurrences is None else recurrences
-        flops = 3 * self.forward_flops_per_token(seq_len, r)
+        flops = 3 * self.forward_flops_per_token(seq_len, r, training=True)
         if self.is_recurrent and self.backprop_recurrences is not None and r > self.backprop_recurrences:
             step = self.n_core_layers * (2 * self.block_matmul_params() + 4 * seq_len * self.dim)
             step += 2 * self.recurrence_matmul_params()

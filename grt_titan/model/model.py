@@ -14,6 +14,7 @@ Initialisation (`init_weights`, run after the meta-device build):
 | gate w_in / w_out                       | trunc normal(0, 0.02); w_out bias = +4      |
 | norms                                   | weight 1, bias 0                            |
 | output (llama, untied)                  | trunc normal(0, dim^-0.5), cut at 3 std     |
+| exit_gate (Ouro, objective exit_distribution) | trunc normal(0, 0.02), bias 0         |
 
 tok_embeddings and output have `padded_vocab_size` rows (`vocab_multiple_of`, default 1 =
 no padding); rows >= vocab_size are initialised like the others, are never an input id or a
@@ -32,6 +33,8 @@ from torchtitan.protocols.train_spec import ModelProtocol
 
 from .args import GRTModelArgs
 from .blocks import BlockStack, llama_block_args
+from .exit_distribution import ExitGate, exit_forward
+from .output import TrainingOutput
 from .recurrence import Recurrence
 
 
@@ -58,6 +61,8 @@ class GRTModel(ModelProtocol):
         norm_cls = nn.LayerNorm if args.block_style == "gpt2" else nn.RMSNorm
         self.norm = norm_cls(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.padded_vocab_size, bias=False)
+        # Ouro (objective = "exit_distribution"): the exit gate on each step's readout.
+        self.exit_gate = ExitGate(args) if args.per_step_readout else None
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -91,6 +96,8 @@ class GRTModel(ModelProtocol):
             self.recurrence.init_weights()
         self.coda.init_weights()
         self.norm.reset_parameters()
+        if self.exit_gate is not None:
+            self.exit_gate.init_weights()
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
@@ -105,9 +112,10 @@ class GRTModel(ModelProtocol):
         attention_masks: AttentionMasksType | None = None,
         positions: torch.Tensor | None = None,
         num_recurrences: int | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | TrainingOutput:
         """Logits [B, S, padded_vocab_size] for `tokens` [B, S] (columns >= vocab_size are
         the padding rows of `vocab_multiple_of`; the tokenizer never emits those ids).
+        A training forward of objective = "exit_distribution" returns a `TrainingOutput`.
 
         `num_recurrences`: depth r of this call (0 = prelude only, r < R early exit,
         r > R extrapolation). None: sampled per the config in training, the eval depth
@@ -116,6 +124,8 @@ class GRTModel(ModelProtocol):
         if attention_masks is not None or positions is not None:
             raise ValueError("GRT supports causal sdpa attention only (no masks, no positions)")
         h = self.prelude(self.embed(tokens), self.freqs_cis)
+        if self.exit_gate is not None and (self.training or self.model_args.exit_threshold < 1):
+            return self.exit_readout(h, num_recurrences)
         if self.recurrence is not None:
             h = self.recurrence(h, self.freqs_cis, num_recurrences)
         elif num_recurrences:
@@ -128,7 +138,19 @@ class GRTModel(ModelProtocol):
         Its own method so that a state captured after any recurrence step can be read out
         (per-depth loss in `grt-titan analyze`, early exit) exactly as `forward` would.
         """
-        return self.output(self.norm(self.coda(h, self.freqs_cis)))
+        return self.output(self.final_hidden(h))
+
+    def final_hidden(self, h: torch.Tensor) -> torch.Tensor:
+        """Coda and final norm on a state h: the hidden state the LM head reads."""
+        return self.norm(self.coda(h, self.freqs_cis))
+
+    def exit_readout(self, h_pre: torch.Tensor, num_recurrences: int | None) -> torch.Tensor | TrainingOutput:
+        """Ouro: every step's state read out and weighed by the exit gate (exit_distribution.py).
+        Eval with exit_threshold = 1 never comes here: the last step is the plain forward."""
+        states = self.recurrence(h_pre, self.freqs_cis, num_recurrences, all_states=True)
+        if not states:  # r = 0: the prelude-only readout, no step to exit at
+            return self.logits_from_state(h_pre)
+        return exit_forward(self, states)
 
     def get_attention_masks(self, *args, **kwargs):
         # TypeError is what torchtitan's trainer and validator expect for sdpa models.

@@ -292,12 +292,17 @@ class Recurrence(nn.Module):
         h_pre: torch.Tensor,
         freqs_cis: torch.Tensor | None,
         num_recurrences: int | None = None,
-    ) -> torch.Tensor:
+        all_states: bool = False,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """The state after r steps; with `all_states`, the list of the states after steps
+        1..r (per-step readouts: objective = "exit_distribution"). A returned list, not an
+        argument to fill: FSDP's hooks copy the containers a module is called with."""
         depth = self.resolve_depth(num_recurrences)
         generator = self._noise_generator(h_pre)
         h = self.initial_state(h_pre, generator)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
         grad_enabled = torch.is_grad_enabled()
+        states: list[torch.Tensor] = []
         for index in range(depth):
             noise = (
                 self._noise(h, self.state_noise_std, generator),
@@ -314,8 +319,10 @@ class Recurrence(nn.Module):
                 )
             if self.observer is not None:
                 self.observer(StepRecord(index + 1, depth, h, new_h, gate, proposal))
+            if all_states:
+                states.append(new_h)
             h = new_h
-        return h
+        return states if all_states else h
 
     def init_weights(self) -> None:
         self.step.init_weights()

@@ -14,6 +14,7 @@ The HF names are those of grt_titan/hf/modeling_grt.py (a `trust_remote_code` mo
 | coda.layers.{i}.<block>                      | model.coda.{i}.<block>                       |
 | norm.*                                       | model.norm.*                                 |
 | output.weight                                | lm_head.weight (llama only; gpt2 ties it)    |
+| exit_gate.{weight,bias} (Ouro)               | model.exit_gate.{weight,bias}                |
 | recurrence.depth_sampler.draws                       | not exported (training-only sampler counter) |
 
 <block>: attention_norm -> input_layernorm, attention.w{q,k,v,o} -> self_attn.{q,k,v,o}_proj,
@@ -84,6 +85,7 @@ _TOP_LEVEL = {
     "recurrence.step.adapters.b": "model.adapters.b",  # RRT: B [R, n, out, r]
     "norm": "model.norm",
     "output": "lm_head",
+    "exit_gate": "model.exit_gate",  # Ouro (objective = "exit_distribution")
 }
 
 

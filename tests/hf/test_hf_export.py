@@ -231,3 +231,19 @@ def test_validation_loss_read_from_the_runs_tensorboard_logs(debug_checkpoint, d
     assert cli(["export-hf", "--checkpoint", str(folder), "--config", str(debug_config),
                 "--out", str(out), "--no-verify"]) == 0
     assert "validation loss: 5.0000" in (out / "README.md").read_text()
+
+
+def test_ouro_is_refused_by_name(tmp_path, capsys):
+    from grt_titan.hf.convert import ExportError
+    from hf_helpers import REPO
+
+    args = small_args("gpt2").replace(objective="exit_distribution")
+    out_parent = tmp_path / "out"
+    out_parent.mkdir()
+    with pytest.raises(ExportError, match=r"Ouro \(\[grt\] objective = 'exit_distribution'\) is not exportable"):
+        write_hf_folder(out_parent / "ouro", seeded_model(args).state_dict(), args, write_tokenizer=False)
+    # The CLI says so before it reads the checkpoint (here: a folder that does not exist).
+    assert cli(["export-hf", "--checkpoint", str(tmp_path / "nope"), "--config",
+                str(REPO / "train_configs" / "paper" / "small_ouro.toml"), "--out", str(out_parent / "x")]) == 1
+    assert "Ouro ([grt] objective = 'exit_distribution') is not exportable" in capsys.readouterr().err
+    _assert_nothing_written(out_parent)
