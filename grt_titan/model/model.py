@@ -32,6 +32,7 @@ from torchtitan.protocols.train_spec import ModelProtocol
 
 from .args import GRTModelArgs
 from .blocks import BlockStack, llama_block_args
+from .output import TrainingOutput
 from .recurrence import Recurrence
 
 
@@ -105,22 +106,30 @@ class GRTModel(ModelProtocol):
         attention_masks: AttentionMasksType | None = None,
         positions: torch.Tensor | None = None,
         num_recurrences: int | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | TrainingOutput:
         """Logits [B, S, padded_vocab_size] for `tokens` [B, S] (columns >= vocab_size are
         the padding rows of `vocab_multiple_of`; the tokenizer never emits those ids).
 
         `num_recurrences`: depth r of this call (0 = prelude only, r < R early exit,
         r > R extrapolation). None: sampled per the config in training, the eval depth
         (default R) in eval mode.
+        A MoR training forward returns `TrainingOutput(logits, aux_loss_sum=...)` (the
+        router's auxiliary loss); every eval forward returns plain logits.
         """
         if attention_masks is not None or positions is not None:
             raise ValueError("GRT supports causal sdpa attention only (no masks, no positions)")
         h = self.prelude(self.embed(tokens), self.freqs_cis)
+        aux_loss_sum = None
         if self.recurrence is not None:
             h = self.recurrence(h, self.freqs_cis, num_recurrences)
+            if isinstance(h, tuple):  # MoR: (state, router auxiliary loss)
+                h, aux_loss_sum = h
         elif num_recurrences:
             raise ValueError(f"num_recurrences = {num_recurrences} given to a dense model (no core)")
-        return self.logits_from_state(h)
+        logits = self.logits_from_state(h)
+        if aux_loss_sum is not None:
+            return TrainingOutput(logits, aux_loss_sum=aux_loss_sum)
+        return logits
 
     def logits_from_state(self, h: torch.Tensor) -> torch.Tensor:
         """Coda, final norm and LM head on a state h [B, S, dim]: the end of `forward`.

@@ -25,6 +25,7 @@ from torchtitan.models.utils import trunc_normal_
 
 from .args import GRTModelArgs
 from .blocks import BlockStack
+from .routing import ExpertChoiceRouter, RoutedStep
 
 
 class DepthSampler(nn.Module):
@@ -162,7 +163,10 @@ class Recurrence(nn.Module):
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
-        self.step = RecurrenceStep(args)
+        self.step = RecurrenceStep(args) if args.router == "none" else RoutedStep(args)
+        # MoR (router = expert_choice, grt_titan/model/routing.py): a router per step picks
+        # the tokens that step updates.
+        self.router = ExpertChoiceRouter(args) if args.router != "none" else None
         self.depth_sampler = DepthSampler(args)
         self.state_noise_std = args.state_noise_std
         self.gate_noise_std = args.gate_noise_std
@@ -211,11 +215,14 @@ class Recurrence(nn.Module):
         h_pre: torch.Tensor,
         freqs_cis: torch.Tensor | None,
         num_recurrences: int | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None]:
+        """h after r steps; with a router (MoR) the pair (h, the router's auxiliary loss sum)."""
         # A distinct tensor, not h_pre itself: a compiled step guards on its inputs
         # aliasing, and step 1 would otherwise compile a second graph.
         h = h_pre.clone()
         depth = self.resolve_depth(num_recurrences)
+        if self.router is not None:
+            return self._routed_forward(h, freqs_cis, depth)
         generator = self._noise_generator(h)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
         grad_enabled = torch.is_grad_enabled()
@@ -232,8 +239,21 @@ class Recurrence(nn.Module):
             h = new_h
         return h
 
+    def _routed_forward(
+        self, h: torch.Tensor, freqs_cis: torch.Tensor | None, depth: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """MoR: `depth` routed steps (no noise, no W_proj, no gate); see routing.py."""
+        observer = self.observer
+        first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
+        return self.router(
+            self.step, h, freqs_cis, depth, grad_from=first_tracked,
+            observer=None if observer is None else (lambda *parts: observer(StepRecord(*parts))),
+        )
+
     def init_weights(self) -> None:
         self.step.init_weights()
+        if self.router is not None:
+            self.router.init_weights()
         self.depth_sampler.reset()
 
 
