@@ -137,3 +137,41 @@ def test_eval_returns_logits_and_depth_is_bounded_by_R():
 def test_invalid_router_args_name_the_key(changes, key):
     with pytest.raises(ValueError, match=key):
         grt_flavors["debug"].replace(**{**MOR, **changes}).validate()
+
+
+def test_flops_follow_the_kept_tokens():
+    """By hand (small flavor, S = 1024): (p + c) B + n sum_i [(k_i / S) 24 d^2 + 4 (k_i^2 / S) d]
+    + router + head, with B = 24 d^2 + 4 S d; below the nominal p + nR + c blocks of eq. 1."""
+    args = grt_flavors["small"].replace(**{**MOR, "vocab_size": 50257})
+    S, d, V = 1024, 768, 50257
+    kept = [1024, 921, 819, 716, 614, 512, 409, 307, 204, 102]
+    candidates = [1024] + kept[:-1]
+    expected = (
+        2 * (24 * d * d + 4 * S * d)
+        + sum((k / S) * 24 * d * d + 4 * (k * k / S) * d for k in kept)
+        + sum((m / S) * 2 * d for m in candidates)
+        + 2 * d * V
+    )
+    assert args.forward_flops_per_token(S) == pytest.approx(expected, rel=1e-12)
+    nominal = grt_flavors["small"].forward_flops_per_token(S, 10) - 10 * 10 * d * d  # eq. 1 without W_proj/gate
+    assert args.forward_flops_per_token(S) < 0.71 * nominal
+    assert sum(kept) / (10 * S) == pytest.approx(0.55, abs=0.002)  # the core's linears: 55% of nominal
+    assert args.unrolled_layers == 12  # the nominal block applications (table 1's isoFLOP sense)
+
+
+@pytest.mark.parametrize("depth", [4, 2])
+def test_matmul_flops_match_flop_counter(depth):
+    """The linear part of the count (core on k_i tokens, routers on their candidates, prelude,
+    coda, head) equals what torch's FlopCounterMode measures."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_model(**MOR).eval()
+    args, S = model.model_args, 32
+    with FlopCounterMode(display=False) as counter:
+        model(tokens(batch=1, seq=S), num_recurrences=depth)
+    measured_mm = sum(v for k, v in counter.get_flop_counts()["Global"].items() if "mm" in str(k))
+    # The CPU SDPA kernel is not counted by FlopCounterMode: remove the attention terms.
+    kept = args.router_tokens_kept(S)[:depth]
+    attention = (args.n_prelude_layers + args.n_coda_layers) * 4 * S * S * args.dim + args.n_core_layers * sum(
+        4 * k * k * args.dim for k in kept)
+    assert measured_mm == S * args.forward_flops_per_token(S, depth) - attention
