@@ -171,6 +171,34 @@ def _sequence_problems(job_config, args) -> list[str]:
     return problems
 
 
+def _router_problems(job_config, args) -> list[str]:
+    """What Mixture-of-Recursions (`[grt] router`) cannot run with. Its model-level rules
+    (llama blocks, sampled depth, other parts) are GRTModelArgs.validate's."""
+    if args.router == "none" or not args.is_recurrent:
+        return []
+    problems, method = [], f"[grt] router = {args.router!r} (Mixture-of-Recursions)"
+    tp = job_config.parallelism.tensor_parallel_degree
+    if tp > 1:
+        problems.append(
+            f"[parallelism] tensor_parallel_degree = {tp} is not supported with {method}: each "
+            "step's top-k runs over the whole sequence, which sequence parallelism shards over "
+            "the TP ranks; allowed: 1 (FSDP/HSDP/DDP only)"
+        )
+    if job_config.compile.enable and "model" in job_config.compile.components:
+        sections = [("training", job_config.training)]
+        if job_config.validation.enable:
+            sections.append(("validation", job_config.validation))
+        for name, cfg in sections:
+            if cfg.seq_len >= 1 and min(args.router_tokens_kept(cfg.seq_len)) < 2:
+                problems.append(
+                    f"[grt] router_capacity = {args.router_capacity!r} keeps a single token at "
+                    f"[{name}] seq_len = {cfg.seq_len} with {method} and [compile] enable: "
+                    "torch.compile specializes a one-token step (one more graph per such step); "
+                    "allowed: capacities with capacity x seq_len >= 2 for every step"
+                )
+    return problems
+
+
 def _tokenizer_vocab_size(job_config) -> int:
     model = job_config.model
     path = resolve_tokenizer_path(getattr(model, "tokenizer_path", None)) or resolve_tokenizer_path(
@@ -206,7 +234,8 @@ def _float8_problems(job_config, args) -> list[str]:
     model = build_meta_model(args)
     bad = []
     for fqn, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or fqn == "output":
+        # MoR's routers (d -> 1) are a dot product per token: left in high precision on purpose.
+        if not isinstance(module, nn.Linear) or fqn == "output" or fqn.startswith("recurrence.router."):
             continue
         if any(f in fqn for f in filter_fqns):
             continue
@@ -386,6 +415,7 @@ def check_job_config(job_config, model_args) -> None:
     problems += _training_problems(job_config)
     problems += _sequence_problems(job_config, model_args)
     problems += _parallelism_problems(job_config, model_args)
+    problems += _router_problems(job_config, model_args)
     problems += _vocab_problems(job_config, model_args)
     problems += _converter_problems(job_config)
     problems += _float8_problems(job_config, model_args)

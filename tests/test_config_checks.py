@@ -250,3 +250,40 @@ def test_half_written_newest_is_left_to_torchtitan(tmp_path):
     save_step(tmp_path, 2, full=True)
     (tmp_path / "checkpoint" / "step-4").mkdir()
     start_up(resume_config(tmp_path))
+
+
+# ---- Mixture-of-Recursions ([grt] router) -----------------------------------------------------
+
+MOR = ["--grt.router", "expert_choice", "--grt.injection", "none", "--grt.update", "overwrite",
+       "--grt.depth_sampling", "fixed", "--grt.state_noise_std", "0", "--grt.gate_noise_std", "0"]
+
+
+@pytest.mark.parametrize("overrides,patterns", [
+    (["--parallelism.tensor_parallel_degree", "2"],
+     [r"\[parallelism\] tensor_parallel_degree = 2 is not supported with \[grt\] router = 'expert_choice' "
+      r"\(Mixture-of-Recursions\)", r"allowed: 1"]),
+    (["--grt.block_style", "llama"], [r"block_style = 'llama'", r"router = 'expert_choice' needs block_style = 'gpt2'"]),
+    (["--grt.depth_sampling", "uniform"], [r"depth_sampling = 'uniform'", r"needs depth_sampling = 'fixed'"]),
+    (["--grt.injection", "proj"], [r"injection = 'proj'", r"needs injection = 'none'"]),
+    (["--grt.router_capacity", "1,0.5"], [r"router_capacity = '1,0.5'", r"one capacity per step \(num_recurrences = 4\)"]),
+    (["--compile.enable", "--grt.router_capacity", "1,0.5,0.25,0.005"],
+     [r"\[grt\] router_capacity = '1,0.5,0.25,0.005' keeps a single token at \[training\] seq_len = 128",
+      r"Mixture-of-Recursions", r"\[compile\] enable", r"capacity x seq_len >= 2"]),
+], ids=["tp2", "llama", "sampled_depth", "re-injection", "capacity_count", "compile_one_token"])
+def test_what_mor_cannot_do_is_named(overrides, patterns):
+    with pytest.raises(ValueError) as info:
+        start_up(parse_config(*MOR, *overrides))
+    for pattern in patterns:
+        assert re.search(pattern, str(info.value)), (pattern, str(info.value))
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["--compile.enable", "--activation_checkpoint.mode", "full", "--grt.recurrence_checkpoint", "step"],
+    ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],  # routers exempt
+    ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
+], ids=["mor", "compile_ac_step", "float8", "ddp"])
+def test_good_mor_configs_pass(overrides, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = start_up(parse_config(*MOR, *overrides))
+    assert args.method_name == "MoR"

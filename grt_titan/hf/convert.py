@@ -54,6 +54,17 @@ class ExportError(CheckpointError):
 # ---- config ---------------------------------------------------------------------------
 
 
+def check_exportable(args: GRTModelArgs) -> None:
+    """Refuse methods that modeling_grt.py does not implement (docs/architecture.md)."""
+    if args.router != "none":
+        raise ExportError(
+            f"{args.method_name} (Mixture-of-Recursions, [grt] router = {args.router!r}) cannot be "
+            "exported to Hugging Face: modeling_grt.py has no expert-choice routing, so the "
+            "exported model would compute a different function; evaluate it with the torchtitan "
+            "model (training validation, grt-titan analyze)"
+        )
+
+
 def build_hf_config(args: GRTModelArgs, dtype: str = "float32"):
     from .configuration_grt import GRTConfig
 
@@ -176,6 +187,7 @@ def write_hf_folder(
         raise ExportError(f"parent folder of {out} does not exist")
     if dtype not in EXPORT_DTYPES:
         raise ExportError(f"dtype = {dtype!r} cannot be exported; allowed: {sorted(EXPORT_DTYPES)}")
+    check_exportable(model_args)
     adapter = GRTStateDictAdapter(model_args, None)
     native = {k: v for k, v in native_state_dict.items() if k not in TRAINING_ONLY_KEYS}
     check_native_shapes(model_args, native, "state dict")

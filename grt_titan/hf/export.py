@@ -19,7 +19,7 @@ from typing import Any
 from grt_titan.model.checkpoint import CheckpointError, load_checkpoint, load_model_args
 from grt_titan.tokenizer import resolve_tokenizer_path
 
-from .convert import DEFAULT_MAX_SHARD_SIZE, ExportError, write_hf_folder
+from .convert import DEFAULT_MAX_SHARD_SIZE, ExportError, check_exportable, write_hf_folder
 
 
 def find_validation_loss(checkpoint: Path, job_config, step: int | None) -> float | None:
@@ -70,6 +70,7 @@ def export_checkpoint(
     if out.exists() and not overwrite:  # fail before the (slow) checkpoint read
         raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
     args, job_config = load_model_args(config_file)
+    check_exportable(args)  # before the (slow) checkpoint read
     if tokenizer_path is None:
         tokenizer_path = resolve_tokenizer_path(getattr(job_config.model, "hf_assets_path", None))
     native, facts = load_checkpoint(checkpoint, args)
