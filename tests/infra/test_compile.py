@@ -47,3 +47,37 @@ def test_no_recompiles_across_depths_and_steps(checkpoint):
     assert len(set(seen)) == grt_flavors["debug"].num_recurrences  # every r was exercised
     assert counters["stats"]["unique_graphs"] == graphs, "a depth or a step recompiled"
     assert not counters["recompiles"], dict(counters["recompiles"])
+
+
+@pytest.mark.slow
+def test_mixture_of_recursions_compiles_one_step_graph():
+    """Every MoR step runs the core on its own k_i tokens; the token dimension is dynamic, so
+    the R steps share one graph (no recompile at all) and later training steps compile nothing.
+    With per-step AC (the FSDP run of test_parallel_parity covers compile without AC)."""
+    torch._dynamo.reset()
+    mor = dict(router="expert_choice", injection="none", update="overwrite", depth_sampling="fixed",
+               state_noise_std=0.0, gate_noise_std=0.0, vocab_size=VOCAB)
+    model = build_model(**mor)
+    reference = build_model(**mor)
+    apply_recurrence_ac(model, ActivationCheckpoint(mode="full"), "step", compile_enabled=True)
+    apply_recurrence_compile(model, Compile(enable=True, backend="inductor"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
+
+    def loss_of(out):
+        return out.logits.float().square().mean() + out.aux_loss_sum
+
+    def train_step():
+        optimizer.zero_grad()
+        loss = loss_of(model(tokens))
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    compiled = train_step()  # k = 32, 24, 16, 8: one graph for all four steps
+    torch.testing.assert_close(compiled, loss_of(reference(tokens)), rtol=1e-5, atol=1e-6)
+    graphs = counters["stats"]["unique_graphs"]
+    for _ in range(3):
+        train_step()
+    assert counters["stats"]["unique_graphs"] == graphs, "a step recompiled"
+    assert not counters["recompiles"], dict(counters["recompiles"])
