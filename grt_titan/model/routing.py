@@ -100,20 +100,21 @@ class ExpertChoiceRouter(nn.Module):
                     bce = F.binary_cross_entropy_with_logits(logits.float(), target.float(), reduction="sum")
                     # Mean over the step's candidates (as MoR), counted once per token of the batch.
                     aux = aux + bce * (seq_len / logits.shape[1])
-                weight = torch.sigmoid(logits.gather(1, keep)) * self.scale
+                weight = (torch.sigmoid(logits.gather(1, keep)) * self.scale).unsqueeze(-1)  # g [B, k, 1]
                 positions = keep if positions is None else positions.gather(1, keep)
                 rows = _rows(positions, dim)
                 h_sel = h.gather(1, rows)
-                # One compiled graph for every k_i (torch.compile; no effect in eager mode).
+                # One compiled graph for every k_i (torch.compile; no effect in eager mode): both
+                # step inputs carry k, or the static one would specialize the other.
                 torch._dynamo.maybe_mark_dynamic(h_sel, 1)
                 torch._dynamo.maybe_mark_dynamic(weight, 1)
-                new_sel, proposal = step(h_sel, weight.unsqueeze(-1), freqs_cis)
+                new_sel, proposal = step(h_sel, weight, freqs_cis)
                 new_h = h.scatter(1, rows, new_sel)
             if observer is not None:
                 # In the GRT's convention (h <- g h + (1 - g) o): g = 1 - weight on the routed
                 # tokens, 1 (copy) elsewhere; o = the core output there, h elsewhere.
                 with torch.no_grad():
-                    kept_share = torch.ones_like(h).scatter(1, rows, (1 - weight).unsqueeze(-1).expand_as(h_sel))
+                    kept_share = torch.ones_like(h).scatter(1, rows, (1 - weight).expand_as(h_sel))
                     observer(index + 1, depth, h, new_h, kept_share, h.scatter(1, rows, proposal))
             h = new_h
         if aux is not None:

@@ -49,20 +49,21 @@ def test_no_recompiles_across_depths_and_steps(checkpoint):
     assert not counters["recompiles"], dict(counters["recompiles"])
 
 
+
 @pytest.mark.slow
 def test_mixture_of_recursions_compiles_one_step_graph():
     """Every MoR step runs the core on its own k_i tokens; the token dimension is dynamic, so
-    the R steps share one graph (no recompile at all) and later training steps compile nothing.
-    With per-step AC (the FSDP run of test_parallel_parity covers compile without AC)."""
+    the R steps share one graph: with a recompile limit of 1 any recompile (another k_i,
+    another training step) raises. aot_eager: dynamo + AOTAutograd, where shapes are decided;
+    the FSDP run of test_parallel_parity compiles the same step with inductor."""
     torch._dynamo.reset()
     mor = dict(router="expert_choice", injection="none", update="overwrite", depth_sampling="fixed",
                state_noise_std=0.0, gate_noise_std=0.0, vocab_size=VOCAB)
     model = build_model(**mor)
     reference = build_model(**mor)
-    apply_recurrence_ac(model, ActivationCheckpoint(mode="full"), "step", compile_enabled=True)
-    apply_recurrence_compile(model, Compile(enable=True, backend="inductor"))
+    apply_recurrence_compile(model, Compile(enable=True, backend="aot_eager"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tokens = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
 
     def loss_of(out):
         return out.logits.float().square().mean() + out.aux_loss_sum
@@ -74,10 +75,8 @@ def test_mixture_of_recursions_compiles_one_step_graph():
         optimizer.step()
         return loss
 
-    compiled = train_step()  # k = 32, 24, 16, 8: one graph for all four steps
-    torch.testing.assert_close(compiled, loss_of(reference(tokens)), rtol=1e-5, atol=1e-6)
-    graphs = counters["stats"]["unique_graphs"]
-    for _ in range(3):
-        train_step()
-    assert counters["stats"]["unique_graphs"] == graphs, "a step recompiled"
-    assert not counters["recompiles"], dict(counters["recompiles"])
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+        compiled = train_step()  # k = 64, 48, 32, 16
+        torch.testing.assert_close(compiled, loss_of(reference(tokens)), rtol=1e-5, atol=1e-6)
+        for _ in range(2):
+            train_step()

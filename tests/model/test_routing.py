@@ -175,3 +175,15 @@ def test_matmul_flops_match_flop_counter(depth):
     attention = (args.n_prelude_layers + args.n_coda_layers) * 4 * S * S * args.dim + args.n_core_layers * sum(
         4 * k * k * args.dim for k in kept)
     assert measured_mm == S * args.forward_flops_per_token(S, depth) - attention
+
+
+def test_router_weights_have_hugging_face_checkpoint_names():
+    """torchtitan builds the HF key map of every run ([checkpoint] last_save_in_hf)."""
+    from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
+
+    model = build_model(**MOR)
+    adapter = GRTStateDictAdapter(model.model_args, None)
+    assert adapter.to_hf_map["recurrence.router.steps.3.weight"] == "model.router.3.weight"
+    native = {k: v for k, v in model.state_dict().items() if k in adapter.to_hf_map}
+    back = adapter.from_hf(adapter.to_hf(native))
+    assert back.keys() == native.keys() and all(back[k].equal(native[k]) for k in native)
