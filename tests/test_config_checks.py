@@ -265,9 +265,9 @@ MOR = ["--grt.router", "expert_choice", "--grt.injection", "none", "--grt.update
     (["--grt.block_style", "llama"], [r"block_style = 'llama'", r"router = 'expert_choice' needs block_style = 'gpt2'"]),
     (["--grt.depth_sampling", "uniform"], [r"depth_sampling = 'uniform'", r"needs depth_sampling = 'fixed'"]),
     (["--grt.injection", "proj"], [r"injection = 'proj'", r"needs injection = 'none'"]),
-    (["--grt.router_capacity", "1,0.5"], [r"router_capacity = '1,0.5'", r"one capacity per step \(num_recurrences = 4\)"]),
-    (["--compile.enable", "--grt.router_capacity", "1,0.5,0.25,0.005"],
-     [r"\[grt\] router_capacity = '1,0.5,0.25,0.005' keeps a single token at \[training\] seq_len = 128",
+    (["--grt.router_capacity", "1", "0.5"], [r"router_capacity = \[1.0, 0.5\]", r"one capacity per step \(num_recurrences = 4\)"]),
+    (["--compile.enable", "--grt.router_capacity", "1", "0.5", "0.25", "0.005"],
+     [r"\[grt\] router_capacity = \[1.0, 0.5, 0.25, 0.005\] keeps a single token at \[training\] seq_len = 128",
       r"Mixture-of-Recursions", r"\[compile\] enable", r"capacity x seq_len >= 2"]),
 ], ids=["tp2", "llama", "sampled_depth", "re-injection", "capacity_count", "compile_one_token"])
 def test_what_mor_cannot_do_is_named(overrides, patterns):
@@ -287,3 +287,13 @@ def test_good_mor_configs_pass(overrides, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     args = start_up(parse_config(*MOR, *overrides))
     assert args.method_name == "MoR"
+
+
+def test_router_capacity_must_be_a_list_of_floats():
+    config = parse_config(*MOR)
+    config.grt.router_capacity = "1,0.5,0.5,0.25"  # a TOML string: torchtitan does not type-check it
+    with pytest.raises(ValueError, match=r"\[grt\] overrides: router_capacity = '1,0.5,0.5,0.25' is invalid; "
+                                         r"allowed: a list of float or unset"):
+        start_up(config)
+    config.grt.router_capacity = [1.0, 0.5, 0.5, 0.25]
+    assert start_up(config).router_tokens_kept(128) == [128, 64, 64, 32]

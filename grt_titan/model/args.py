@@ -105,7 +105,7 @@ class GRTModelArgs(BaseModelArgs):
     exit_entropy_weight: float = 0.05  # Ouro: beta of the exit-distribution entropy bonus
     exit_threshold: float = 1.0  # Ouro: inference exits at the first step with CDF >= q
     router: Router = "none"
-    router_capacity: str | None = None  # MoR: comma-separated capacity per step; None = (R-i)/R
+    router_capacity: list[float] | None = None  # MoR: share of tokens kept per step; None = (R-i)/R
     router_scale: float = 0.1  # MoR: alpha, the router weight is sigmoid(logit) * alpha
     router_aux_weight: float = 0.001  # MoR: weight of the router's BCE auxiliary loss
 
@@ -299,10 +299,7 @@ class GRTModelArgs(BaseModelArgs):
                       f"router = {self.router!r} has one router per step: at most num_recurrences = {self.num_recurrences}")
         if self.router_capacity is None:
             return
-        try:
-            capacities = self.router_capacities
-        except ValueError:
-            raise bad("router_capacity", self.router_capacity, "must be comma-separated numbers, e.g. '1,0.75,0.5,0.25'") from None
+        capacities = self.router_capacities
         if len(capacities) != self.num_recurrences:
             raise bad("router_capacity", self.router_capacity,
                       f"needs one capacity per step (num_recurrences = {self.num_recurrences}), got {len(capacities)}")
@@ -318,7 +315,7 @@ class GRTModelArgs(BaseModelArgs):
         R = self.num_recurrences
         if self.router_capacity is None:
             return tuple((R - i) / R for i in range(R))
-        return tuple(float(c) for c in self.router_capacity.split(","))
+        return tuple(float(c) for c in self.router_capacity)
 
     def router_tokens_kept(self, seq_len: int) -> list[int]:
         """MoR: k_i = max(1, int(capacity_i * S)) per step, as the released code computes it."""

@@ -49,7 +49,7 @@ def reference_recurrence(model, h_pre, depth):
     return torch.stack(out), aux * args.router_aux_weight
 
 
-@pytest.mark.parametrize("capacity,depth", [(None, 4), ("1,0.5,0.5,0.25", 4), ("0.75,0.5,0.25,0.125", 3)])
+@pytest.mark.parametrize("capacity,depth", [(None, 4), ([1, 0.5, 0.5, 0.25], 4), ([0.75, 0.5, 0.25, 0.125], 3)])
 def test_training_forward_matches_hand_written_routing(capacity, depth):
     model = build_model(router_capacity=capacity, router_aux_weight=0.01, **MOR)
     x = tokens()
@@ -70,7 +70,7 @@ def test_default_capacities_and_kept_tokens():
     args = grt_flavors["small"].replace(**MOR)
     assert args.router_capacities == tuple((10 - i) / 10 for i in range(10))
     assert args.router_tokens_kept(1024) == [1024, 921, 819, 716, 614, 512, 409, 307, 204, 102]
-    assert args.replace(router_capacity="0.001").replace(num_recurrences=1).router_tokens_kept(16) == [1]
+    assert args.replace(router_capacity=[0.001]).replace(num_recurrences=1).router_tokens_kept(16) == [1]
 
 
 def test_aux_loss_at_init_is_log2_per_step_and_token():
@@ -127,10 +127,11 @@ def test_eval_returns_logits_and_depth_is_bounded_by_R():
         ({"update": "gate"}, "update"),
         ({"state_noise_std": 0.1}, "state_noise_std"),
         ({"eval_recurrences": 5}, "eval_recurrences"),
-        ({"router_capacity": "1,0.5"}, "router_capacity"),
-        ({"router_capacity": "1,0.5,0.75,0.25"}, "router_capacity"),
-        ({"router_capacity": "1,0.5,0,0"}, "router_capacity"),
-        ({"router_capacity": "all"}, "router_capacity"),
+        ({"router_capacity": [1, 0.5]}, "router_capacity"),
+        ({"router_capacity": [1, 0.5, 0.75, 0.25]}, "router_capacity"),
+        ({"router_capacity": [1, 0.5, 0, 0]}, "router_capacity"),
+        ({"router_capacity": "1,0.5,0.5,0.25"}, "router_capacity"),
+        ({"router_capacity": [1, 0.5, float("nan"), 0.25]}, "router_capacity"),
         ({"router_scale": 0.0}, "router_scale"),
     ],
 )
