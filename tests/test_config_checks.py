@@ -17,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torchtitan.protocols.train_spec import get_train_spec
 
 import grt_titan  # noqa: F401  registers the spec
-from grt_test_helpers import DEBUG_TOML, REGISTERED_CONVERTERS, REPO, parse_config
+from grt_test_helpers import DEBUG_TOML, MOR_OVERRIDES, REGISTERED_CONVERTERS, REPO, parse_config
 from grt_titan.config_checks import Flavors, UnknownFlavorError, check_job_config
 from grt_titan.model import grt_flavors
 
@@ -254,9 +254,6 @@ def test_half_written_newest_is_left_to_torchtitan(tmp_path):
 
 # ---- Mixture-of-Recursions ([grt] router) -----------------------------------------------------
 
-MOR = ["--grt.router", "expert_choice", "--grt.injection", "none", "--grt.update", "overwrite",
-       "--grt.depth_sampling", "fixed", "--grt.state_noise_std", "0", "--grt.gate_noise_std", "0"]
-
 
 @pytest.mark.parametrize("overrides,patterns", [
     (["--parallelism.tensor_parallel_degree", "2"],
@@ -272,7 +269,7 @@ MOR = ["--grt.router", "expert_choice", "--grt.injection", "none", "--grt.update
 ], ids=["tp2", "llama", "sampled_depth", "re-injection", "capacity_count", "compile_one_token"])
 def test_what_mor_cannot_do_is_named(overrides, patterns):
     with pytest.raises(ValueError) as info:
-        start_up(parse_config(*MOR, *overrides))
+        start_up(parse_config(*MOR_OVERRIDES, *overrides))
     for pattern in patterns:
         assert re.search(pattern, str(info.value)), (pattern, str(info.value))
 
@@ -285,12 +282,12 @@ def test_what_mor_cannot_do_is_named(overrides, patterns):
 ], ids=["mor", "compile_ac_step", "float8", "ddp"])
 def test_good_mor_configs_pass(overrides, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    args = start_up(parse_config(*MOR, *overrides))
+    args = start_up(parse_config(*MOR_OVERRIDES, *overrides))
     assert args.method_name == "MoR"
 
 
 def test_router_capacity_must_be_a_list_of_floats():
-    config = parse_config(*MOR)
+    config = parse_config(*MOR_OVERRIDES)
     config.grt.router_capacity = "1,0.5,0.5,0.25"  # a TOML string: torchtitan does not type-check it
     with pytest.raises(ValueError, match=r"\[grt\] overrides: router_capacity = '1,0.5,0.5,0.25' is invalid; "
                                          r"allowed: a list of float or unset"):

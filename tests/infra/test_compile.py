@@ -6,7 +6,7 @@ from torch._dynamo.utils import counters
 from torchtitan.config.job_config import ActivationCheckpoint, Compile
 
 from grt_titan.infra.parallelize import apply_recurrence_ac, apply_recurrence_compile
-from grt_test_helpers import build_model
+from grt_test_helpers import MOR_PARTS, build_model
 from grt_titan.model import grt_flavors
 
 VOCAB = 512
@@ -57,10 +57,8 @@ def test_mixture_of_recursions_compiles_one_step_graph():
     another training step) raises. aot_eager: dynamo + AOTAutograd, where shapes are decided;
     the FSDP run of test_parallel_parity compiles the same step with inductor."""
     torch._dynamo.reset()
-    mor = dict(router="expert_choice", injection="none", update="overwrite", depth_sampling="fixed",
-               state_noise_std=0.0, gate_noise_std=0.0, vocab_size=VOCAB)
-    model = build_model(**mor)
-    reference = build_model(**mor)
+    model = build_model(**MOR_PARTS, vocab_size=VOCAB)
+    reference = build_model(**MOR_PARTS, vocab_size=VOCAB)
     apply_recurrence_compile(model, Compile(enable=True, backend="aot_eager"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grt_test_helpers import SHORT_DEBUG_RUN
+from grt_test_helpers import MOR_OVERRIDES, SHORT_DEBUG_RUN
 
 STEPS = 5
 COMMON = [
@@ -169,19 +169,16 @@ def test_llama_blocks_tensor_parallel_match_one_rank(run_torchrun, tmp_path):
         assert losses == pytest.approx(ref_losses, rel=1e-5), layout
 
 
-MOR = ["--grt.router", "expert_choice", "--grt.injection", "none", "--grt.update", "overwrite",
-       "--grt.depth_sampling", "fixed"]
-
 
 @pytest.mark.slow
 def test_mixture_of_recursions_fsdp_compiled_matches_one_rank(run_torchrun, tmp_path):
     """MoR ([grt] router): one 2-rank FSDP run with compile (and the per-step router metrics
     of every logged step) against a 1-rank eager run from the same seed checkpoint."""
-    seed = make_seed_checkpoint(tmp_path / "seed", MOR)
-    ref_losses, ref_norms = train(run_torchrun, tmp_path, seed, "one_rank", 1, {**ONE_RANK, "args": MOR})
+    seed = make_seed_checkpoint(tmp_path / "seed", MOR_OVERRIDES)
+    ref_losses, ref_norms = train(run_torchrun, tmp_path, seed, "one_rank", 1, {**ONE_RANK, "args": MOR_OVERRIDES})
     assert len(ref_losses) == STEPS and ref_losses[-1] < ref_losses[0]
     run_dir = tmp_path / "fsdp2_compile"
-    proc = run_torchrun(2, layout_args(run_dir, seed, 2, {"args": [*MOR, "--compile.enable"]}),
+    proc = run_torchrun(2, layout_args(run_dir, seed, 2, {"args": [*MOR_OVERRIDES, "--compile.enable"]}),
                         tmp_path / "fsdp2-compile-log", env={"TORCH_LOGS": "recompiles"})
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]

@@ -7,15 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grt_test_helpers import build_model
+from grt_test_helpers import MOR_PARTS, build_model
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import grt_flavors
 from grt_titan.model.output import TrainingOutput
 
 VOCAB = 512
-# MoR's parts (docs/architecture.md): no re-injection, no gate, no noise, fixed depth R.
-MOR = dict(router="expert_choice", injection="none", update="overwrite", depth_sampling="fixed",
-           state_noise_std=0.0, gate_noise_std=0.0, vocab_size=VOCAB)
+MOR = dict(MOR_PARTS, vocab_size=VOCAB)
 
 
 def tokens(batch=2, seq=16, seed=1):
