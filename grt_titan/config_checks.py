@@ -174,7 +174,7 @@ def _method_problems(job_config, args) -> list[str]:
             f"tensor_parallel_degree = {tp} (Ouro's per-token exit gathers over sequence shards); "
             "allowed: 1.0 (the last step) or tensor_parallel_degree = 1"
         )
-    return problems
+    return problems + _router_problems(job_config, args)
 
 
 def _sequence_problems(job_config, args) -> list[str]:
@@ -193,6 +193,34 @@ def _sequence_problems(job_config, args) -> list[str]:
             )
         if cfg.local_batch_size < 1:
             problems.append(f"[{name}] local_batch_size = {cfg.local_batch_size} is invalid; allowed: >= 1")
+    return problems
+
+
+def _router_problems(job_config, args) -> list[str]:
+    """What Mixture-of-Recursions (`[grt] router`) cannot run with. Its model-level rules
+    (llama blocks, sampled depth, other parts) are GRTModelArgs.validate's."""
+    if args.router == "none" or not args.is_recurrent:
+        return []
+    problems, method = [], f"[grt] router = {args.router!r} (Mixture-of-Recursions)"
+    tp = job_config.parallelism.tensor_parallel_degree
+    if tp > 1:
+        problems.append(
+            f"[parallelism] tensor_parallel_degree = {tp} is not supported with {method}: each "
+            "step's top-k runs over the whole sequence, which sequence parallelism shards over "
+            "the TP ranks; allowed: 1 (FSDP/HSDP/DDP only)"
+        )
+    if job_config.compile.enable and "model" in job_config.compile.components:
+        sections = [("training", job_config.training)]
+        if job_config.validation.enable:
+            sections.append(("validation", job_config.validation))
+        for name, cfg in sections:
+            if cfg.seq_len >= 1 and min(args.router_tokens_kept(cfg.seq_len)) < 2:
+                problems.append(
+                    f"[grt] router_capacity = {args.router_capacity!r} keeps a single token at "
+                    f"[{name}] seq_len = {cfg.seq_len} with {method} and [compile] enable: "
+                    "torch.compile specializes a one-token step (one more graph per such step); "
+                    "allowed: capacities with capacity x seq_len >= 2 for every step"
+                )
     return problems
 
 
@@ -231,8 +259,10 @@ def _float8_problems(job_config, args) -> list[str]:
     model = build_meta_model(args)
     bad = []
     for fqn, module in model.named_modules():
-        # The LM head (vocabulary rows) and Ouro's exit gate (one output) stay high precision.
-        if not isinstance(module, nn.Linear) or fqn in ("output", "exit_gate"):
+        # The LM head (vocabulary rows), Ouro's exit gate (one output) and MoR's routers (d -> 1,
+        # a dot product per token) stay in high precision.
+        if (not isinstance(module, nn.Linear) or fqn in ("output", "exit_gate")
+                or fqn.startswith("recurrence.router.")):
             continue
         if any(f in fqn for f in filter_fqns):
             continue

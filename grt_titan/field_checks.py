@@ -1,4 +1,5 @@
-"""The field checker: types, Literal choices and finiteness of a config dataclass's fields.
+"""The field checker: types, Literal choices and finiteness of a config dataclass's fields
+(scalars and lists of scalars).
 
 A leaf module (no grt_titan imports): `GRTModelArgs.validate` and the start-up checks of the
 whole job config (grt_titan/config_checks.py) both use it, so each rule has one home.
@@ -35,6 +36,29 @@ def _scalar_types(annotation) -> tuple[type, ...] | None:
         args = typing.get_args(annotation)
         if all(a in scalars or a is type(None) for a in args):
             return tuple(args)
+    return None
+
+
+def _list_item_types(annotation) -> tuple[tuple[type, ...], bool] | None:
+    """((item types), None allowed) for `list[X]` or `list[X] | None` with X scalar, else None."""
+    args = (typing.get_args(annotation) if typing.get_origin(annotation) in (Union, types.UnionType)
+            else (annotation,))
+    lists = [a for a in args if typing.get_origin(a) is list]
+    if len(lists) != 1 or any(a is not type(None) and a not in lists for a in args):
+        return None
+    items = _scalar_types(typing.get_args(lists[0])[0]) if typing.get_args(lists[0]) else None
+    return None if items is None else (items, type(None) in args)
+
+
+def _list_problem(value, items: tuple[type, ...], optional: bool) -> str | None:
+    """What is wrong with `value` for a `list[item] (| None)` field (None if nothing)."""
+    if value is None and optional:
+        return None
+    allowed = f"a list of {_type_name(items)}" + (" or unset" if optional else "")
+    if not isinstance(value, (list, tuple)) or not all(_type_ok(v, items) for v in value):
+        return allowed
+    if any(isinstance(v, float) and not math.isfinite(v) for v in value):
+        return "finite numbers"
     return None
 
 
@@ -81,6 +105,10 @@ def field_problems(obj, where: str, hints: dict[str, Any] | None = None,
             continue
         allowed_types = _scalar_types(annotation)
         if allowed_types is None:
+            list_items = _list_item_types(annotation)
+            problem = None if list_items is None else _list_problem(value, *list_items)
+            if problem is not None:
+                problems.append(f"{where} {f.name} = {value!r} is invalid; allowed: {problem}")
             continue
         if not _type_ok(value, allowed_types):
             problems.append(

@@ -126,8 +126,10 @@ class GRTSection:
     router: Router | None = None
     """expert_choice: Mixture-of-Recursions, a router per step picks the tokens it updates."""
 
-    router_capacity: str | None = None
-    """MoR: comma-separated share of tokens each step keeps, descending (default (R - i) / R)."""
+    router_capacity: list[float] | None = None
+    """MoR: share of the tokens each step keeps, one float per step, non-increasing, in (0, 1]
+    (TOML `[1.0, 0.75, 0.5, 0.25]`, command line `--grt.router_capacity 1 0.75 0.5 0.25`);
+    default (R - i) / R."""
 
     router_scale: float | None = None
     """MoR: alpha; a selected token's update is scaled by sigmoid(router logit) x alpha (0.1)."""

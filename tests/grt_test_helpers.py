@@ -52,6 +52,13 @@ SHORT_DEBUG_RUN = [
 ]
 
 
+# Mixture-of-Recursions' parts (docs/architecture.md): routed steps, no re-injection, no gate,
+# no noise, fixed depth R. As model-arg changes and as `[grt]` command-line overrides.
+MOR_PARTS = dict(router="expert_choice", injection="none", update="overwrite", depth_sampling="fixed",
+                 state_noise_std=0.0, gate_noise_std=0.0)
+MOR_OVERRIDES = [item for key, value in MOR_PARTS.items() for item in (f"--grt.{key}", str(value))]
+
+
 # A gloo rank of a finished job can abort (SIGABRT) while the process tears down, after
 # torchtitan's rank 0 has left the training loop (pytorch#179291: gloo worker threads outlive
 # the interpreter's finalization). Seen once (rank 1, exit code -6, all 20 steps logged) in a

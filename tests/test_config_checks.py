@@ -17,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torchtitan.protocols.train_spec import get_train_spec
 
 import grt_titan  # noqa: F401  registers the spec
-from grt_test_helpers import DEBUG_TOML, REGISTERED_CONVERTERS, REPO, parse_config
+from grt_test_helpers import DEBUG_TOML, MOR_OVERRIDES, REGISTERED_CONVERTERS, REPO, parse_config
 from grt_titan.config_checks import Flavors, UnknownFlavorError, check_job_config
 from grt_titan.model import grt_flavors
 
@@ -278,3 +278,45 @@ def test_ouro_exit_gate_is_left_out_of_the_float8_check():
     args = start_up(parse_config(*OURO, "--model.converters", "quantize.linear.float8",
                                  "--quantize.linear.float8.emulate"))
     assert args.per_step_readout
+# ---- Mixture-of-Recursions ([grt] router) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides,patterns", [
+    (["--parallelism.tensor_parallel_degree", "2"],
+     [r"\[parallelism\] tensor_parallel_degree = 2 is not supported with \[grt\] router = 'expert_choice' "
+      r"\(Mixture-of-Recursions\)", r"allowed: 1"]),
+    (["--grt.block_style", "llama"], [r"block_style = 'llama'", r"router = 'expert_choice' needs block_style = 'gpt2'"]),
+    (["--grt.depth_sampling", "uniform"], [r"depth_sampling = 'uniform'", r"needs depth_sampling = 'fixed'"]),
+    (["--grt.injection", "proj"], [r"injection = 'proj'", r"needs injection = 'none'"]),
+    (["--grt.router_capacity", "1", "0.5"], [r"router_capacity = \[1.0, 0.5\]", r"one capacity per step \(num_recurrences = 4\)"]),
+    (["--compile.enable", "--grt.router_capacity", "1", "0.5", "0.25", "0.005"],
+     [r"\[grt\] router_capacity = \[1.0, 0.5, 0.25, 0.005\] keeps a single token at \[training\] seq_len = 128",
+      r"Mixture-of-Recursions", r"\[compile\] enable", r"capacity x seq_len >= 2"]),
+], ids=["tp2", "llama", "sampled_depth", "re-injection", "capacity_count", "compile_one_token"])
+def test_what_mor_cannot_do_is_named(overrides, patterns):
+    with pytest.raises(ValueError) as info:
+        start_up(parse_config(*MOR_OVERRIDES, *overrides))
+    for pattern in patterns:
+        assert re.search(pattern, str(info.value)), (pattern, str(info.value))
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["--compile.enable", "--activation_checkpoint.mode", "full", "--grt.recurrence_checkpoint", "step"],
+    ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],  # routers exempt
+    ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
+], ids=["mor", "compile_ac_step", "float8", "ddp"])
+def test_good_mor_configs_pass(overrides, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = start_up(parse_config(*MOR_OVERRIDES, *overrides))
+    assert args.method_name == "MoR"
+
+
+def test_router_capacity_must_be_a_list_of_floats():
+    config = parse_config(*MOR_OVERRIDES)
+    config.grt.router_capacity = "1,0.5,0.5,0.25"  # a TOML string: torchtitan does not type-check it
+    with pytest.raises(ValueError, match=r"\[grt\] overrides: router_capacity = '1,0.5,0.5,0.25' is invalid; "
+                                         r"allowed: a list of float or unset"):
+        start_up(config)
+    config.grt.router_capacity = [1.0, 0.5, 0.5, 0.25]
+    assert start_up(config).router_tokens_kept(128) == [128, 64, 64, 32]

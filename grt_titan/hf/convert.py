@@ -54,6 +54,24 @@ class ExportError(CheckpointError):
 # ---- config ---------------------------------------------------------------------------
 
 
+def check_exportable(args: GRTModelArgs) -> None:
+    """Refuse, by name and before anything is read, a method modeling_grt.py does not
+    implement (docs/hf_export.md)."""
+    if args.per_step_readout:
+        raise ExportError(
+            f"{args.method_name} ([grt] objective = 'exit_distribution') is not exportable to "
+            "Hugging Face yet: modeling_grt.py has no exit gate and no Q-exit; evaluate it with "
+            "torchtitan's validator (docs/hf_export.md)"
+        )
+    if args.router != "none":
+        raise ExportError(
+            f"{args.method_name} (Mixture-of-Recursions, [grt] router = {args.router!r}) cannot be "
+            "exported to Hugging Face: modeling_grt.py has no expert-choice routing, so the "
+            "exported model would compute a different function; evaluate it with the torchtitan "
+            "model (training validation, grt-titan analyze)"
+        )
+
+
 def build_hf_config(args: GRTModelArgs, dtype: str = "float32"):
     from .configuration_grt import GRTConfig
 
@@ -145,16 +163,6 @@ def write_weights(out: Path, hf_state_dict: dict[str, torch.Tensor], max_shard_s
 
 
 # ---- the folder -----------------------------------------------------------------------
-
-
-def check_exportable(model_args: GRTModelArgs) -> None:
-    """Refuse, by name, a method modeling_grt.py cannot run yet (before anything is read)."""
-    if model_args.per_step_readout:
-        raise ExportError(
-            f"{model_args.method_name} ([grt] objective = 'exit_distribution') is not exportable to "
-            "Hugging Face yet: modeling_grt.py has no exit gate and no Q-exit; evaluate it with "
-            "torchtitan's validator (docs/hf_export.md)"
-        )
 
 
 def write_hf_folder(

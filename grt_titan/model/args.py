@@ -111,7 +111,7 @@ class GRTModelArgs(BaseModelArgs):
     exit_entropy_weight: float = 0.05  # Ouro: beta of the exit-distribution entropy bonus
     exit_threshold: float = 1.0  # Ouro: inference exits at the first step with CDF >= q
     router: Router = "none"
-    router_capacity: str | None = None  # MoR: comma-separated capacity per step; None = (R-i)/R
+    router_capacity: list[float] | None = None  # MoR: share of tokens kept per step; None = (R-i)/R
     router_scale: float = 0.1  # MoR: alpha, the router weight is sigmoid(logit) * alpha
     router_aux_weight: float = 0.001  # MoR: weight of the router's BCE auxiliary loss
 
@@ -303,6 +303,51 @@ class GRTModelArgs(BaseModelArgs):
             raise bad("router_scale", self.router_scale, "must be > 0")
         if self.router_aux_weight < 0:
             raise bad("router_aux_weight", self.router_aux_weight, "must be >= 0")
+        if self.router != "none":
+            self._validate_router(bad)
+
+    def _validate_router(self, bad: Callable[[str, Any, str], ValueError]) -> None:
+        """MoR (router = expert_choice) is prelude + core x R + coda with routed steps only:
+        no re-injection, no gate, no noise, a fixed depth R (one router per step)."""
+        required = {
+            "block_style": ("gpt2", "the routed core gathers tokens; llama blocks would need their RoPE positions gathered too"),
+            "depth_sampling": ("fixed", "one router and one capacity per step of a fixed depth R"),
+            "injection": ("none", "MoR does not re-inject the prelude output"),
+            "update": ("overwrite", "the router weight replaces the gate: h <- h + g (core(h) - h) on routed tokens"),
+            "initial_state": ("prelude", "MoR starts from the prelude output"),
+            "step_adapter": ("none", "MoR shares the core strictly"),
+            "objective": ("final", "MoR's loss is CE at the last step plus the router's auxiliary loss"),
+            "state_noise_std": (0.0, "MoR has no state noise"),
+        }
+        for name, (value, why) in required.items():
+            if getattr(self, name) != value:
+                raise bad(name, getattr(self, name), f"router = {self.router!r} needs {name} = {value!r} ({why})")
+        if self.eval_recurrences is not None and self.eval_recurrences > self.num_recurrences:
+            raise bad("eval_recurrences", self.eval_recurrences,
+                      f"router = {self.router!r} has one router per step: at most num_recurrences = {self.num_recurrences}")
+        if self.router_capacity is None:
+            return
+        capacities = self.router_capacities
+        if len(capacities) != self.num_recurrences:
+            raise bad("router_capacity", self.router_capacity,
+                      f"needs one capacity per step (num_recurrences = {self.num_recurrences}), got {len(capacities)}")
+        if not all(0.0 < c <= 1.0 for c in capacities):
+            raise bad("router_capacity", self.router_capacity, "capacities must be in (0, 1]")
+        if any(b > a for a, b in zip(capacities, capacities[1:])):
+            raise bad("router_capacity", self.router_capacity,
+                      "capacities must not increase (step i chooses among the tokens step i-1 kept)")
+
+    @property
+    def router_capacities(self) -> tuple[float, ...]:
+        """MoR: share of the sequence step i keeps; `router_capacity`, else (R - i) / R."""
+        R = self.num_recurrences
+        if self.router_capacity is None:
+            return tuple((R - i) / R for i in range(R))
+        return tuple(float(c) for c in self.router_capacity)
+
+    def router_tokens_kept(self, seq_len: int) -> list[int]:
+        """MoR: k_i = max(1, int(capacity_i * S)) per step, as the released code computes it."""
+        return [max(1, int(c * seq_len)) for c in self.router_capacities]
 
     # The whole-job start-up checks (grt_titan.config_checks.check_job_config), installed by
     # grt_titan.spec at registration: torchtitan's Trainer calls update_from_config after the
@@ -364,6 +409,8 @@ class GRTModelArgs(BaseModelArgs):
         r = self.expected_recurrences if recurrences is None else recurrences
         if not self.is_recurrent:
             r = 0.0
+        elif self.router != "none":
+            return self._routed_forward_flops_per_token(seq_len, round(r))
         blocks = self.n_prelude_layers + self.n_core_layers * r + self.n_coda_layers
         per_block = 2 * self.block_matmul_params() + 4 * seq_len * self.dim
         return (
@@ -385,6 +432,21 @@ class GRTModelArgs(BaseModelArgs):
         if training:
             extra += (r - 1) * 2 * self.dim * self.padded_vocab_size
         return extra
+    def _routed_forward_flops_per_token(self, seq_len: int, r: int) -> float:
+        """MoR (docs/architecture.md): step i runs the core on its k_i routed tokens and its
+        router on its m_i candidates (m_0 = S, m_i = k_{i-1}), per token of the sequence:
+        (p + c)(2W + 4 S d) + n sum_{i<r} [(k_i / S) 2W + 4 (k_i^2 / S) d]
+        + sum_{i<r} (m_i / S) 2 d + 2 d V, with W = block_matmul_params (12 d^2 for GPT-2)."""
+        S, d, weights = seq_len, self.dim, self.block_matmul_params()
+        kept = self.router_tokens_kept(S)[:r]
+        candidates = [S] + kept[:-1]
+        core = sum((k / S) * 2 * weights + 4 * (k * k / S) * d for k in kept)
+        return (
+            (self.n_prelude_layers + self.n_coda_layers) * (2 * weights + 4 * S * d)
+            + self.n_core_layers * core
+            + sum((m / S) * 2 * d for m in candidates)
+            + 2 * d * self.padded_vocab_size
+        )
 
     def train_flops_per_token(self, seq_len: int, recurrences: float | None = None) -> float:
         """Forward + backward = 3x the training forward, torchtitan's convention (6N per

@@ -120,17 +120,25 @@ class GRTModel(ModelProtocol):
         `num_recurrences`: depth r of this call (0 = prelude only, r < R early exit,
         r > R extrapolation). None: sampled per the config in training, the eval depth
         (default R) in eval mode.
+        A MoR training forward returns `TrainingOutput(logits, aux_loss_sum=...)` (the
+        router's auxiliary loss); every eval forward returns plain logits.
         """
         if attention_masks is not None or positions is not None:
             raise ValueError("GRT supports causal sdpa attention only (no masks, no positions)")
         h = self.prelude(self.embed(tokens), self.freqs_cis)
         if self.exit_gate is not None and (self.training or self.model_args.exit_threshold < 1):
             return self.exit_readout(h, num_recurrences)
+        aux_loss_sum = None
         if self.recurrence is not None:
             h = self.recurrence(h, self.freqs_cis, num_recurrences)
+            if isinstance(h, tuple):  # MoR: (state, router auxiliary loss)
+                h, aux_loss_sum = h
         elif num_recurrences:
             raise ValueError(f"num_recurrences = {num_recurrences} given to a dense model (no core)")
-        return self.logits_from_state(h)
+        logits = self.logits_from_state(h)
+        if aux_loss_sum is not None:
+            return TrainingOutput(logits, aux_loss_sum=aux_loss_sum)
+        return logits
 
     def logits_from_state(self, h: torch.Tensor) -> torch.Tensor:
         """Coda, final norm and LM head on a state h [B, S, dim]: the end of `forward`.

@@ -37,6 +37,7 @@ from torchtitan.models.utils import trunc_normal_
 from .adapters import StepAdapters
 from .args import GRTModelArgs
 from .blocks import BlockStack
+from .routing import ExpertChoiceRouter, RoutedStep
 
 
 def heavy_tail_depth(rng: np.random.Generator, mean: float, sigma: float = 0.5) -> int:
@@ -214,7 +215,10 @@ class Recurrence(nn.Module):
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
-        self.step = RecurrenceStep(args)
+        self.step = RecurrenceStep(args) if args.router == "none" else RoutedStep(args)
+        # MoR (router = expert_choice, grt_titan/model/routing.py): a router per step picks
+        # the tokens that step updates.
+        self.router = ExpertChoiceRouter(args) if args.router != "none" else None
         self.depth_sampler = DepthSampler(args)
         self.state_noise_std = args.state_noise_std
         self.gate_noise_std = args.gate_noise_std
@@ -293,11 +297,15 @@ class Recurrence(nn.Module):
         freqs_cis: torch.Tensor | None,
         num_recurrences: int | None = None,
         all_states: bool = False,
-    ) -> torch.Tensor | list[torch.Tensor]:
-        """The state after r steps; with `all_states`, the list of the states after steps
-        1..r (per-step readouts: objective = "exit_distribution"). A returned list, not an
-        argument to fill: FSDP's hooks copy the containers a module is called with."""
+    ) -> torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, torch.Tensor | None]:
+        """The state after r steps. With `all_states`, the list of the states after steps
+        1..r (Ouro's per-step readouts; a returned list, not an argument to fill: FSDP's
+        hooks copy the containers a module is called with). With a router (MoR), the pair
+        (h, the router's auxiliary loss sum)."""
         depth = self.resolve_depth(num_recurrences)
+        if self.router is not None:
+            # A distinct tensor, not h_pre itself: a compiled step guards on input aliasing.
+            return self._routed_forward(h_pre.clone(), freqs_cis, depth)
         generator = self._noise_generator(h_pre)
         h = self.initial_state(h_pre, generator)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
@@ -324,8 +332,21 @@ class Recurrence(nn.Module):
             h = new_h
         return states if all_states else h
 
+    def _routed_forward(
+        self, h: torch.Tensor, freqs_cis: torch.Tensor | None, depth: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """MoR: `depth` routed steps (no noise, no W_proj, no gate); see routing.py."""
+        observer = self.observer
+        first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
+        return self.router(
+            self.step, h, freqs_cis, depth, grad_from=first_tracked,
+            observer=None if observer is None else (lambda *parts: observer(StepRecord(*parts))),
+        )
+
     def init_weights(self) -> None:
         self.step.init_weights()
+        if self.router is not None:
+            self.router.init_weights()
         self.depth_sampler.reset()
 
 

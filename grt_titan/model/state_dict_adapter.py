@@ -11,6 +11,7 @@ The HF names are those of grt_titan/hf/modeling_grt.py (a `trust_remote_code` mo
 | recurrence.step.proj.weight                  | model.proj.weight (W_proj)                   |
 | recurrence.step.gate.{state_norm,anchor_norm,w_in,w_out}.* | model.gate.{same}.*            |
 | recurrence.step.adapters.{a,b}.{qkv,attention_out,mlp_in,mlp_out} (RRT) | model.adapters.{same} |
+| recurrence.router.steps.{i}.weight (MoR)     | model.router.{i}.weight (HF saves only; export-hf refuses MoR) |
 | coda.layers.{i}.<block>                      | model.coda.{i}.<block>                       |
 | norm.*                                       | model.norm.*                                 |
 | output.weight                                | lm_head.weight (llama only; gpt2 ties it)    |
@@ -107,6 +108,9 @@ def native_to_hf_key(key: str, block_style: str) -> str:
     else:
         if module in _TOP_LEVEL:
             return f"{_TOP_LEVEL[module]}.{leaf}"
+        step, _, index = module.rpartition(".")
+        if step == "recurrence.router.steps" and index.isdigit():  # MoR: one router per step
+            return f"model.router.{index}.{leaf}"
     raise ValueError(f"no Hugging Face name for GRT parameter {key!r} (block_style={block_style!r})")
 
 

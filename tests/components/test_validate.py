@@ -5,8 +5,8 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
-from components_helpers import ByteTokenizer, job_config, make_dataset, tiny_model
-from grt_test_helpers import one_rank_dims
+from components_helpers import ByteTokenizer, job_config, make_dataset, tiny_args, tiny_model
+from grt_test_helpers import MOR_PARTS, build_model, one_rank_dims
 
 from grt_titan.components.validate import GRTValidator, validation_depths
 from grt_titan.data.loader import build_validation_dataloader
@@ -77,6 +77,24 @@ def test_depthwise_losses_equal_independent_forwards_and_flops_eq1(tmp_path):
     assert call["step"] == 7 and metrics.ntokens_since_last_log == 3 * 2 * 32
     losses = [call[f"validation_metrics/loss_r{r}"] for r in validation_depths(R)]
     assert len(set(losses)) == len(losses)  # the depths really differ
+
+
+def test_mixture_of_recursions_is_scored_up_to_R(tmp_path):
+    """MoR has one router per step: depths 0..R, no extrapolation; FLOPs from its own formula."""
+    metrics = RecordingMetrics()
+    validator, jc = _validator(tmp_path, metrics)
+    model = build_model(tiny_args(**MOR_PARTS))
+    validator.validate([model], step=3)
+    (call,) = metrics.calls
+    args = model.model_args
+    R = args.num_recurrences
+    assert sorted(k for k in call if k.startswith("validation_metrics/loss_r")) == [
+        f"validation_metrics/loss_r{r}" for r in range(R + 1)]
+    for r in range(R + 1):
+        assert call[f"validation_metrics/loss_r{r}"] == pytest.approx(_independent_loss(jc, model, r), rel=1e-6)
+        flops = args.forward_flops_per_token(jc.validation.seq_len, r)
+        assert call[f"validation_metrics/flops_per_token_r{r}"] == flops
+    assert call["loss"] == call[f"validation_metrics/loss_r{R}"]
 
 
 def test_eval_depth_outside_the_set_is_scored_separately(tmp_path):

@@ -246,4 +246,18 @@ def test_ouro_is_refused_by_name(tmp_path, capsys):
     assert cli(["export-hf", "--checkpoint", str(tmp_path / "nope"), "--config",
                 str(REPO / "train_configs" / "paper" / "small_ouro.toml"), "--out", str(out_parent / "x")]) == 1
     assert "Ouro ([grt] objective = 'exit_distribution') is not exportable" in capsys.readouterr().err
+def test_mixture_of_recursions_is_refused_by_name(tmp_path, capsys):
+    """modeling_grt.py has no expert-choice routing: the export stops before reading weights."""
+    from grt_titan.hf.convert import ExportError
+    from grt_test_helpers import MOR_PARTS, REPO, build_model
+
+    out_parent = tmp_path / "out"
+    out_parent.mkdir()
+    assert cli(["export-hf", "--checkpoint", str(tmp_path / "nope"), "--config",
+                str(REPO / "train_configs" / "paper" / "small_mor.toml"), "--out", str(out_parent / "x")]) == 1
+    err = capsys.readouterr().err
+    assert "MoR (Mixture-of-Recursions, [grt] router = 'expert_choice') cannot be exported" in err
+    model = build_model(**MOR_PARTS, vocab_size=512)
+    with pytest.raises(ExportError, match=r"MoR \(Mixture-of-Recursions"):
+        write_hf_folder(out_parent / "y", model.state_dict(), model.model_args, write_tokenizer=False)
     _assert_nothing_written(out_parent)

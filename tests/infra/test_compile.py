@@ -6,7 +6,7 @@ from torch._dynamo.utils import counters
 from torchtitan.config.job_config import ActivationCheckpoint, Compile
 
 from grt_titan.infra.parallelize import apply_recurrence_ac, apply_recurrence_compile
-from grt_test_helpers import build_model
+from grt_test_helpers import MOR_PARTS, build_model
 from grt_titan.model import grt_flavors
 
 VOCAB = 512
@@ -47,3 +47,34 @@ def test_no_recompiles_across_depths_and_steps(checkpoint):
     assert len(set(seen)) == grt_flavors["debug"].num_recurrences  # every r was exercised
     assert counters["stats"]["unique_graphs"] == graphs, "a depth or a step recompiled"
     assert not counters["recompiles"], dict(counters["recompiles"])
+
+
+
+@pytest.mark.slow
+def test_mixture_of_recursions_compiles_one_step_graph():
+    """Every MoR step runs the core on its own k_i tokens; the token dimension is dynamic, so
+    the R steps share one graph: with a recompile limit of 1 any recompile (another k_i,
+    another training step) raises. aot_eager: dynamo + AOTAutograd, where shapes are decided;
+    the FSDP run of test_parallel_parity compiles the same step with inductor."""
+    torch._dynamo.reset()
+    model = build_model(**MOR_PARTS, vocab_size=VOCAB)
+    reference = build_model(**MOR_PARTS, vocab_size=VOCAB)
+    apply_recurrence_compile(model, Compile(enable=True, backend="aot_eager"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
+
+    def loss_of(out):
+        return out.logits.float().square().mean() + out.aux_loss_sum
+
+    def train_step():
+        optimizer.zero_grad()
+        loss = loss_of(model(tokens))
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+        compiled = train_step()  # k = 64, 48, 32, 16
+        torch.testing.assert_close(compiled, loss_of(reference(tokens)), rtol=1e-5, atol=1e-6)
+        for _ in range(2):
+            train_step()

@@ -39,8 +39,9 @@ def base_preset(path):
 def test_every_row_and_rung_has_a_toml():
     names = {p.stem for p in CONFIGS}
     for size in ("small", "medium", "large"):
-        assert {f"{size}_dense", f"{size}_grt", f"{size}_poisson", f"{size}_rrt"} <= names
-    assert {"medium_isoparams_grt", "medium_isoparams_poisson", "large_isoparams_grt", "large_isoparams_poisson"} <= names
+        assert {f"{size}_{row}" for row in ("dense", "mor", "poisson", "ouro", "rrt", "grt")} <= names
+    # table 1's isoParams rows: MoR, heavy-tail Poisson and GRT at medium and large
+    assert {f"{size}_isoparams_{row}" for size in ("medium", "large") for row in ("mor", "poisson", "grt")} <= names
     assert sorted(n for n in names if n.startswith("ladder_")) == [
         "ladder_1_dense", "ladder_2_recurrence", "ladder_3_prelude_coda", "ladder_4_noise",
         "ladder_5_reinjection", "ladder_6_gate"]

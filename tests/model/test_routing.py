@@ -1,0 +1,188 @@
+"""Mixture-of-Recursions (router = expert_choice) against a hand-written loop over tokens:
+hierarchical expert-choice top-k, the router-weighted delta update, the BCE auxiliary loss."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grt_test_helpers import MOR_PARTS, build_model
+from grt_titan.components.loss import grt_loss
+from grt_titan.model import grt_flavors
+from grt_titan.model.output import TrainingOutput
+
+VOCAB = 512
+MOR = dict(MOR_PARTS, vocab_size=VOCAB)
+
+
+def tokens(batch=2, seq=16, seed=1):
+    return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def reference_recurrence(model, h_pre, depth):
+    """One sequence at a time, one token at a time: pick, update and score by hand."""
+    args, router, core = model.model_args, model.recurrence.router, model.recurrence.step.core
+    seq_len = h_pre.shape[1]
+    capacities = args.router_capacities
+    out, aux = [], 0.0
+    for b in range(h_pre.shape[0]):
+        h = [h_pre[b, t] for t in range(seq_len)]
+        candidates = list(range(seq_len))
+        for i in range(depth):
+            w = router.steps[i].weight[0]
+            logit = {t: torch.dot(w, h[t]) for t in candidates}
+            k = max(1, int(capacities[i] * seq_len))
+            chosen = sorted(sorted(candidates, key=lambda t: -logit[t].item())[:k])  # causal order
+            for t in candidates:  # BCE(logit, 1[chosen]), the step's mean counted once per token
+                y = 1.0 if t in chosen else 0.0
+                bce = -(y * F.logsigmoid(logit[t]) + (1 - y) * F.logsigmoid(-logit[t]))
+                aux = aux + bce * seq_len / len(candidates)
+            o = core(torch.stack([h[t] for t in chosen])[None], None)[0]  # attention among chosen only
+            for j, t in enumerate(chosen):
+                g = torch.sigmoid(logit[t]) * args.router_scale
+                h[t] = h[t] + g * (o[j] - h[t])  # the block delta, added once
+            candidates = chosen
+        out.append(torch.stack(h))
+    return torch.stack(out), aux * args.router_aux_weight
+
+
+@pytest.mark.parametrize("capacity,depth", [(None, 4), ([1, 0.5, 0.5, 0.25], 4), ([0.75, 0.5, 0.25, 0.125], 3)])
+def test_training_forward_matches_hand_written_routing(capacity, depth):
+    model = build_model(router_capacity=capacity, router_aux_weight=0.01, **MOR)
+    x = tokens()
+    out = model(x, num_recurrences=depth)
+    assert isinstance(out, TrainingOutput)
+
+    h_pre = model.prelude(model.embed(x), None)
+    h, aux = reference_recurrence(model, h_pre, depth)
+    expected = model.output(model.norm(model.coda(h, None)))
+    torch.testing.assert_close(out.logits, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.aux_loss_sum, aux, rtol=1e-5, atol=1e-6)
+    # The training loss is torchtitan's summed CE plus the auxiliary sum.
+    ce = F.cross_entropy(expected.flatten(0, 1), x.flatten(), reduction="sum")
+    torch.testing.assert_close(grt_loss(out, x), ce + aux, rtol=1e-5, atol=1e-4)
+
+
+def test_default_capacities_and_kept_tokens():
+    args = grt_flavors["small"].replace(**MOR)
+    assert args.router_capacities == tuple((10 - i) / 10 for i in range(10))
+    assert args.router_tokens_kept(1024) == [1024, 921, 819, 716, 614, 512, 409, 307, 204, 102]
+    assert args.replace(router_capacity=[0.001]).replace(num_recurrences=1).router_tokens_kept(16) == [1]
+
+
+def test_aux_loss_at_init_is_log2_per_step_and_token():
+    """Router logits start near 0: each step's mean BCE is ~log 2, times B x S tokens."""
+    model = build_model(router_aux_weight=1.0, **MOR)
+    x = tokens(batch=3, seq=16)
+    aux = model(x).aux_loss_sum.item()
+    assert aux == pytest.approx(4 * math.log(2) * 3 * 16, rel=0.02)
+
+
+def test_core_is_one_set_of_weights_run_every_step():
+    model = build_model(**MOR)
+    plain = build_model(vocab_size=VOCAB)
+    core = {n for n, _ in model.named_parameters() if ".core." in n}
+    assert core == {n for n, _ in plain.named_parameters() if ".core." in n}  # one core, not R
+    assert not any(".proj." in n or ".gate." in n for n, _ in model.named_parameters())
+    calls = []
+    model.recurrence.step.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[1]))
+    model(tokens(seq=16))
+    assert calls == [16, 12, 8, 4]  # the same module, on k_i tokens at step i
+
+
+@pytest.mark.parametrize("aux_weight", [0.0, 0.001])
+def test_gradients_reach_every_router_and_the_core(aux_weight):
+    model = build_model(router_aux_weight=aux_weight, **MOR)
+    x = tokens()
+    out = model(x)
+    # No auxiliary term: plain logits, as for every method without one.
+    assert isinstance(out, TrainingOutput) == (aux_weight > 0)
+    loss = out.float().square().mean() if aux_weight == 0 else out.aux_loss_sum
+    loss.backward()
+    for linear in model.recurrence.router.steps:  # through g (LM loss) or the BCE (aux)
+        assert linear.weight.grad is not None and linear.weight.grad.abs().sum() > 0
+    if aux_weight == 0:
+        assert all(p.grad is not None for p in model.recurrence.step.parameters())
+
+
+def test_eval_returns_logits_and_depth_is_bounded_by_R():
+    model = build_model(**MOR).eval()
+    x = tokens()
+    assert isinstance(model(x), torch.Tensor)
+    assert model(x).equal(model(x, num_recurrences=4))
+    torch.testing.assert_close(model(x, num_recurrences=0), model.logits_from_state(model.prelude(model.embed(x), None)))
+    with pytest.raises(ValueError, match="num_recurrences = 5"):
+        model(x, num_recurrences=5)
+
+
+@pytest.mark.parametrize(
+    "changes,key",
+    [
+        ({"block_style": "llama"}, "block_style"),
+        ({"depth_sampling": "uniform"}, "depth_sampling"),
+        ({"injection": "proj"}, "injection"),
+        ({"update": "gate"}, "update"),
+        ({"state_noise_std": 0.1}, "state_noise_std"),
+        ({"eval_recurrences": 5}, "eval_recurrences"),
+        ({"router_capacity": [1, 0.5]}, "router_capacity"),
+        ({"router_capacity": [1, 0.5, 0.75, 0.25]}, "router_capacity"),
+        ({"router_capacity": [1, 0.5, 0, 0]}, "router_capacity"),
+        ({"router_capacity": "1,0.5,0.5,0.25"}, "router_capacity"),
+        ({"router_capacity": [1, 0.5, float("nan"), 0.25]}, "router_capacity"),
+        ({"router_scale": 0.0}, "router_scale"),
+    ],
+)
+def test_invalid_router_args_name_the_key(changes, key):
+    with pytest.raises(ValueError, match=key):
+        grt_flavors["debug"].replace(**{**MOR, **changes}).validate()
+
+
+def test_flops_follow_the_kept_tokens():
+    """By hand (small flavor, S = 1024): (p + c) B + n sum_i [(k_i / S) 24 d^2 + 4 (k_i^2 / S) d]
+    + router + head, with B = 24 d^2 + 4 S d; below the nominal p + nR + c blocks of eq. 1."""
+    args = grt_flavors["small"].replace(**{**MOR, "vocab_size": 50257})
+    S, d, V = 1024, 768, 50257
+    kept = [1024, 921, 819, 716, 614, 512, 409, 307, 204, 102]
+    candidates = [1024] + kept[:-1]
+    expected = (
+        2 * (24 * d * d + 4 * S * d)
+        + sum((k / S) * 24 * d * d + 4 * (k * k / S) * d for k in kept)
+        + sum((m / S) * 2 * d for m in candidates)
+        + 2 * d * V
+    )
+    assert args.forward_flops_per_token(S) == pytest.approx(expected, rel=1e-12)
+    nominal = grt_flavors["small"].forward_flops_per_token(S, 10) - 10 * 10 * d * d  # eq. 1 without W_proj/gate
+    assert args.forward_flops_per_token(S) < 0.71 * nominal
+    assert sum(kept) / (10 * S) == pytest.approx(0.55, abs=0.002)  # the core's linears: 55% of nominal
+    assert args.unrolled_layers == 12  # the nominal block applications (table 1's isoFLOP sense)
+
+
+@pytest.mark.parametrize("depth", [4, 2])
+def test_matmul_flops_match_flop_counter(depth):
+    """The linear part of the count (core on k_i tokens, routers on their candidates, prelude,
+    coda, head) equals what torch's FlopCounterMode measures."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_model(**MOR).eval()
+    args, S = model.model_args, 32
+    with FlopCounterMode(display=False) as counter:
+        model(tokens(batch=1, seq=S), num_recurrences=depth)
+    measured_mm = sum(v for k, v in counter.get_flop_counts()["Global"].items() if "mm" in str(k))
+    # The CPU SDPA kernel is not counted by FlopCounterMode: remove the attention terms.
+    kept = args.router_tokens_kept(S)[:depth]
+    attention = (args.n_prelude_layers + args.n_coda_layers) * 4 * S * S * args.dim + args.n_core_layers * sum(
+        4 * k * k * args.dim for k in kept)
+    assert measured_mm == S * args.forward_flops_per_token(S, depth) - attention
+
+
+def test_router_weights_have_hugging_face_checkpoint_names():
+    """torchtitan builds the HF key map of every run ([checkpoint] last_save_in_hf)."""
+    from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
+
+    model = build_model(**MOR)
+    adapter = GRTStateDictAdapter(model.model_args, None)
+    assert adapter.to_hf_map["recurrence.router.steps.3.weight"] == "model.router.3.weight"
+    native = {k: v for k, v in model.state_dict().items() if k in adapter.to_hf_map}
+    back = adapter.from_hf(adapter.to_hf(native))
+    assert back.keys() == native.keys() and all(back[k].equal(native[k]) for k in native)
