@@ -101,13 +101,14 @@ def _install_kill_in_save() -> None:
 def main() -> None:
     enable_cpu_training()
     import grt_titan  # noqa: F401  registers the spec
-    from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
+
+    from grt_titan.components.trainer import GRTTrainer
 
     stop_after = _env_int("GRT_TEST_STOP_AFTER")
     sleep = float(os.environ.get("GRT_TEST_STEP_SLEEP", "0"))
 
-    class ReliabilityTrainer(Trainer):
+    class ReliabilityTrainer(GRTTrainer):
         def should_continue_training(self) -> bool:
             if stop_after is not None and self.step >= stop_after:
                 return False
