@@ -80,6 +80,12 @@ CASES = [
     ("keep_latest_1", ["--checkpoint.enable", "--checkpoint.keep_latest_k", "1"], None, {},
      [r"\[checkpoint\] keep_latest_k = 1", r"0 \(keep all\) or >= 2"]),
     ("odd_seq_len", ["--training.seq_len", "63"], None, {}, [r"\[training\] seq_len = 63", r"divisible by 2"]),
+    ("spike_factor", ["--checkpoint.enable", "--loss_spike.enable", "--loss_spike.factor", "0.5"], None, {},
+     [r"\[loss_spike\] factor = 0.5 is invalid; allowed: > 1"]),
+    ("spike_skip", ["--checkpoint.enable", "--loss_spike.enable", "--loss_spike.skip_batches", "0"], None, {},
+     [r"\[loss_spike\] skip_batches = 0 is invalid; allowed: >= 1"]),
+    ("spike_no_checkpoint", ["--loss_spike.enable"], None, {},
+     [r"\[loss_spike\] enable = True is invalid; allowed: false unless \[checkpoint\] enable = true"]),
 ]
 
 
@@ -142,7 +148,8 @@ def test_real_toml_value_is_checked(tmp_path):
     ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],  # head exempt
     ["--parallelism.tensor_parallel_degree", "2"],
     ["--checkpoint.enable", "--checkpoint.keep_latest_k", "2", "--optimizer.on_nonfinite", "skip"],
-], ids=["debug", "float8", "tp2", "checkpoint"])
+    ["--checkpoint.enable", "--loss_spike.enable", "--checkpoint.no-checksums"],
+], ids=["debug", "float8", "tp2", "checkpoint", "loss_spike"])
 def test_good_configs_pass(overrides):
     start_up(parse_config(*overrides))
 
