@@ -13,6 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from grt_test_helpers import flip_byte
 from grt_titan.components.checkpoint import (
     CHECKSUM_FILE,
     ChecksumFileSystemWriter,
@@ -28,16 +29,6 @@ def save(path, checksums: bool = True, seed: int = 0):
     writer = ChecksumFileSystemWriter(str(path)) if checksums else dcp.FileSystemWriter(str(path))
     dcp.save(state, storage_writer=writer)
     return state
-
-
-def flip_byte(file, where: float = 0.5) -> None:
-    """Invert one byte in the middle of a file (a silent disk corruption)."""
-    n = os.path.getsize(file)
-    with open(file, "r+b") as f:
-        f.seek(int(n * where))
-        b = f.read(1)
-        f.seek(int(n * where))
-        f.write(bytes([b[0] ^ 0xFF]))
 
 
 def shard(path):

@@ -10,27 +10,13 @@ import json
 
 import pytest
 
-from reliability_helpers import NOISE_OFF, output, train
+from grt_test_helpers import flip_byte
+from reliability_helpers import NOISE_OFF, output, records, train
 
 SPIKE_STEP, SKIP = 5, 2
 GLOBAL_BATCH = 4  # 2 ranks x local_batch_size 2
 SPIKE = ["--loss_spike.enable", "--loss_spike.window", "2", "--loss_spike.skip_batches", str(SKIP),
          "--loss_spike.max_rewinds", "1", "--checkpoint.no-last_save_model_only"]
-
-
-def records(folder) -> dict[str, list[tuple[int, int, int]]]:
-    """The worker's GRT_TEST_RECORD_DIR: (step, global position, sequence) per sample, by file."""
-    return {p.stem: [tuple(map(int, line.split())) for line in p.read_text().splitlines()]
-            for p in sorted(folder.glob("*.txt"))}
-
-
-def flip_byte(file) -> None:
-    n = file.stat().st_size
-    with open(file, "r+b") as f:
-        f.seek(n // 2)
-        b = f.read(1)
-        f.seek(n // 2)
-        f.write(bytes([b[0] ^ 0xFF]))
 
 
 @pytest.mark.slow
