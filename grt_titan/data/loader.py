@@ -116,39 +116,20 @@ class TokenSequenceDataset(Dataset):
         return {"input": window[:-1]}, window[1:]
 
 
-class ResumableSampler(Sampler[int]):
-    """Yields 0, 1, 2, ... (``num_samples`` of them, or forever); state = how many.
-
-    Same contract as torchdata's StatefulDistributedSampler: ``load_state_dict`` makes the
-    next ``iter()`` start where the saved one stopped; a fresh ``iter()`` starts at 0.
-    (The training loader resumes through its global position instead; torchdata still
-    snapshots this state, which a per-rank checkpoint holds.)
-    """
+class SampleCounter(Sampler[int]):
+    """Yields 0, 1, 2, ... (``num_samples`` of them, or forever), from 0 at every ``iter()``:
+    this rank's sample numbers since the dataset's global ``start``, which is what resumes."""
 
     def __init__(self, num_samples: int | None):
         self.num_samples = num_samples
-        self.yielded = 0
-        self._resume_at: int | None = None
 
     def __iter__(self):
-        start = self._resume_at or 0
-        self._resume_at = None
-        self.yielded = start
-        ks = itertools.count(start) if self.num_samples is None else range(start, self.num_samples)
-        for k in ks:
-            self.yielded = k + 1
-            yield k
+        return iter(itertools.count() if self.num_samples is None else range(self.num_samples))
 
     def __len__(self) -> int:
         if self.num_samples is None:
             raise TypeError("an infinite sampler has no length")
         return self.num_samples
-
-    def state_dict(self) -> dict:
-        return {"yielded": self.yielded}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self._resume_at = self.yielded = int(state_dict["yielded"])
 
 
 STATE_KEY = "global_position"
@@ -216,9 +197,9 @@ class GlobalPositionDataloader(ParallelAwareDataloader):
         if self._legacy_keys:
             self._legacy_keys = False
             assert state_dict["world_size"] == self.dp_world_size, "checked in select_saved_state"
-            state = pickle.loads(state_dict[self._rank_id])
+            state = pickle.loads(state_dict[self._rank_id])  # torchdata's: samples this rank drew
             main = state.get("_snapshot", {}).get("_main_snapshot", state)  # num_workers > 0 / 0
-            self.dataset.start = int(main["_sampler_iter_state"]["sampler_state"]["yielded"]) * self.dp_world_size
+            self.dataset.start = int(main["_sampler_iter_state"]["samples_yielded"]) * self.dp_world_size
             return
         saved = json.loads(state_dict[STATE_KEY])
         ds, problems = self.dataset, []
@@ -294,7 +275,7 @@ def _build(stream: sh.SplitStream, dp_world_size: int, dp_rank: int, seq_len: in
     return GlobalPositionDataloader(
         ds, dp_rank=dp_rank, dp_world_size=dp_world_size, global_batch=global_batch,
         allow_global_batch_change=allow_global_batch_change,
-        sampler=ResumableSampler(None if infinite else ds.per_rank), **kwargs,
+        sampler=SampleCounter(None if infinite else ds.per_rank), **kwargs,
     )
 
 
