@@ -256,7 +256,7 @@ def _resume_problems(job_config) -> list[str]:
     torchtitan saves the last step model-only while `[checkpoint] last_save_model_only`
     (default true); extending a finished run (more `[training] steps`, same dump folder)
     would load that folder and fail inside DCP (`Missing key in checkpoint state_dict:
-    dataloader.dp_rank_0`). The folder is the one torchtitan's `CheckpointManager.load`
+    dataloader.global_position`). The folder is the one torchtitan's `CheckpointManager.load`
     picks: `load_step`, or the newest `step-N` with `.metadata` (or, from
     `last_save_in_hf`, `model.safetensors.index.json`).
     """
