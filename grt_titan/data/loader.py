@@ -182,9 +182,10 @@ class GlobalPositionDataloader(ParallelAwareDataloader):
 
     def select_saved_state(self, keys: set[str]) -> None:
         """Called by grt_titan's checkpointer before a load with the checkpoint's dataloader keys."""
-        self._legacy_keys = STATE_KEY not in keys and any(k.startswith("dp_rank_") for k in keys)
-        if self._legacy_keys and self._rank_id not in keys:
-            degree = len([k for k in keys if k.startswith("dp_rank_")])
+        degree = len([k for k in keys if k.startswith("dp_rank_")])
+        self._legacy_keys = STATE_KEY not in keys and degree > 0
+        if self._legacy_keys and degree != self.dp_world_size:
+            self._legacy_keys = False
             raise ValueError(
                 f"[parallelism] data-parallel degree {self.dp_world_size}: the checkpoint holds the "
                 f"data position per data-parallel rank (torchtitan's format, {degree} ranks), which "

@@ -234,3 +234,5 @@ def test_old_per_rank_checkpoints_still_load_at_their_own_degree(synth, tokenize
     with pytest.raises(ValueError, match=r"data position per data-parallel rank \(torchtitan's format, 2 ranks\), "
                                          r"which loads only at that degree; allowed: data-parallel degree 2"):
         _dcp_round_trip(tmp_path / "other", legacy, build_dataloader(4, 3, tokenizer, jc))
+    with pytest.raises(ValueError, match=r"allowed: data-parallel degree 2"):  # rank 0's key exists, the degree differs
+        _dcp_round_trip(tmp_path / "fewer", legacy, build_dataloader(1, 0, tokenizer, jc))
