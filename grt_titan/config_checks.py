@@ -20,7 +20,6 @@ import dataclasses
 import difflib
 import math
 import os
-import re
 
 import torch.distributed as dist
 import torchtitan.components.quantization  # noqa: F401  registers the float8 and mx converters
@@ -28,6 +27,7 @@ from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 from torchtitan.protocols.model_converter import _registry_model_converter_cls
 
+from grt_titan.components.checkpoint import checkpoint_steps
 from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
 from grt_titan.field_checks import field_problems
@@ -312,7 +312,7 @@ def _resume_problems(job_config) -> list[str]:
     torchtitan saves the last step model-only while `[checkpoint] last_save_model_only`
     (default true); extending a finished run (more `[training] steps`, same dump folder)
     would load that folder and fail inside DCP (`Missing key in checkpoint state_dict:
-    dataloader.dp_rank_0`). The folder is the one torchtitan's `CheckpointManager.load`
+    dataloader.global_position`). The folder is the one torchtitan's `CheckpointManager.load`
     picks: `load_step`, or the newest `step-N` with `.metadata` (or, from
     `last_save_in_hf`, `model.safetensors.index.json`).
     """
@@ -322,7 +322,7 @@ def _resume_problems(job_config) -> list[str]:
     folder = os.path.join(job_config.job.dump_folder, c.folder)
     if not os.path.isdir(folder):
         return []  # a fresh run (initial_load_path, if any, is loaded as configured)
-    steps = _checkpoint_steps(folder)
+    steps = checkpoint_steps(folder)
     step = c.load_step if c.load_step != -1 else (max(steps) if steps else -1)
     if step <= 0:
         return []  # nothing to resume, or step 0 (torchtitan loads it model-only)
@@ -342,18 +342,6 @@ def _resume_problems(job_config) -> list[str]:
         f"<new> --checkpoint.initial_load_path {path} --checkpoint.initial_load_model_only); "
         "set last_save_model_only = false in runs you may extend"
     ]
-
-
-def _checkpoint_steps(folder: str) -> list[int]:
-    """The steps torchtitan's `_find_load_step` considers: `step-N` with DCP or HF metadata."""
-    steps = []
-    for name in os.listdir(folder):
-        match = re.search(r"step-(\d+)", name)  # as _find_load_step
-        path = os.path.join(folder, name)
-        if match and (os.path.isfile(os.path.join(path, ".metadata"))
-                      or os.path.isfile(os.path.join(path, "model.safetensors.index.json"))):
-            steps.append(int(match.group(1)))
-    return steps
 
 
 def _saved_states(path: str) -> set[str] | None:
@@ -421,6 +409,16 @@ def _training_problems(job_config) -> list[str]:
              "0 (keep all) or >= 2 (the newest may be half-written)"),
             ("[checkpoint] last_save_in_hf", c.last_save_in_hf, not c.last_save_in_hf or c.last_save_model_only,
              "true only with last_save_model_only = true"),
+        ]
+    spike = getattr(job_config, "loss_spike", None)
+    if spike is not None and spike.enable:
+        checks += [
+            ("[loss_spike] factor", spike.factor, spike.factor > 1, "> 1"),
+            ("[loss_spike] window", spike.window, spike.window >= 1, ">= 1"),
+            ("[loss_spike] skip_batches", spike.skip_batches, spike.skip_batches >= 1, ">= 1"),
+            ("[loss_spike] max_rewinds", spike.max_rewinds, spike.max_rewinds >= 0, ">= 0"),
+            ("[loss_spike] enable", spike.enable, c.enable,
+             "false unless [checkpoint] enable = true (a rewind resumes from the last checkpoint)"),
         ]
     d = getattr(job_config, "data", None)
     if d is not None:

@@ -177,8 +177,45 @@ class GRTOptimizerConfig:
 
 
 @dataclass
+class GRTCheckpointConfig:
+    """Fields grt_titan adds to torchtitan's `[checkpoint]` section (merged into it); they act
+    only under `python -m grt_titan.train` (docs/reliability.md)."""
+
+    checksums: bool = True
+    """Save a CRC32 of every shard file with each checkpoint (inside DCP's commit) and verify
+    them before loading: a corrupted checkpoint is named and the previous complete one is
+    loaded instead. Costs one read of the written files at save and of the loaded ones at
+    load (docs/benchmarks.md)."""
+
+
+@dataclass
+class LossSpikeConfig:
+    """The `[loss_spike]` TOML section: rewind to the last checkpoint at a loss spike and skip
+    the batches at it (docs/reliability.md). Acts only under `python -m grt_titan.train`."""
+
+    enable: bool = False
+    """Check every step's training loss before the optimizer step."""
+
+    factor: float = 2.0
+    """A step is a spike when its loss exceeds factor x the median of the last `window`
+    steps' losses (or is NaN/inf)."""
+
+    window: int = 50
+    """Steps in the running median; no relative check until that many steps are known (the
+    median's history is saved in the checkpoint)."""
+
+    skip_batches: int = 10
+    """Global batches skipped from the spike's batch on, after rewinding (>= 1)."""
+
+    max_rewinds: int = 3
+    """Give up (stop with an error) at the spike after this many rewinds of the run."""
+
+
+@dataclass
 class JobConfig:
     grt: GRTSection = field(default_factory=GRTSection)
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: GRTOptimizerConfig = field(default_factory=GRTOptimizerConfig)
+    checkpoint: GRTCheckpointConfig = field(default_factory=GRTCheckpointConfig)
+    loss_spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
     grt_metrics: GRTMetricsConfig = field(default_factory=GRTMetricsConfig)

@@ -157,6 +157,16 @@ def build_model(flavor="debug", seed: int = 0, *, before_init=None, **changes):
     return model.train()
 
 
+def flip_byte(file, where: float = 0.5) -> None:
+    """Invert one byte of a file at the fraction `where` of its length (a silent disk corruption)."""
+    n = os.path.getsize(file)
+    with open(file, "r+b") as f:
+        f.seek(int(n * where))
+        b = f.read(1)
+        f.seek(int(n * where))
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
 def same_values(a: dict, b: dict) -> bool:
     """Two flat dicts (state dicts, optimizer states) hold the same keys and equal values."""
     return a.keys() == b.keys() and all(

@@ -89,6 +89,12 @@ CASES = [
     ("lora_needs_fixed_depth", ["--grt.step_adapter", "lora"], None, {},
      [r"step_adapter = 'lora' is invalid", r"depth_sampling = 'fixed'"]),
     ("unknown_update", [], set_value("grt", "update", "add"), {}, [r"update = 'add'", r"'gate', 'overwrite'"]),
+    ("spike_factor", ["--checkpoint.enable", "--loss_spike.enable", "--loss_spike.factor", "0.5"], None, {},
+     [r"\[loss_spike\] factor = 0.5 is invalid; allowed: > 1"]),
+    ("spike_skip", ["--checkpoint.enable", "--loss_spike.enable", "--loss_spike.skip_batches", "0"], None, {},
+     [r"\[loss_spike\] skip_batches = 0 is invalid; allowed: >= 1"]),
+    ("spike_no_checkpoint", ["--loss_spike.enable"], None, {},
+     [r"\[loss_spike\] enable = True is invalid; allowed: false unless \[checkpoint\] enable = true"]),
 ]
 
 
@@ -151,7 +157,8 @@ def test_real_toml_value_is_checked(tmp_path):
     ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],  # head exempt
     ["--parallelism.tensor_parallel_degree", "2"],
     ["--checkpoint.enable", "--checkpoint.keep_latest_k", "2", "--optimizer.on_nonfinite", "skip"],
-], ids=["debug", "float8", "tp2", "checkpoint"])
+    ["--checkpoint.enable", "--loss_spike.enable", "--checkpoint.no-checksums"],
+], ids=["debug", "float8", "tp2", "checkpoint", "loss_spike"])
 def test_good_configs_pass(overrides):
     start_up(parse_config(*overrides))
 

@@ -22,3 +22,9 @@ class DataConfig:
 
     default_val_fraction: float = 0.05
     """Share of the embedded corpus's chapters (evenly spread) held out as its val split."""
+
+    allow_global_batch_change: bool = False
+    """Resume a checkpoint saved with another global batch size. The data continues at the
+    saved global sequence position; the step counter, LR schedule and depth sequence continue
+    by step, so every remaining step of the schedule now takes the new number of sequences
+    (the tokens per schedule step change). False refuses such a resume at start-up."""

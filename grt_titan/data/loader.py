@@ -3,19 +3,23 @@
 A split is one token stream of N tokens. Sequence ``g`` is the window
 ``tokens[g * S : g * S + S + 1]`` (S = seq_len): input = its first S tokens, labels = its
 last S, so every token after the first is a label exactly once per epoch. With
-``n = (N - 1) // S`` sequences and W data-parallel ranks, rank r reads, in epoch e,
+``n = (N - 1) // S`` sequences, the job reads one global stream of data positions
+d = 0, 1, 2, ...: position d is sequence ``perm_e[d mod n]`` of epoch ``e = d // n``
+(perm_e = permutation from (seed, e)). With W data-parallel ranks, the k-th sample of rank
+r is position ``start + k * W + r``: after every rank has taken k samples the job has read
+exactly the positions ``[start, start + k W)``, whatever W is.
 
-    perm_e[j * W + r]   for j = 0 .. n // W - 1      (perm_e = permutation from (seed, e))
-
-so the ranks' sequences are disjoint and together cover the split (the last ``n mod W`` of
-each epoch's permutation are left out so that every rank takes the same number of steps).
-The order is fixed by (seed, epoch, rank, step) alone: the main process hands sequence
-numbers to the workers, so batches do not depend on ``num_workers``, and resuming needs
-only the number of sequences consumed, which torchdata's StatefulDataLoader saves in the
-torchtitan checkpoint (per dp rank, via ParallelAwareDataloader).
+So the data position is one number, global, independent of the layout: the checkpoint
+saves it once (`global_position`, with the epoch, seed, split size and global batch), and
+a run saved at data-parallel degree A resumes at degree B reading exactly the sequences an
+uninterrupted run at degree B would read from there (docs/reliability.md). Windows of
+positions can be skipped (`set_skip_windows`, the loss-spike rewind). Checkpoints written
+with torchtitan's per-rank keys (``dp_rank_<r>``) still load at their own degree.
 """
 
 import itertools
+import json
+import pickle
 from dataclasses import asdict
 from pathlib import Path
 
@@ -31,7 +35,7 @@ from grt_titan.data.config import DataConfig
 
 
 class TokenSequenceDataset(Dataset):
-    """Map-style: index k (this rank's k-th sequence, counting across epochs) -> sample.
+    """Map-style: index k (this rank's k-th sample since `start`) -> sample.
 
     Args:
         stream: The split's token stream.
@@ -39,6 +43,9 @@ class TokenSequenceDataset(Dataset):
         dp_rank, dp_world_size: This rank and the data-parallel degree.
         seed: Shuffle seed (``[data] seed``), the same on every rank.
         shuffle: Reshuffle every epoch; False reads sequences in stream order.
+
+    ``start`` (the global data position of sample 0, set on resume) and ``skips`` (sorted,
+    disjoint windows ``[a, b)`` of positions never read) are the same on every rank.
     """
 
     def __init__(self, stream: sh.SplitStream, seq_len: int, dp_rank: int, dp_world_size: int,
@@ -61,6 +68,8 @@ class TokenSequenceDataset(Dataset):
                 "for the val split)"
             )
         self._perm_epoch, self._perm = -1, None
+        self.start = 0
+        self.skips: list[tuple[int, int]] = []
 
     def __len__(self) -> int:
         """Sequences per rank per epoch."""
@@ -69,10 +78,25 @@ class TokenSequenceDataset(Dataset):
     def __getstate__(self):  # the permutation is recomputed in each worker
         return {**self.__dict__, "_perm_epoch": -1, "_perm": None}
 
-    def sequence_index(self, k: int) -> int:
-        """The split's sequence number read as this rank's k-th sample."""
-        epoch, j = divmod(k, self.per_rank)
-        g = j * self.dp_world_size + self.dp_rank
+    def position(self, k: int) -> int:
+        """The global data position after every rank has taken k samples from `start`
+        (the next position to read), jumping over the skip windows."""
+        d, left = self.start, k * self.dp_world_size
+        for a, b in self.skips:
+            if b <= d:
+                continue
+            if a <= d:  # inside a window: jump to its end
+                d = b
+                continue
+            if d + left < a:
+                break
+            left -= a - d
+            d = b
+        return d + left
+
+    def sequence_number(self, d: int) -> int:
+        """The split's sequence number at global data position d."""
+        epoch, g = divmod(d, self.num_sequences)
         if not self.shuffle:
             return g
         if self._perm_epoch != epoch:
@@ -82,43 +106,125 @@ class TokenSequenceDataset(Dataset):
             self._perm_epoch = epoch
         return int(self._perm[g])
 
+    def sequence_index(self, k: int) -> int:
+        """The split's sequence number read as this rank's k-th sample."""
+        return self.sequence_number(self.position(k) + self.dp_rank)
+
     def __getitem__(self, k: int):
         g = self.sequence_index(k)
         window = torch.from_numpy(self.stream.read(g * self.seq_len, self.seq_len + 1))
         return {"input": window[:-1]}, window[1:]
 
 
-class ResumableSampler(Sampler[int]):
-    """Yields 0, 1, 2, ... (``num_samples`` of them, or forever); state = how many.
-
-    Same contract as torchdata's StatefulDistributedSampler: ``load_state_dict`` makes the
-    next ``iter()`` start where the saved one stopped; a fresh ``iter()`` starts at 0.
-    """
+class SampleCounter(Sampler[int]):
+    """Yields 0, 1, 2, ... (``num_samples`` of them, or forever), from 0 at every ``iter()``:
+    this rank's sample numbers since the dataset's global ``start``, which is what resumes."""
 
     def __init__(self, num_samples: int | None):
         self.num_samples = num_samples
-        self.yielded = 0
-        self._resume_at: int | None = None
 
     def __iter__(self):
-        start = self._resume_at or 0
-        self._resume_at = None
-        self.yielded = start
-        ks = itertools.count(start) if self.num_samples is None else range(start, self.num_samples)
-        for k in ks:
-            self.yielded = k + 1
-            yield k
+        return iter(itertools.count() if self.num_samples is None else range(self.num_samples))
 
     def __len__(self) -> int:
         if self.num_samples is None:
             raise TypeError("an infinite sampler has no length")
         return self.num_samples
 
+
+STATE_KEY = "global_position"
+
+
+class GlobalPositionDataloader(ParallelAwareDataloader):
+    """torchtitan's ParallelAwareDataloader whose checkpoint state is the job's global data
+    position (one `global_position` entry, the same on every rank, saved once by DCP)
+    instead of torchdata's per-rank state (`dp_rank_<r>`), so it reloads at any layout.
+
+    Args:
+        global_batch: Sequences per optimizer step over the whole job; a resume with another
+            one is refused unless ``allow_global_batch_change``.
+    """
+
+    def __init__(self, dataset: TokenSequenceDataset, dp_rank: int, dp_world_size: int,
+                 global_batch: int, allow_global_batch_change: bool = False, **kwargs):
+        super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, **kwargs)
+        self.global_batch = global_batch
+        self.allow_global_batch_change = allow_global_batch_change
+        self.delivered = 0  # samples this rank has handed out since `dataset.start`
+        self._legacy_keys = False
+
+    def __iter__(self):
+        self.delivered = 0
+        for batch in super().__iter__():
+            self.delivered += len(batch[1])
+            yield batch
+
+    def position(self, delivered: int | None = None) -> int:
+        """The next global data position once every rank has handed out `delivered` samples
+        (default: as many as this rank)."""
+        return self.dataset.position(self.delivered if delivered is None else delivered)
+
+    def set_skip_windows(self, windows: list[tuple[int, int]]) -> None:
+        """Never read the global positions in these ``[a, b)`` windows (the same on every rank)."""
+        self.dataset.skips = sorted((int(a), int(b)) for a, b in windows if b > a)
+
+    def record(self) -> dict:
+        ds = self.dataset
+        d = self.position()
+        return {"version": 1, "position": d, "epoch": d // ds.num_sequences, "num_sequences": ds.num_sequences,
+                "seq_len": ds.seq_len, "seed": ds.seed, "shuffle": ds.shuffle,
+                "global_batch": self.global_batch, "dp_degree": self.dp_world_size}
+
     def state_dict(self) -> dict:
-        return {"yielded": self.yielded}
+        if self._legacy_keys:  # the template of a load from a per-rank checkpoint
+            return {self._rank_id: b"", "world_size": self.dp_world_size}
+        return {STATE_KEY: json.dumps(self.record(), sort_keys=True)}
+
+    def select_saved_state(self, keys: set[str]) -> None:
+        """Called by grt_titan's checkpointer before a load with the checkpoint's dataloader keys."""
+        degree = len([k for k in keys if k.startswith("dp_rank_")])
+        self._legacy_keys = STATE_KEY not in keys and degree > 0
+        if self._legacy_keys and degree != self.dp_world_size:
+            self._legacy_keys = False
+            raise ValueError(
+                f"[parallelism] data-parallel degree {self.dp_world_size}: the checkpoint holds the "
+                f"data position per data-parallel rank (torchtitan's format, {degree} ranks), which "
+                f"loads only at that degree; allowed: data-parallel degree {degree}, or "
+                "--checkpoint.exclude_from_loading dataloader (the data then starts over)")
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self._resume_at = self.yielded = int(state_dict["yielded"])
+        if not state_dict:
+            return
+        if self._legacy_keys:
+            self._legacy_keys = False
+            assert state_dict["world_size"] == self.dp_world_size, "checked in select_saved_state"
+            state = pickle.loads(state_dict[self._rank_id])  # torchdata's: samples this rank drew
+            main = state.get("_snapshot", {}).get("_main_snapshot", state)  # num_workers > 0 / 0
+            self.dataset.start = int(main["_sampler_iter_state"]["samples_yielded"]) * self.dp_world_size
+            return
+        saved = json.loads(state_dict[STATE_KEY])
+        ds, problems = self.dataset, []
+        for key, now, where in (("num_sequences", ds.num_sequences, "[training] dataset"),
+                                ("seq_len", ds.seq_len, "[training] seq_len"),
+                                ("seed", ds.seed, "[data] seed"), ("shuffle", ds.shuffle, "[data] shuffle")):
+            if saved[key] != now:
+                problems.append(f"{where}: {key} = {now!r}, saved {saved[key]!r}")
+        if problems:
+            raise ValueError(
+                "the checkpoint's data position belongs to another data order ("
+                + "; ".join(problems) + "); allowed: the saved dataset, seq_len and [data] seed/shuffle, "
+                "or --checkpoint.exclude_from_loading dataloader (the data then starts over)")
+        if saved["global_batch"] != self.global_batch and not self.allow_global_batch_change:
+            raise ValueError(
+                f"[training] global_batch_size: the checkpoint was saved with {saved['global_batch']} "
+                f"sequences per step, this run takes {self.global_batch}; the step counter, LR schedule "
+                "and depth sequence are counted in steps, so another global batch changes what they "
+                "mean; allowed: the same global batch (local_batch_size x data-parallel degree x "
+                "gradient accumulation), or [data] allow_global_batch_change = true (the data "
+                f"continues at sequence position {saved['position']}, the schedule continues by step "
+                "with the new number of sequences per step)")
+        ds.start = int(saved["position"])
+        self.delivered = 0
 
 
 def data_config(job_config) -> DataConfig:
@@ -158,7 +264,8 @@ def open_dataset_split(dataset: str, dataset_path: str | None, split: str, token
 
 def _build(stream: sh.SplitStream, dp_world_size: int, dp_rank: int, seq_len: int,
            batch_size: int, dataloader_cfg, seed: int, shuffle: bool,
-           infinite: bool) -> ParallelAwareDataloader:
+           infinite: bool, global_batch: int, allow_global_batch_change: bool = False
+           ) -> GlobalPositionDataloader:
     ds = TokenSequenceDataset(stream, seq_len, dp_rank, dp_world_size, seed, shuffle)
     logger.info(
         f"Data {stream.dataset_dir} [{stream.split}]: {stream.num_tokens:,} tokens, "
@@ -166,9 +273,10 @@ def _build(stream: sh.SplitStream, dp_world_size: int, dp_rank: int, seq_len: in
         f"({dp_world_size} ranks), shuffle={shuffle} seed={seed}"
     )
     kwargs = {**asdict(dataloader_cfg), "batch_size": batch_size}
-    return ParallelAwareDataloader(
-        ds, dp_rank=dp_rank, dp_world_size=dp_world_size,
-        sampler=ResumableSampler(None if infinite else ds.per_rank), **kwargs,
+    return GlobalPositionDataloader(
+        ds, dp_rank=dp_rank, dp_world_size=dp_world_size, global_batch=global_batch,
+        allow_global_batch_change=allow_global_batch_change,
+        sampler=SampleCounter(None if infinite else ds.per_rank), **kwargs,
     )
 
 
@@ -182,8 +290,9 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config,
     """
     t, cfg = job_config.training, data_config(job_config)
     stream = open_dataset_split(t.dataset, t.dataset_path, "train", tokenizer, cfg, "training")
+    global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp_world_size
     return _build(stream, dp_world_size, dp_rank, t.seq_len, t.local_batch_size, t.dataloader,
-                  cfg.seed, cfg.shuffle, infinite)
+                  cfg.seed, cfg.shuffle, infinite, global_batch, cfg.allow_global_batch_change)
 
 
 def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config,
@@ -196,4 +305,4 @@ def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job
     v, cfg = job_config.validation, data_config(job_config)
     stream = open_dataset_split(v.dataset, v.dataset_path, "val", tokenizer, cfg, "validation")
     return _build(stream, dp_world_size, dp_rank, v.seq_len, v.local_batch_size, v.dataloader,
-                  cfg.seed, False, infinite)
+                  cfg.seed, False, infinite, v.local_batch_size * dp_world_size)

@@ -70,6 +70,13 @@ def model_tensors(state: dict) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and not k.startswith(skip)}
 
 
+def records(folder: Path) -> dict[str, list[tuple[int, int, int]]]:
+    """The worker's GRT_TEST_RECORD_DIR: (step, global data position, sequence number) of
+    every training sample read, by file (`rank{R}-attempt{A}`)."""
+    return {p.stem: [tuple(map(int, line.split())) for line in p.read_text().splitlines()]
+            for p in sorted(folder.glob("*.txt"))}
+
+
 def assert_same_tensors(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:

@@ -16,6 +16,10 @@ are untouched. Controls, all from the environment and all optional:
     GRT_TEST_KILL_RANK=r          itself in the checkpoint save of step k, after writing its
                                   shard (so the step-k folder is half-written: no .metadata);
                                   it first lists the folder into DIR/kill_in_save.json
+    GRT_TEST_RECORD_DIR         every rank appends "step position sequence" per training
+                                sample it reads to DIR/rank{RANK}-attempt{...}.txt
+    GRT_TEST_SPIKE_STEP=k       on the first attempt, the loss of step k is multiplied by 50
+                                (a planted loss spike)
 """
 
 from __future__ import annotations
@@ -98,20 +102,51 @@ def _install_kill_in_save() -> None:
     FileSystemWriter.write_data = write_then_die
 
 
+def _install_record() -> None:
+    record_dir = os.environ.get("GRT_TEST_RECORD_DIR")
+    if not record_dir:
+        return
+    from grt_titan.data.loader import TokenSequenceDataset
+
+    os.makedirs(record_dir, exist_ok=True)
+    path = os.path.join(record_dir, f"rank{_rank()}-attempt{_attempt()}.txt")
+    getitem = TokenSequenceDataset.__getitem__
+
+    def recorded_getitem(self, k):  # the training split only: the runs have no validation
+        d = self.position(k) + self.dp_rank
+        with open(path, "a") as f:
+            f.write(f"{_STEP['value']} {d} {self.sequence_number(d)}\n")
+        return getitem(self, k)
+
+    TokenSequenceDataset.__getitem__ = recorded_getitem  # num_workers = 0: the main process reads
+
+
 def main() -> None:
     enable_cpu_training()
     import grt_titan  # noqa: F401  registers the spec
-    from torchtitan.train import Trainer
     from torchtitan.train import main as torchtitan_main
 
+    from grt_titan.components.trainer import GRTTrainer
+
     stop_after = _env_int("GRT_TEST_STOP_AFTER")
+    spike_step = _env_int("GRT_TEST_SPIKE_STEP") if _attempt() == 0 else None
     sleep = float(os.environ.get("GRT_TEST_STEP_SLEEP", "0"))
 
-    class ReliabilityTrainer(Trainer):
+    class ReliabilityTrainer(GRTTrainer):
         def should_continue_training(self) -> bool:
             if stop_after is not None and self.step >= stop_after:
                 return False
             return super().should_continue_training()
+
+        def __init__(self, job_config):
+            super().__init__(job_config)
+            loss_fn = self.loss_fn
+
+            def planted_spike(*args, **kwargs):
+                loss = loss_fn(*args, **kwargs)
+                return loss * 50 if self.step == spike_step else loss
+
+            self.loss_fn = planted_spike
 
         def train_step(self, data_iterator):
             _STEP["value"] = self.step
@@ -122,6 +157,7 @@ def main() -> None:
     _write_pid()
     _install_poison()
     _install_kill_in_save()
+    _install_record()
     torchtitan_main(ReliabilityTrainer)
 
 

@@ -1,0 +1,149 @@
+"""Loss-spike rewind (`[loss_spike]`, docs/reliability.md).
+
+A step whose training loss is non-finite, or above `factor` x the median of the last
+`window` steps' losses, is stopped before gradient clipping and the optimizer step (the
+check runs after the step's last microbatch backward, on the loss all-reduced over the
+data-parallel ranks, so every rank decides the same). The run then
+1. appends the spike to `<checkpoint folder>/loss_spikes.json` (rank 0, atomically): the
+   step, loss, median, and the window of global data positions to skip, i.e. the spike's
+   global batch and the next `skip_batches - 1` ones, with their sequence numbers;
+2. raises `LossSpikeRewind` on every rank, so the job exits before this step's
+   checkpoint. Its restart (`torchrun --max-restarts`, or the same command again) loads the
+   newest complete checkpoint, reads the log and gives the dataloader every recorded window:
+   the steps up to the spike are replayed on the same data, then the window is skipped.
+After `max_rewinds` recorded rewinds the next spike stops the run with `LossSpikeGaveUp`,
+which is recorded too, so restarts stop at start-up instead of replaying it again.
+
+The median's history is saved in the checkpoint (`train_state.loss_history`), so a
+resumed run checks from its first step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections import deque
+
+import torch
+import torch.distributed as dist
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.tools.logging import logger
+
+LOG_NAME = "loss_spikes.json"
+
+
+class LossSpikeRewind(RuntimeError):
+    """A loss spike: the job stops to be restarted from the last checkpoint."""
+
+
+class LossSpikeGaveUp(RuntimeError):
+    """A loss spike after `[loss_spike] max_rewinds` rewinds."""
+
+
+def read_log(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {"rewinds": [], "gave_up": None}
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_log(path: str, log: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(log, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class LossSpikeMonitor:
+    """Watches a GRTTrainer's loss; see the module docstring."""
+
+    def __init__(self, trainer, config):
+        self.trainer, self.config = trainer, config
+        ckpt = trainer.job_config.checkpoint
+        self.log_path = os.path.join(trainer.job_config.job.dump_folder, ckpt.folder, LOG_NAME)
+        self.history: deque[float] = deque(maxlen=config.window)
+        self.saved_history = True  # False while loading a checkpoint that has none
+        self._losses: list[torch.Tensor] = []
+        log = read_log(self.log_path)
+        if log.get("gave_up"):
+            g = log["gave_up"]
+            if len(log["rewinds"]) >= config.max_rewinds:
+                raise LossSpikeGaveUp(
+                    f"{self.log_path}: the run gave up at a loss spike at step {g['step']} after "
+                    f"{len(log['rewinds'])} rewind(s); allowed: raise [loss_spike] max_rewinds, "
+                    f"or resume from an earlier checkpoint with other settings")
+        windows = [tuple(r["skip_positions"]) for r in log["rewinds"]]
+        if windows:
+            trainer.dataloader.set_skip_windows(windows)
+            logger.info(f"Loss-spike rewinds recorded in {self.log_path}: skipping data positions "
+                        + ", ".join(f"[{a}, {b})" for a, b in windows))
+
+    def history_json(self) -> str:
+        return json.dumps(list(self.history))
+
+    def load_history_json(self, text: str) -> None:
+        self.history.clear()
+        self.history.extend(json.loads(text))
+
+    def after_microbatch(self, loss: torch.Tensor) -> None:
+        self._losses.append(loss.detach())
+        if len(self._losses) == self.trainer.gradient_accumulation_steps:
+            total, self._losses = torch.stack(self._losses).sum(), []
+            self.check(self._global_loss(total))
+
+    def _global_loss(self, total: torch.Tensor) -> float:
+        dims = self.trainer.parallel_dims
+        if dims.dp_cp_enabled:  # as torchtitan's logged global_avg_loss
+            return dist_utils.dist_sum(total, dims.get_optional_mesh("loss"))
+        return total.item()
+
+    def is_spike(self, loss: float) -> tuple[bool, float | None]:
+        """(spike?, the median it was compared with)."""
+        if not math.isfinite(loss):
+            return True, statistics.median(self.history) if self.history else None
+        if len(self.history) < self.config.window:
+            return False, None
+        median = statistics.median(self.history)
+        return loss > self.config.factor * median, median
+
+    def check(self, loss: float) -> None:
+        spike, median = self.is_spike(loss)
+        if not spike:
+            self.history.append(loss)
+            return
+        step, cfg = self.trainer.step, self.config
+        log = read_log(self.log_path)
+        what = (f"step {step}: training loss {loss:.4g} is a spike (> {cfg.factor} x median "
+                f"{median:.4g} of the last {len(self.history)} steps)" if math.isfinite(loss)
+                else f"step {step}: training loss {loss} is not finite")
+        if len(log["rewinds"]) >= cfg.max_rewinds:
+            log["gave_up"] = {"step": step, "loss": loss if math.isfinite(loss) else str(loss)}
+            self._commit(log)
+            raise LossSpikeGaveUp(f"{what}; giving up after {len(log['rewinds'])} rewind(s) "
+                                  f"([loss_spike] max_rewinds = {cfg.max_rewinds}); see {self.log_path}")
+        loader = self.trainer.dataloader
+        per_step = self.trainer.job_config.training.local_batch_size * self.trainer.gradient_accumulation_steps
+        start = loader.position(loader.delivered - per_step)  # the spike step's first position
+        end = start + cfg.skip_batches * loader.global_batch
+        entry = {"step": step, "loss": loss if math.isfinite(loss) else str(loss), "median": median,
+                 "skip_batches": cfg.skip_batches, "skip_positions": [start, end],
+                 "skip_sequences": [loader.dataset.sequence_number(d) for d in range(start, end)]}
+        log["rewinds"].append(entry)
+        self._commit(log)
+        raise LossSpikeRewind(
+            f"{what}; stopped before the optimizer step. Rewind {len(log['rewinds'])} of at most "
+            f"{cfg.max_rewinds}: the restart (torchrun --max-restarts, or the same command again) "
+            f"resumes from the newest complete checkpoint and skips {cfg.skip_batches} global "
+            f"batch(es), data positions [{start}, {end}); recorded in {self.log_path}")
+
+    def _commit(self, log: dict) -> None:
+        """Rank 0 writes the log; every rank waits for it before raising."""
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            _write_log(self.log_path, log)
+        if dist.is_initialized():
+            dist.barrier()
