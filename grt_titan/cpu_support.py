@@ -12,6 +12,9 @@ What it changes, only in torchtitan's modules and only when no accelerator exist
   `barrier(device_ids=[...])` in `set_pg_timeouts` rejects);
 - `build_device_memory_monitor` -> a monitor reporting this process's peak RSS
   (torch.cpu has no memory_stats / get_device_properties);
+- `get_peak_flops` -> NaN for the CPU "device": torchtitan would look for a GPU with
+  lspci and fall back to an A100's peak, warning twice per rank (MFU on CPU is reported
+  as not applicable by the spec's metrics processor);
 - torch's warnings about what a CPU mesh lacks (`CPU_MESH_WARNINGS`), printed by every rank
   and not actionable; docs/training.md states those limits once.
 It can be removed once torchtitan selects the device at run time.
@@ -83,6 +86,13 @@ class RssMemoryMonitor:
         return None  # peak RSS cannot be reset; it is the high-water mark of the run
 
 
+def _cpu_peak_flops(get_peak_flops):
+    def peak_flops(device_name: str) -> float:
+        return float("nan") if device_name == "cpu" else get_peak_flops(device_name)
+
+    return peak_flops
+
+
 def enable_cpu_training() -> None:
     """Point torchtitan at CPU/gloo. A no-op where an accelerator exists."""
     global _ENABLED
@@ -103,6 +113,7 @@ def enable_cpu_training() -> None:
         if names.get("device_module") is old_module:
             module.device_module = cpu_module
     metrics.build_device_memory_monitor = RssMemoryMonitor
+    tt_utils.get_peak_flops = _cpu_peak_flops(tt_utils.get_peak_flops)
     for message in CPU_MESH_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
     _ENABLED = True

@@ -12,11 +12,11 @@ import os
 import warnings
 
 # torchrun exports TORCH_NCCL_ASYNC_ERROR_HANDLING=1 to every worker unless it is set;
-# torchtitan then sets it to 3 (skip cleanup, for the flight recorder) and warns on every
-# rank that it overrode the value. The outcome is 3 either way; setting it first keeps a
-# warning the user cannot act on off the console. Any other value is left to torchtitan.
-_TORCHRUN_NCCL_DEFAULT = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "3")
-
+# torchtitan then sets 3 (skip cleanup, for the flight recorder) and warns on every rank
+# that it overrode a value that was set. The outcome is 3 either way; unsetting torchrun's
+# default first keeps a warning the user cannot act on off the console. Any other value
+# (the user's) is left to torchtitan and its warning.
+_TORCHRUN_NCCL_DEFAULT = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
 
 # torchdata's StatefulDataLoader calls torch.set_vital, deprecated in torch 2.13: a warning
 # per dataloader and rank about library code, nothing a user can change.
@@ -25,9 +25,9 @@ _LIBRARY_DEPRECATIONS = (r"'set_vital' is deprecated",)
 
 def quiet_torchrun_defaults() -> None:
     """Keep warnings about defaults and library internals, not about the run, off the console."""
-    name, torchrun_value, torchtitan_value = _TORCHRUN_NCCL_DEFAULT
+    name, torchrun_value = _TORCHRUN_NCCL_DEFAULT
     if os.environ.get(name) == torchrun_value:
-        os.environ[name] = torchtitan_value
+        del os.environ[name]
     for message in _LIBRARY_DEPRECATIONS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
 

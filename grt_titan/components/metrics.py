@@ -21,10 +21,9 @@ step that `should_log` will log; the observer reduces each step to a few device 
 (no host sync); they are all-reduced and read with one `.tolist()` in `log()`. With
 `enable = false` no hook is installed at all. See docs/observability.md.
 
-On CPU there is no peak FLOP rate to compare with: torchtitan's processor would measure
-MFU against an A100 and warn twice per rank about it. This one prints `mfu: n/a (CPU)`,
-leaves `mfu(%)` out of TensorBoard and keeps those two warnings off the console;
-`tflops` and `tps` are measured as on GPU.
+On CPU there is no peak FLOP rate to compare with (the CPU shim's peak is NaN, where
+torchtitan would use an A100's): this processor prints `mfu: n/a (CPU)` and leaves
+`mfu(%)` out of TensorBoard; `tflops` and `tps` are measured as on GPU.
 """
 
 import logging
@@ -131,15 +130,8 @@ def _rewriting_log(rewrite: Callable[[logging.LogRecord], bool] | None):
         logger.removeFilter(record_filter)
 
 
-# torchtitan's get_peak_flops on a CPU: it looks for a GPU with lspci, then falls back to
-# an A100's peak. Neither applies to a CPU run.
-_CPU_PEAK_FLOPS_NOTES = ("Error running lspci", "Peak flops undefined for")
 _MFU_TEXT = re.compile(r"mfu: [^%\x1b]*%")
 MFU_NOT_APPLICABLE = "mfu: n/a (CPU)"
-
-
-def _drop_peak_flops_notes(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(_CPU_PEAK_FLOPS_NOTES)
 
 
 def _mfu_not_applicable(record: logging.LogRecord) -> bool:
@@ -175,8 +167,7 @@ class GRTMetricsProcessor(MetricsProcessor):
         self._recurrence: Recurrence | None = None
         self._hooks: list[Any] = []
         self.on_cpu = tt_utils.device_type == "cpu"
-        with _rewriting_log(_drop_peak_flops_notes if self.on_cpu else None):
-            super().__init__(job_config, parallel_dims, tag)
+        super().__init__(job_config, parallel_dims, tag)
         if self.on_cpu:
             self.logger = _WithoutKeys(self.logger, ("mfu(%)",))
         self.model_args = model_args
