@@ -1,9 +1,9 @@
 """`grt-titan export-hf`: a torchtitan checkpoint step folder -> a Hugging Face folder.
 
-    grt-titan export-hf --checkpoint outputs/grt_debug/checkpoint/step-60 \
+    grt-titan export-hf --checkpoint outputs/grt_debug/checkpoint \
         --config train_configs/grt_debug.toml --out exports/grt_debug
 
-The config gives the flavor and `[grt]` overrides (the architecture); the checkpoint may
+The checkpoint is a step folder or a `checkpoint/` folder (its latest step). The config gives the flavor and `[grt]` overrides (the architecture); the checkpoint may
 be a DCP step folder (full or model-only) or the HF-named safetensors that
 `[checkpoint] last_save_in_hf = true` writes. See docs/hf_export.md.
 """
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grt_titan.model.checkpoint import CheckpointError, load_checkpoint, load_model_args
+from grt_titan.model.checkpoint import CheckpointError, latest_step_folder, load_checkpoint, load_model_args
 from grt_titan.tokenizer import resolve_tokenizer_path
 
 from .convert import DEFAULT_MAX_SHARD_SIZE, ExportError, write_hf_folder
@@ -88,8 +88,9 @@ def export_checkpoint(
     overwrite: bool = False,
     verify: bool = True,
 ) -> Path:
-    """Export `checkpoint` (trained with `config_file`) to the HF folder `out`."""
-    checkpoint = Path(checkpoint)
+    """Export `checkpoint` (a step folder, or a checkpoint folder: its latest step), trained
+    with `config_file`, to the HF folder `out` (parent folders are created)."""
+    checkpoint = latest_step_folder(Path(checkpoint))
     out = Path(out)
     if out.exists() and not overwrite:  # fail before the (slow) checkpoint read
         raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
@@ -112,6 +113,7 @@ def export_checkpoint(
         "validation_loss": validation_loss,
         "validation_step": validation_step,
     }
+    out.parent.mkdir(parents=True, exist_ok=True)  # as import-hf: `--out exports/x` just works
     return write_hf_folder(
         out,
         native,
@@ -143,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export a torchtitan GRT checkpoint to a Hugging Face folder "
         "(AutoModelForCausalLM with trust_remote_code=True).",
     )
-    p.add_argument("--checkpoint", required=True, help="checkpoint step folder, e.g. <dump>/checkpoint/step-N")
+    p.add_argument("--checkpoint", required=True,
+                   help="checkpoint step folder, e.g. <dump>/checkpoint/step-N, or <dump>/checkpoint (latest step)")
     p.add_argument("--config", required=True, help="the training TOML (flavor and [grt] overrides)")
     p.add_argument("--out", required=True, help="output folder (created; must not exist)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
@@ -180,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, FileNotFoundError) as e:
         print(f"grt-titan export-hf: error: {e}", file=sys.stderr)
         return 1
-    print(f"exported {args.checkpoint} -> {out}")
+    print(f"exported {latest_step_folder(Path(args.checkpoint))} -> {out}")
     return 0
 
 
