@@ -1,5 +1,5 @@
 """The code blocks of README.md, docs/*.md and an export's model card, and what tests/docs
-does with them (docs/README of the markers: docs/training.md, "Docs that run").
+does with them (the markers are documented in docs/training.md, "Docs that run").
 
 Every fenced block carries a marker on the line before it:
 
