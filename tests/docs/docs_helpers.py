@@ -111,9 +111,10 @@ def extract_blocks(path: Path, text: str | None = None) -> tuple[list[Block], li
         else:
             problems.append(f"{block.where}: no `<!-- docs-test: run|check|output -->` marker before "
                             "this block")
-        if block.kind in ("run", "check") and block.lang not in RUN_LANGS:
-            problems.append(f"{block.where}: a {block.kind} block needs a language of {', '.join(RUN_LANGS)}, "
-                            f"not {block.lang or 'none'!r}")
+        langs = {"run": SHELL_LANGS + ("python",), "check": RUN_LANGS}.get(block.kind or "", None)
+        if langs is not None and block.lang not in langs:
+            problems.append(f"{block.where}: a {block.kind} block needs a language of {', '.join(langs)}, "
+                            f"not {block.lang or 'none'!r} (a TOML block is a check: parsed as a job config)")
         blocks.append(block)
     return blocks, problems
 

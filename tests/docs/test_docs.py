@@ -19,6 +19,7 @@ import time
 
 import pytest
 from docs_helpers import (
+    SHELL_LANGS,
     Block,
     block_problems,
     doc_files,
@@ -53,7 +54,7 @@ def test_every_block_is_marked_and_names_only_what_exists(tmp_path, monkeypatch)
     for block in blocks:
         if block.kind is not None:
             problems += [f"{block.where}: {p}" for p in block_problems(block, tmp_path)]
-        if block.kind == "run" and block.lang != "toml" and block.lang != "python":
+        if block.kind == "run" and block.lang in SHELL_LANGS:
             try:
                 runnable_script(block)
             except ValueError as e:
@@ -67,6 +68,7 @@ def test_every_block_is_marked_and_names_only_what_exists(tmp_path, monkeypatch)
     ("```bash\ngrt-titan prepare x --out d\n```\n", "no `<!-- docs-test"),
     ("Text:\n\n    grt-titan prepare x --out d\n", "indented code block"),
     ("<!-- docs-test: runs -->\n```bash\nls\n```\n", "marker kind 'runs'"),
+    ("<!-- docs-test: run -->\n```toml\n[grt]\n```\n", "a run block needs a language"),
     ("<!-- docs-test: check -->\n```bash\ngrt-titan export-hf --checkpoint c --config t.toml --out o --dtypes x\n```\n",
      "unrecognized arguments: --dtypes"),
     ("<!-- docs-test: check -->\n```bash\ngrt-titan export-hf --checkpoint c --out o\n```\n",
@@ -151,8 +153,8 @@ def test_documented_commands_run(tmp_path):
     ran, timings = [], []
     with open(tmp_path / "docs_run.log", "w") as log:
         for block in blocks:
-            if block.kind != "run" or block.lang == "toml":
-                continue  # toml run blocks are parsed by the static test
+            if block.kind != "run":
+                continue  # check and output blocks: the static test
             key = (block.lang, block.text, tuple(block.cpu_scale))
             if key in done:
                 ran.append(f"{block.where}: same block as {done[key]}")
