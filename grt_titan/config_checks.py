@@ -427,14 +427,20 @@ def _training_problems(job_config) -> list[str]:
     return [f"{key} = {value!r} is invalid; allowed: {allowed}" for key, value, ok, allowed in checks if not ok]
 
 
+def config_field_problems(job_config) -> list[str]:
+    """Type and Literal-choice problems of every section's set fields (TOML or command line)."""
+    problems = []
+    for where, section in _sections(job_config):
+        problems += field_problems(section, where, only_changed=True)
+    return problems
+
+
 def check_job_config(job_config, model_args) -> None:
     """Raise ValueError naming the key and the allowed values for a config that cannot run.
 
     All problems are collected first and reported together, one per line.
     """
-    problems = []
-    for where, section in _sections(job_config):
-        problems += field_problems(section, where, only_changed=True)
+    problems = config_field_problems(job_config)
     if problems:  # wrong types would make the range checks below raise TypeError
         _raise(problems)
     problems += _training_problems(job_config)

@@ -11,7 +11,12 @@ What it changes, only in torchtitan's modules and only when no accelerator exist
   `current_device()` returns the index 0 (torch.cpu returns the string "cpu", which
   `barrier(device_ids=[...])` in `set_pg_timeouts` rejects);
 - `build_device_memory_monitor` -> a monitor reporting this process's peak RSS
-  (torch.cpu has no memory_stats / get_device_properties).
+  (torch.cpu has no memory_stats / get_device_properties);
+- `get_peak_flops` -> NaN for the CPU "device": torchtitan would look for a GPU with
+  lspci and fall back to an A100's peak, warning twice per rank (MFU on CPU is reported
+  as not applicable by the spec's metrics processor);
+- torch's warnings about what a CPU mesh lacks (`CPU_MESH_WARNINGS`), printed by every rank
+  and not actionable; docs/training.md states those limits once.
 It can be removed once torchtitan selects the device at run time.
 """
 
@@ -20,10 +25,21 @@ from __future__ import annotations
 import resource
 import sys
 import types
+import warnings
 
 import torch
 
 _ENABLED = False
+
+# torch warnings a CPU/gloo run meets on every rank; what they mean is in docs/training.md
+# ("CPU support"): DTensor's RNG is not offset-tracked on a CPU mesh (sharded random init
+# repeats per shard: parity runs start from a seed checkpoint), and torchtitan's
+# `set_pg_timeouts` cannot change the timeout of mesh groups that have no gloo backend yet.
+CPU_MESH_WARNINGS = (
+    r"DTensor random operators may not have complete support on cpu device mesh",
+    r"DTensor manual_seed\(\) may not have complete support on cpu device mesh",
+    r"Set timeout is now only supported for either nccl or gloo",
+)
 
 
 def accelerator_available() -> bool:
@@ -70,6 +86,13 @@ class RssMemoryMonitor:
         return None  # peak RSS cannot be reset; it is the high-water mark of the run
 
 
+def _cpu_peak_flops(get_peak_flops):
+    def peak_flops(device_name: str) -> float:
+        return float("nan") if device_name == "cpu" else get_peak_flops(device_name)
+
+    return peak_flops
+
+
 def enable_cpu_training() -> None:
     """Point torchtitan at CPU/gloo. A no-op where an accelerator exists."""
     global _ENABLED
@@ -90,4 +113,7 @@ def enable_cpu_training() -> None:
         if names.get("device_module") is old_module:
             module.device_module = cpu_module
     metrics.build_device_memory_monitor = RssMemoryMonitor
+    tt_utils.get_peak_flops = _cpu_peak_flops(tt_utils.get_peak_flops)
+    for message in CPU_MESH_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning)
     _ENABLED = True

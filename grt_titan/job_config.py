@@ -23,6 +23,7 @@ from grt_titan.model.args import (
     StepAdapter,
     Update,
 )
+from grt_titan.tokenizer import GPT2_TIKTOKEN_PATH
 
 
 # torchtitan's registered name of the float8 linear converter ([model] converters).
@@ -212,7 +213,19 @@ class LossSpikeConfig:
 
 
 @dataclass
+class GRTModelDefaults:
+    """grt_titan's defaults for torchtitan's `[model]` section (merged into it)."""
+
+    hf_assets_path: str = str(GPT2_TIKTOKEN_PATH)
+    """Tokenizer: a `.tiktoken` rank file or a folder holding one (docs/data.md). Default:
+    the GPT-2 ranks shipped in the package. torchtitan's own default,
+    `./tests/assets/tokenizer`, does not exist outside torchtitan's repository, and its
+    config loader warns about it on every run."""
+
+
+@dataclass
 class JobConfig:
+    model: GRTModelDefaults = field(default_factory=GRTModelDefaults)
     grt: GRTSection = field(default_factory=GRTSection)
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: GRTOptimizerConfig = field(default_factory=GRTOptimizerConfig)

@@ -98,16 +98,25 @@ def convergence_figure(
 def gate_figure(
     steps: Sequence[int],
     mean: Sequence[float],
-    std: Sequence[float],
+    quantiles: dict[float, Sequence[float]],
     copy_frac: Sequence[float],
     write_frac: Sequence[float],
     update_ratio: Sequence[float],
 ) -> Figure:
-    """Figure 10: (a) gate mean +- std, (b) saturation shares, (c) effective openness rho."""
+    """Figure 10: (a) gate mean with the 5-95 % and 25-75 % bands of g per step (quantiles:
+    inside [0, 1] like g itself, where mean +- std can cross 1), (b) saturation shares,
+    (c) effective openness rho."""
     fig, (ax_mean, ax_sat, ax_rho) = _figure(3, width=4.0)
-    ax_mean.errorbar(steps, mean, yerr=std, fmt="o-", capsize=3)
+    for (lo, hi), alpha in (((0.05, 0.95), 0.2), ((0.25, 0.75), 0.4)):
+        ax_mean.fill_between(steps, quantiles[lo], quantiles[hi], color="C0", alpha=alpha, linewidth=0,
+                             label=f"{round(100 * lo)}-{round(100 * hi)} %")
+    ax_mean.plot(steps, quantiles[0.5], "-", color="C0", label="median")
+    ax_mean.plot(steps, mean, "o", color="C3", label="mean")
+    low = min(quantiles[0.05], default=0.0)
+    ax_mean.set_ylim(max(0.0, low - 0.05 * (1.0 - low)), 1.0)
+    ax_mean.legend(fontsize="small", loc="lower left")
     ax_mean.set_ylabel("gate g")
-    ax_mean.set_title("(a) gate mean +- std")
+    ax_mean.set_title("(a) gate g: mean, median, quantile bands")
     # Two axes: write saturation is orders of magnitude rarer in a trained model (< 1e-4).
     ax_sat.plot(steps, [100 * c for c in copy_frac], "o-", color="C0", label="g > 0.95 (copy)")
     ax_sat.set_ylabel("g > 0.95 (copy-saturated), %", color="C0")

@@ -11,6 +11,7 @@ against `model(tokens, num_recurrences=r)`).
 |----------------|----------------------------------------------------------------|-----------|
 | loss[r]        | mean next-token cross-entropy at depth r (r = 0: prelude only) | fig 3, 9a |
 | kl_to_final[r] | mean over tokens of KL(p_final || p_r), final = eval depth     | fig 9b    |
+| gate_q05..q95  | per step: quantiles of g (5, 25, 50, 75, 95 %), from a histogram | fig 10a   |
 
 plus, per recurrence step i, the `STATISTICS` of grt_titan/model/step_stats.py (gate mean,
 std and saturation shares, update ratio rho, update / proposal norms and cosines, relative
@@ -27,7 +28,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from grt_titan.model.recurrence import Recurrence, StepRecord, find_recurrence
-from grt_titan.model.step_stats import STATISTICS, SUMS, step_row, summarize
+from grt_titan.model.step_stats import (
+    GATE_BINS, GATE_QUANTILES, STATISTICS, SUMS, gate_histogram, histogram_quantiles, quantile_key, step_row,
+    summarize,
+)
 
 
 def require_recurrence(model: nn.Module) -> Recurrence:
@@ -46,6 +50,7 @@ class DepthAnalysis:
     loss_sum: torch.Tensor = field(init=False)
     kl_sum: torch.Tensor = field(init=False)
     step_sums: torch.Tensor = field(init=False)
+    gate_counts: torch.Tensor = field(init=False)
     tokens: int = 0
     sequences: int = 0
 
@@ -55,6 +60,7 @@ class DepthAnalysis:
         self.loss_sum = torch.zeros(self.max_depth + 1, dtype=torch.float64)
         self.kl_sum = torch.zeros(self.max_depth + 1, dtype=torch.float64)
         self.step_sums = torch.zeros(self.max_depth, len(SUMS), dtype=torch.float64)
+        self.gate_counts = torch.zeros(self.max_depth, GATE_BINS, dtype=torch.float64)
 
     @torch.no_grad()
     def add_batch(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> None:
@@ -66,6 +72,7 @@ class DepthAnalysis:
                 states.append(record.state)
             states.append(record.new_state)
             self.step_sums[record.index - 1] += step_row(record).cpu()
+            self.gate_counts[record.index - 1] += gate_histogram(record.gate).cpu()
 
         previous, recurrence.observer = recurrence.observer, observe
         try:
@@ -96,6 +103,9 @@ class DepthAnalysis:
         }
         steps = summarize(self.step_sums)
         out.update({key: [s[key] for s in steps] for key in STATISTICS})
+        per_step = [histogram_quantiles(self.gate_counts[i]) for i in range(len(steps))]
+        for j, q in enumerate(GATE_QUANTILES):
+            out[quantile_key(q)] = [values[j] for values in per_step]
         return out
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from grt_titan.model import GRTModel
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.checkpoint import (
+    latest_step_folder,
     load_checkpoint,
     load_model_args,
     model_args_from_hf_config,
@@ -34,16 +34,6 @@ class LoadedModel:
     tokenizer: Any
     job_config: Any | None  # the --config's JobConfig, if one was given
     source: dict[str, Any]  # what was loaded: kind, path, step
-
-
-def latest_step_folder(path: Path) -> Path:
-    """`path` itself, or its `step-N` child with the largest N (a checkpoint folder)."""
-    steps = [
-        (int(m.group(1)), p)
-        for p in path.iterdir()
-        if p.is_dir() and (m := re.fullmatch(r"step-(\d+)", p.name))
-    ] if path.is_dir() else []
-    return max(steps)[1] if steps else path
 
 
 def is_hf_export(path: Path) -> bool:

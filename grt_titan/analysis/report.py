@@ -11,6 +11,9 @@ import torch
 
 from grt_titan import plots
 from grt_titan.analysis.diagnostics import DepthAnalysis, batches, gate_heatmap, require_recurrence
+from grt_titan.model.step_stats import GATE_QUANTILES, quantile_key
+
+GATE_QUANTILE_KEYS = tuple(quantile_key(q) for q in GATE_QUANTILES)
 
 # Prompts of paper figure 8 (the two it names) plus two of the same kinds.
 DEFAULT_PROMPTS = (
@@ -120,7 +123,8 @@ def analyze(
             "final_depth": final_depth,
         },
         "gate": {"steps": steps, **{k: per[k] for k in (  # figure 10
-            "gate_mean", "gate_std", "gate_copy_frac", "gate_write_frac", "update_ratio")}},
+            "gate_mean", "gate_std", *GATE_QUANTILE_KEYS, "gate_copy_frac", "gate_write_frac",
+            "update_ratio")}},
         "updates": {"steps": steps, **{k: per[k] for k in (  # figure 11 (+ 14b)
             "update_norm", "proposal_norm", "state_cosine", "proposal_cosine", "relative_update")}},
         "gate_heatmaps": {"depth": final_depth, "prompts": heatmaps},  # figure 8
@@ -131,8 +135,8 @@ def analyze(
         "early_exit": plots.early_exit_figure(depths, per["loss"], flops, layers, R,
                                               title=f"{result['model']['layout']}, seq_len {seq_len}"),
         "convergence": plots.convergence_figure(depths, per["loss"], per["kl_to_final"], final_depth),
-        "gate": plots.gate_figure(steps, per["gate_mean"], per["gate_std"], per["gate_copy_frac"],
-                                  per["gate_write_frac"], per["update_ratio"]),
+        "gate": plots.gate_figure(steps, per["gate_mean"], {q: per[quantile_key(q)] for q in GATE_QUANTILES},
+                                  per["gate_copy_frac"], per["gate_write_frac"], per["update_ratio"]),
         "updates": plots.updates_figure(steps, per["update_norm"], per["proposal_norm"], per["state_cosine"],
                                         per["proposal_cosine"], per["relative_update"]),
         "gate_heatmaps": plots.gate_heatmap_figure(heatmaps),

@@ -23,14 +23,21 @@ step that `should_log` will log; the observer reduces each step to a few device 
 
 Its builder also writes the run record `<dump_folder>/grt_run.json` on rank 0
 (grt_titan/run_record.py; read by `grt-titan table`).
+On CPU there is no peak FLOP rate to compare with (the CPU shim's peak is NaN, where
+torchtitan would use an A100's): this processor prints `mfu: n/a (CPU)` and leaves
+`mfu(%)` out of TensorBoard; `tflops` and `tps` are measured as on GPU.
 """
 
+import logging
+import re
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.tools import utils as tt_utils
 from torchtitan.tools.logging import logger
 
 from grt_titan.job_config import GRTMetricsConfig
@@ -103,6 +110,53 @@ class RecurrenceStats:
         return summarize(self.sums) if self.sums is not None else []
 
 
+class _RecordFilter(logging.Filter):
+    def __init__(self, rewrite: Callable[[logging.LogRecord], bool]) -> None:
+        super().__init__()
+        self.rewrite = rewrite
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.rewrite(record)
+
+
+@contextmanager
+def _rewriting_log(rewrite: Callable[[logging.LogRecord], bool] | None):
+    """While active, torchtitan's log records pass through `rewrite` (False drops one)."""
+    if rewrite is None:
+        yield
+        return
+    record_filter = _RecordFilter(rewrite)
+    logger.addFilter(record_filter)
+    try:
+        yield
+    finally:
+        logger.removeFilter(record_filter)
+
+
+_MFU_TEXT = re.compile(r"mfu: [^%\x1b]*%")
+MFU_NOT_APPLICABLE = "mfu: n/a (CPU)"
+
+
+def _mfu_not_applicable(record: logging.LogRecord) -> bool:
+    if isinstance(record.msg, str) and "mfu: " in record.msg:
+        record.msg = _MFU_TEXT.sub(MFU_NOT_APPLICABLE, record.msg)
+    return True
+
+
+class _WithoutKeys:
+    """A torchtitan metric logger (TensorBoard, W&B) that leaves some keys out."""
+
+    def __init__(self, inner, keys: tuple[str, ...]) -> None:
+        self.inner = inner
+        self.keys = keys
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.inner.log({k: v for k, v in metrics.items() if k not in self.keys}, step)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
 class GRTMetricsProcessor(MetricsProcessor):
     """torchtitan's MetricsProcessor plus the GRT's depth-aware FLOPs and recurrence stats.
 
@@ -115,7 +169,10 @@ class GRTMetricsProcessor(MetricsProcessor):
         self._optimizers = None
         self._recurrence: Recurrence | None = None
         self._hooks: list[Any] = []
+        self.on_cpu = tt_utils.device_type == "cpu"
         super().__init__(job_config, parallel_dims, tag)
+        if self.on_cpu:
+            self.logger = _WithoutKeys(self.logger, ("mfu(%)",))
         self.model_args = model_args
         self.config = metrics_config(job_config)
         self._sampler: DepthSampler | None = None
@@ -227,7 +284,8 @@ class GRTMetricsProcessor(MetricsProcessor):
             sampler.history.clear()
         grt = self.recurrence_metrics() if self.config.enable and self._recurrence is not None else {}
         extra_metrics.update(grt)
-        super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
+        with _rewriting_log(_mfu_not_applicable if self.on_cpu else None):
+            super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
         if grt:
             logger.info(console_line(grt))
         self._last_logged_step = step

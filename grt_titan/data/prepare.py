@@ -257,7 +257,7 @@ def _run(tasks, writers, tokenizer, workers: int, progress: bool) -> None:
         _ENC = None
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="grt-titan prepare",
         description="Tokenize local text (GPT-2 BPE) into uint16 token shards + manifest.json "
@@ -286,7 +286,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         manifest = prepare(
             args.inputs, args.out, tokenizer_path=args.tokenizer, text_field=args.text_field,

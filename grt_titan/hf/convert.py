@@ -224,6 +224,7 @@ def write_hf_folder(
         card = dict(card or {})
         card.setdefault("dtype", dtype)
         card["weight_files"] = files
+        card["folder_name"] = out.name
         (tmp / "README.md").write_text(render_model_card(model_args, hf, card))
         if verify:
             if dtype != "float32":

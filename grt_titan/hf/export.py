@@ -1,9 +1,9 @@
 """`grt-titan export-hf`: a torchtitan checkpoint step folder -> a Hugging Face folder.
 
-    grt-titan export-hf --checkpoint outputs/grt_debug/checkpoint/step-60 \
+    grt-titan export-hf --checkpoint outputs/grt_debug/checkpoint \
         --config train_configs/grt_debug.toml --out exports/grt_debug
 
-The config gives the flavor and `[grt]` overrides (the architecture); the checkpoint may
+The checkpoint is a step folder or a `checkpoint/` folder (its latest step). The config gives the flavor and `[grt]` overrides (the architecture); the checkpoint may
 be a DCP step folder (full or model-only) or the HF-named safetensors that
 `[checkpoint] last_save_in_hf = true` writes. See docs/hf_export.md.
 """
@@ -16,14 +16,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grt_titan.model.checkpoint import CheckpointError, load_checkpoint, load_model_args
+from grt_titan.model.checkpoint import CheckpointError, latest_step_folder, load_checkpoint, load_model_args
 from grt_titan.tokenizer import resolve_tokenizer_path
 
 from .convert import DEFAULT_MAX_SHARD_SIZE, ExportError, check_exportable, write_hf_folder
 
 
-def find_validation_loss(checkpoint: Path, job_config, step: int | None) -> float | None:
-    """Last `validation_metrics/loss` at or before `step` in the run's TensorBoard logs."""
+def tensorboard_scalar(checkpoint: Path, job_config, tag: str, step: int | None) -> tuple[int, float] | None:
+    """(step, value) of the last `tag` scalar at or before `step` in the run's TensorBoard logs
+    (`<dump>/<save_tb_folder>`, the dump being the checkpoint's grandparent or the TOML's)."""
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
@@ -39,9 +40,9 @@ def find_validation_loss(checkpoint: Path, job_config, step: int | None) -> floa
             try:
                 acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
                 acc.Reload()
-                if "validation_metrics/loss" not in acc.Tags().get("scalars", []):
+                if tag not in acc.Tags().get("scalars", []):
                     continue
-                for event in acc.Scalars("validation_metrics/loss"):
+                for event in acc.Scalars(tag):
                     if step is not None and event.step > step:
                         continue
                     if best is None or event.step >= best[0]:
@@ -50,7 +51,29 @@ def find_validation_loss(checkpoint: Path, job_config, step: int | None) -> floa
                 continue
         if best is not None:
             break
-    return None if best is None else best[1]
+    return best
+
+
+def training_tokens(checkpoint: Path, job_config, facts: dict[str, Any]) -> tuple[int | None, str]:
+    """Tokens trained on up to the checkpoint's step, and where the number comes from.
+
+    In order: torchtitan's logged `n_tokens_seen` at that step (summed over data-parallel
+    ranks); step x `[training] global_batch_size` x `seq_len` when the TOML fixes the global
+    batch; the count in the checkpoint's `train_state` (data-parallel rank 0's tokens, what
+    torchtitan saves).
+    """
+    step = facts.get("step")
+    if step is not None:
+        logged = tensorboard_scalar(checkpoint, job_config, "n_tokens_seen", step)
+        if logged is not None and logged[0] == step:
+            return int(logged[1]), "n_tokens_seen in the run's TensorBoard log"
+        training = job_config.training
+        if training.global_batch_size > 0:
+            return (step * training.global_batch_size * training.seq_len,
+                    "steps x global_batch_size x seq_len of the config")
+    if facts.get("tokens_seen") is not None:
+        return facts["tokens_seen"], "train_state of the checkpoint: data-parallel rank 0's tokens"
+    return None, f"no n_tokens_seen logged at step {step}, global batch not fixed in the config"
 
 
 def export_checkpoint(
@@ -61,11 +84,13 @@ def export_checkpoint(
     max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
     tokenizer_path: str | Path | None = None,
     validation_loss: float | None = None,
+    validation_step: int | None = None,
     overwrite: bool = False,
     verify: bool = True,
 ) -> Path:
-    """Export `checkpoint` (trained with `config_file`) to the HF folder `out`."""
-    checkpoint = Path(checkpoint)
+    """Export `checkpoint` (a step folder, or a checkpoint folder: its latest step), trained
+    with `config_file`, to the HF folder `out` (parent folders are created)."""
+    checkpoint = latest_step_folder(Path(checkpoint))
     out = Path(out)
     if out.exists() and not overwrite:  # fail before the (slow) checkpoint read
         raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
@@ -75,15 +100,21 @@ def export_checkpoint(
         tokenizer_path = resolve_tokenizer_path(getattr(job_config.model, "hf_assets_path", None))
     native, facts = load_checkpoint(checkpoint, args)
     if validation_loss is None:
-        validation_loss = find_validation_loss(checkpoint, job_config, facts.get("step"))
+        found = tensorboard_scalar(checkpoint, job_config, "validation_metrics/loss", facts.get("step"))
+        if found is not None:
+            validation_step, validation_loss = found
+    tokens, tokens_source = training_tokens(checkpoint, job_config, facts)
     card: dict[str, Any] = {
         "flavor": job_config.model.flavor,
-        "config_file": str(config_file),
-        "source_checkpoint": str(checkpoint),
+        "config_file": portable_path(config_file),
+        "source_checkpoint": portable_path(checkpoint),
         "step": facts.get("step"),
-        "tokens_seen": facts.get("tokens_seen"),
+        "tokens_seen": tokens,
+        "tokens_source": tokens_source,
         "validation_loss": validation_loss,
+        "validation_step": validation_step,
     }
+    out.parent.mkdir(parents=True, exist_ok=True)  # as import-hf: `--out exports/x` just works
     return write_hf_folder(
         out,
         native,
@@ -97,13 +128,26 @@ def export_checkpoint(
     )
 
 
+def portable_path(path: str | Path) -> str:
+    """`path` as the card may show it: relative to the working directory, never absolute
+    (a published card carries no machine's paths); outside it, the last two parts."""
+    p = Path(path)
+    if not p.is_absolute():
+        return p.as_posix()
+    try:
+        return p.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return Path(*p.parts[-2:]).as_posix() if len(p.parts) > 2 else p.name
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="grt-titan export-hf",
         description="Export a torchtitan GRT checkpoint to a Hugging Face folder "
         "(AutoModelForCausalLM with trust_remote_code=True).",
     )
-    p.add_argument("--checkpoint", required=True, help="checkpoint step folder, e.g. <dump>/checkpoint/step-N")
+    p.add_argument("--checkpoint", required=True,
+                   help="checkpoint step folder, e.g. <dump>/checkpoint/step-N, or <dump>/checkpoint (latest step)")
     p.add_argument("--config", required=True, help="the training TOML (flavor and [grt] overrides)")
     p.add_argument("--out", required=True, help="output folder (created; must not exist)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
@@ -113,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=".tiktoken rank file (default: the run's hf_assets_path, else shipped GPT-2)")
     p.add_argument("--validation-loss", type=float, default=None,
                    help="for the model card (default: read from the run's TensorBoard logs)")
+    p.add_argument("--validation-step", type=int, default=None,
+                   help="the step --validation-loss was measured at, for the model card")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument("--no-verify", action="store_true",
                    help="skip the fp32 logit check of the written folder against the checkpoint")
@@ -131,13 +177,14 @@ def main(argv: list[str] | None = None) -> int:
             max_shard_size=args.max_shard_size,
             tokenizer_path=args.tokenizer,
             validation_loss=args.validation_loss,
+            validation_step=args.validation_step,
             overwrite=args.overwrite,
             verify=not args.no_verify,
         )
     except (CheckpointError, FileNotFoundError) as e:
         print(f"grt-titan export-hf: error: {e}", file=sys.stderr)
         return 1
-    print(f"exported {args.checkpoint} -> {out}")
+    print(f"exported {latest_step_folder(Path(args.checkpoint))} -> {out}")
     return 0
 
 

@@ -38,7 +38,12 @@ def _fmt(n: int) -> str:
 
 def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: dict[str, Any]) -> str:
     """Markdown model card. `card` keys (all optional): source_checkpoint, config_file,
-    flavor, step, tokens_seen, validation_loss, dtype, weight_files."""
+    flavor, step, tokens_seen, tokens_source, validation_loss, validation_step, dtype,
+    weight_files, folder_name (what the "Use" snippet loads; default "grt_model").
+
+    The snippet runs as printed from the folder that holds the export, with no prompt
+    (tests/docs runs it with stdin closed).
+    """
     total = sum(v.numel() for v in hf_state_dict.values())
     depth = args.eval_depth
     rows = "\n".join(f"| {name} | {_fmt(n)} |" for name, n in parameter_table(hf_state_dict))
@@ -54,6 +59,7 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         return str(value)
 
     recurrent = args.is_recurrent
+    name = card.get("folder_name") or "grt_model"
     lines = [
         "---",
         "library_name: transformers",
@@ -93,17 +99,23 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         f"- flavor: {fact('flavor')}; config: {fact('config_file')}",
         f"- checkpoint: {fact('source_checkpoint')}",
         f"- training steps: {fact('step')}",
-        f"- training tokens: {fact('tokens_seen')}",
-        f"- validation loss: {fact('validation_loss')}",
+        f"- training tokens: {fact('tokens_seen')} ({card.get('tokens_source') or 'source unknown'})",
+        f"- validation loss: {fact('validation_loss')}"
+        + (f" at step {card['validation_step']}" if card.get("validation_step") is not None else ""),
         f"- exported dtype: {fact('dtype')}; weight files: {', '.join(card.get('weight_files', []))}",
         "",
         "## Use",
         "",
+        f"From the folder that holds `{name}/` (or with its hub id in place of `{name}`). "
+        "The model runs this folder's `modeling_grt.py` (`trust_remote_code=True`); the "
+        "tokenizer is GPT-2's, but transformers reads the folder's config to find it, so it "
+        "takes the same flag (without it, transformers asks on stdin):",
+        "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",
-        'tok = AutoTokenizer.from_pretrained("PATH")',
-        'model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)',
+        f'tok = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)',
+        f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)',
         'ids = tok("The meaning of life is", return_tensors="pt").input_ids',
     ]
     if recurrent:

@@ -226,6 +226,16 @@ def single_process_dcp():
         yield
 
 
+def latest_step_folder(path: Path) -> Path:
+    """`path` itself, or its `step-N` child with the largest N (a checkpoint folder)."""
+    steps = [
+        (int(m.group(1)), p)
+        for p in path.iterdir()
+        if p.is_dir() and (m := re.fullmatch(r"step-(\d+)", p.name))
+    ] if path.is_dir() else []
+    return max(steps)[1] if steps else path
+
+
 def _step_from_name(path: Path) -> int | None:
     m = re.fullmatch(r"step-(\d+)", path.name)
     return int(m.group(1)) if m else None

@@ -36,6 +36,12 @@ analysis sums cost several more passes over the states. The statistics (docs/obs
 | proposal_cosine  | mean per-token cos(o_i, h_{i-1})                  | fig 11b  |
 | relative_update  | sqrt(update_sq / state_sq)                        | fig 14b  |
 
+The analysis also keeps, per step, a histogram of the gate values over [0, 1]
+(`gate_histogram`, `GATE_BINS` equal bins; counts add up like the sums) and reads quantiles
+from it (`histogram_quantiles`, linear inside a bin: off by at most one bin width, 1e-3):
+figure 10a draws the 5-95 % and 25-75 % bands of g, which stay inside [0, 1] where
+mean +- std need not.
+
 Pure torch on plain tensors: a caller holding DTensors passes their local shards.
 """
 
@@ -59,6 +65,40 @@ TRAINING_STATISTICS = ("gate_mean", "gate_std", "gate_copy_frac", "gate_write_fr
 STATISTICS = TRAINING_STATISTICS + (
     "update_norm", "proposal_norm", "state_cosine", "proposal_cosine", "relative_update",
 )
+
+
+GATE_BINS = 1000
+GATE_QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
+"""Quantiles of g per step in `grt-titan analyze` (keys gate_q05, gate_q25, ...)."""
+
+
+def quantile_key(q: float) -> str:
+    return f"gate_q{round(100 * q):02d}"
+
+
+@torch.no_grad()
+def gate_histogram(gate: torch.Tensor) -> torch.Tensor:
+    """Counts of the gate values in `GATE_BINS` equal bins over [0, 1] (float64, on the device)."""
+    return torch.histc(gate.detach().float(), bins=GATE_BINS, min=0.0, max=1.0).to(torch.float64)
+
+
+def histogram_quantiles(counts: torch.Tensor, quantiles=GATE_QUANTILES) -> list[float]:
+    """Quantiles of values in [0, 1] from their `gate_histogram` counts (summed over batches),
+    linear inside the bin where the cumulative share crosses q."""
+    counts = counts.detach().to(torch.float64).cpu()
+    total = counts.sum().item()
+    if total <= 0:
+        return [math.nan] * len(quantiles)
+    cum = torch.cumsum(counts, 0).tolist()
+    bins = counts.numel()
+    out = []
+    for q in quantiles:
+        target = q * total
+        i = next(k for k, c in enumerate(cum) if c >= target)
+        before = cum[i - 1] if i > 0 else 0.0
+        inside = (target - before) / counts[i].item() if counts[i] > 0 else 0.0
+        out.append(min(1.0, max(0.0, (i + inside) / bins)))
+    return out
 
 
 def _count(n: int, like: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,10 @@ def test_depth_analysis_equals_independent_forwards():
             assert result["state_cosine"][i] == pytest.approx(F.cosine_similarity(h_new, h, dim=-1).mean().item(), rel=1e-5)
             assert result["proposal_cosine"][i] == pytest.approx(F.cosine_similarity(o, h, dim=-1).mean().item(), rel=1e-4, abs=1e-6)
             assert result["relative_update"][i] == pytest.approx(((h_new - h).norm() / h.norm()).item(), rel=1e-5)
+            # Figure 10a's bands: histogram quantiles within one bin (1e-3) of torch.quantile.
+            for q in (0.05, 0.25, 0.5, 0.75, 0.95):
+                want = torch.quantile(g.flatten().double(), q).item()
+                assert result[f"gate_q{round(100 * q):02d}"][i] == pytest.approx(want, abs=1e-3), (i, q)
             h = h_new
 
 

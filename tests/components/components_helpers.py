@@ -112,7 +112,8 @@ def replay_steps(model: GRTModel, tokens: torch.Tensor, depth: int, seed: int):
 FIGURE_KEYS = {
     "early_exit": {"depths", "loss", "layer_depth", "forward_flops_per_token"},
     "convergence": {"depths", "loss", "kl_to_final", "final_depth"},
-    "gate": {"steps", "gate_mean", "gate_std", "gate_copy_frac", "gate_write_frac", "update_ratio"},
+    "gate": {"steps", "gate_mean", "gate_std", "gate_q05", "gate_q25", "gate_q50", "gate_q75", "gate_q95",
+             "gate_copy_frac", "gate_write_frac", "update_ratio"},
     "updates": {"steps", "update_norm", "proposal_norm", "state_cosine", "proposal_cosine", "relative_update"},
     "gate_heatmaps": {"depth", "prompts"},
 }
@@ -147,6 +148,10 @@ def check_analysis_output(out, num_recurrences: int, max_depth: int):
     assert all(k > 0 for r, k in enumerate(conv["kl_to_final"]) if r != num_recurrences)
     for key in FIGURE_KEYS["gate"] | FIGURE_KEYS["updates"]:
         assert len(result["gate" if key in FIGURE_KEYS["gate"] else "updates"][key]) == max_depth
+    gate = result["gate"]  # figure 10a's bands: ordered quantiles of g, inside [0, 1]
+    for i in range(max_depth):
+        bands = [gate[f"gate_q{q:02d}"][i] for q in (5, 25, 50, 75, 95)]
+        assert 0.0 <= bands[0] and bands == sorted(bands) and bands[-1] <= 1.0, (i, bands)
     for prompt in result["gate_heatmaps"]["prompts"]:
         assert len(prompt["gate_mean"]) == num_recurrences
         assert all(len(row) == len(prompt["tokens"]) for row in prompt["gate_mean"])

@@ -195,3 +195,22 @@ def test_stats_all_reduce_pools_ranks(run_torchrun, tmp_path):
     for got, want in zip(result["got"], result["want"]):
         for key, value in want.items():
             assert got[key] == pytest.approx(value, rel=RTOL, abs=1e-12), key
+
+
+def test_mfu_on_cpu_is_not_applicable(tmp_path, caplog):
+    """CPU: no peak-FLOPs lookup or A100 fallback (the shim), `mfu: n/a (CPU)` on the console
+    and no `mfu(%)` in TensorBoard; tflops stays."""
+    import math
+
+    caplog.set_level("INFO")
+    processor, model, _ = _processor(tmp_path)
+    assert processor.on_cpu and math.isnan(processor.gpu_peak_flops)
+    written = []
+    del processor.logger.log  # _processor's capture; record behind the key filter instead
+    processor.logger.inner.log = lambda metrics, step: written.append(dict(metrics))
+    _train(processor, model, 1, [])
+    console = [r.getMessage() for r in caplog.records if "tflops" in r.getMessage()]
+    assert len(console) == 1 and "mfu: n/a (CPU)" in console[0] and "nan" not in console[0], console
+    assert "mfu(%)" not in written[0] and "tflops" in written[0]
+    assert not [r for r in caplog.records if "Peak flops" in r.getMessage() or "lspci" in r.getMessage()]
+    processor.close()

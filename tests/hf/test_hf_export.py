@@ -38,7 +38,13 @@ def test_export_folder(debug_export, debug_checkpoint):
                                                       "transformers", "configuration_grt"}, imported
     card = (debug_export / "README.md").read_text()
     assert "1 + 2x4 + 1" in card and "training steps: 60" in card
-    assert "training tokens: 61,440" in card and "validation loss: 5.2500" in card
+    assert "training tokens: 61,440 (train_state" in card and "validation loss: 5.2500" in card
+    # Exported from absolute paths: the card shows none (checkpoint: its last two parts).
+    assert str(debug_export.parent) not in card and str(debug_checkpoint[0].parent) not in card
+    assert "checkpoint: checkpoint/step-60" in card
+    # The snippet loads the folder by name, the tokenizer with the flag that avoids the prompt
+    # (it runs verbatim in tests/docs).
+    assert 'AutoTokenizer.from_pretrained("grt_debug", trust_remote_code=True)' in card
     _, native = debug_checkpoint
     stored = sum(p.numel() for p in native.parameters())
     assert f"{stored / 1e6:.2f}M" in card
@@ -226,11 +232,15 @@ def test_validation_loss_read_from_the_runs_tensorboard_logs(debug_checkpoint, d
     writer = SummaryWriter(str(folder.parent.parent / "tb" / "20261129-0000"))
     for step, loss in ((30, 5.5), (60, 5.0), (90, 4.0)):
         writer.add_scalar("validation_metrics/loss", loss, step)
+        writer.add_scalar("n_tokens_seen", 2048 * step, step)  # torchtitan's, over all ranks
     writer.close()
-    out = tmp_path / "card"
-    assert cli(["export-hf", "--checkpoint", str(folder), "--config", str(debug_config),
+    out = tmp_path / "exports" / "card"  # parents are created
+    # The checkpoint folder selects its latest step (step-60).
+    assert cli(["export-hf", "--checkpoint", str(folder.parent), "--config", str(debug_config),
                 "--out", str(out), "--no-verify"]) == 0
-    assert "validation loss: 5.0000" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "validation loss: 5.0000 at step 60" in card
+    assert "training tokens: 122,880 (n_tokens_seen in the run's TensorBoard log)" in card
 
 
 def test_ouro_is_refused_by_name(tmp_path, capsys):
@@ -246,6 +256,8 @@ def test_ouro_is_refused_by_name(tmp_path, capsys):
     assert cli(["export-hf", "--checkpoint", str(tmp_path / "nope"), "--config",
                 str(REPO / "train_configs" / "paper" / "small_ouro.toml"), "--out", str(out_parent / "x")]) == 1
     assert "Ouro ([grt] objective = 'exit_distribution') is not exportable" in capsys.readouterr().err
+
+
 def test_mixture_of_recursions_is_refused_by_name(tmp_path, capsys):
     """modeling_grt.py has no expert-choice routing: the export stops before reading weights."""
     from grt_titan.hf.convert import ExportError

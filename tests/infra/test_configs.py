@@ -79,3 +79,12 @@ def test_import_registers_once():
 
     importlib.reload(grt_titan)  # re-registering must not raise
     assert get_train_spec("grt").model_cls is GRTModel
+
+
+def test_hf_assets_path_defaults_to_the_shipped_tokenizer():
+    """torchtitan's default (./tests/assets/tokenizer) does not exist outside its repository
+    and is warned about on every run; grt_titan's [model] default is the shipped GPT-2 file."""
+    from grt_titan.tokenizer import GPT2_TIKTOKEN_PATH, resolve_tokenizer_path
+
+    path = parse_config().model.hf_assets_path
+    assert path == str(GPT2_TIKTOKEN_PATH) and resolve_tokenizer_path(path) == GPT2_TIKTOKEN_PATH

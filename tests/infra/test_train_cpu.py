@@ -42,7 +42,23 @@ def test_grt_debug_trains_on_two_cpu_ranks(run_torchrun, tmp_path):
     acc = EventAccumulator(str(events[0].parent))
     acc.Reload()
     scalars = acc.Tags()["scalars"]
-    for tag in ("loss_metrics/global_avg_loss", "mfu(%)", "throughput(tps)", "grt/r_mean", "validation_metrics/loss"):
+    for tag in ("loss_metrics/global_avg_loss", "tflops", "throughput(tps)", "grt/r_mean", "validation_metrics/loss"):
         assert tag in scalars
+    assert "mfu(%)" not in scalars  # no peak FLOP rate on CPU (docs/training.md)
     r_means = [e.value for e in acc.Scalars("grt/r_mean")]
     assert all(1 <= r <= 4 for r in r_means) and len(set(r_means)) > 1
+
+
+def test_torchruns_nccl_default_is_left_to_torchtitan(monkeypatch):
+    """torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING=1 is unset (torchtitan sets 3 without its
+    overwrite warning); a value the user chose stays."""
+    import os
+
+    from grt_titan.train import quiet_torchrun_defaults
+
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    quiet_torchrun_defaults()
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+    quiet_torchrun_defaults()
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
