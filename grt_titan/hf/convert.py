@@ -31,6 +31,7 @@ from grt_titan.model.checkpoint import (
     CheckpointError,
     check_hf_keys,
     check_native_shapes,
+    HF_PARTS,
     hf_config_kwargs,
     model_from_state,
     read_hf_weights,
@@ -57,14 +58,18 @@ class ExportError(CheckpointError):
 def build_hf_config(args: GRTModelArgs, dtype: str = "float32"):
     from .configuration_grt import GRTConfig
 
-    if args.non_grt_parts:
-        parts = ", ".join(f"{k} = {v!r}" for k, v in args.non_grt_parts.items())
+    unsupported = {k: v for k, v in args.non_grt_parts.items() if k not in HF_PARTS}
+    if unsupported:
+        parts = ", ".join(f"{k} = {v!r}" for k, v in unsupported.items())
         raise ExportError(
             f"{args.method_name} ({parts}) cannot be exported to Hugging Face format yet: the exported "
-            "model implements GRT's parts only (docs/hf_export.md); evaluate it with "
-            "`grt-titan analyze` or torchtitan's validator instead"
+            f"model implements the parts {', '.join(HF_PARTS)} and GRT's objective and router "
+            "(docs/hf_export.md); evaluate it with `grt-titan analyze` or torchtitan's validator instead"
         )
-    config = GRTConfig(**hf_config_kwargs(args))
+    try:
+        config = GRTConfig(**hf_config_kwargs(args))
+    except ValueError as e:  # e.g. RRT with a default depth above R: no adapters for it
+        raise ExportError(f"cannot export {args.method_name}: {e}") from e
     config.architectures = ["GRTForCausalLM"]
     config.auto_map = dict(AUTO_MAP)
     config.dtype = dtype
