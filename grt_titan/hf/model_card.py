@@ -82,12 +82,12 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         "tags: [grt, gated-recurrent-transformer, recurrent-depth, torchtitan]",
         "---",
         "",
-        "# Gated Recurrent Transformer (GRT)" if grt else f"# {args.method_name} (recurrent-depth transformer)",
+        "# Gated Recurrent Transformer (GRT)" if grt else f"# Recurrent-depth transformer: {args.method_name}",
         "",
         "Exported from a torchtitan checkpoint by `grt-titan export-hf` "
         + ("(Gated Recurrent Transformer, arXiv 2608.15062)." if grt else
-           f"(grt_titan, the comparison suite of the Gated Recurrent Transformer paper, arXiv 2608.15062: "
-           f"its {args.method_name} row)."),
+           "(a baseline of the Gated Recurrent Transformer paper, arXiv 2608.15062, as grt_titan "
+           "trains it: table 1's recurrent baselines and figure 5's ablation ladder)."),
         "",
         "## Architecture",
         "",

@@ -25,11 +25,13 @@ DEBUG_TWIN = {"small": "debug", "small_core_only": "debug_core_only"}
 
 
 def debug_twin(toml: str):
-    """The TOML's `[grt]` section (parts, depth R) on the debug-size twin of its flavor,
-    with a 512-token vocabulary and a non-default seed (the random state's table)."""
+    """The TOML's `[grt]` section (its parts) on the debug-size twin of its flavor, at the
+    twin's depth R (4 or 5: cheap), with a 512-token vocabulary and a non-default seed (the
+    random state's table)."""
     data = tomllib.loads((PAPER / toml).read_text())
     flavor = grt_flavors[DEBUG_TWIN[data["model"]["flavor"]]]
-    return flavor.replace(vocab_size=SMALL_VOCAB, depth_seed=7, **data["grt"])
+    grt = {k: v for k, v in data["grt"].items() if k != "num_recurrences"}
+    return flavor.replace(vocab_size=SMALL_VOCAB, depth_seed=7, **grt)
 
 
 @pytest.fixture(scope="module", params=list(PART_SETS))
@@ -71,19 +73,19 @@ def test_generation_with_the_kv_cache(part_set):
         for strategy in STRATEGIES:
             # per_step is exact at any depth; a compressed cache is exact at r = 1 (one step to keep).
             r = R if strategy == "per_step" else 1
-            assert torch.equal(greedy(hf, ids[:, :6], n=8, num_recurrences=r, kv_cache_strategy=strategy),
-                               greedy(hf, ids[:, :6], n=8, num_recurrences=r, use_cache=False)), strategy
+            assert torch.equal(greedy(hf, ids[:, :6], n=5, num_recurrences=r, kv_cache_strategy=strategy),
+                               greedy(hf, ids[:, :6], n=5, num_recurrences=r, use_cache=False)), strategy
             # The preallocated cache computes what the growing one does.
-            dynamic, _ = decode_logits(hf, ids[:, :12], strategy, R, steps=4)
-            static, _ = static_decode_logits(hf, ids[:, :12], strategy, prefix=8)
+            dynamic, _ = decode_logits(hf, ids[:, :10], strategy, R, steps=3)
+            static, _ = static_decode_logits(hf, ids[:, :10], strategy, prefix=7)
             assert (static - dynamic).abs().max().item() < ATOL, strategy
     # Left padding: positions (and so the random initial state's rows) restart at each row's
     # first token, and each row generates what it would alone.
     prompts = [prompt(seq=n, seed=10 + n)[0] for n in (4, 9)]
     ids, mask = left_padded(prompts)
-    batched = greedy(hf, ids, n=6, attention_mask=mask, pad_token_id=0)
+    batched = greedy(hf, ids, n=5, attention_mask=mask, pad_token_id=0)
     for i, p in enumerate(prompts):
-        assert torch.equal(batched[i, ids.shape[1]:], greedy(hf, p[None], n=6)[0, len(p):]), i
+        assert torch.equal(batched[i, ids.shape[1]:], greedy(hf, p[None], n=5)[0, len(p):]), i
 
 
 def test_export_import_export_round_trip(part_set, tmp_path):
@@ -96,6 +98,14 @@ def test_export_import_export_round_trip(part_set, tmp_path):
     again = write_hf_folder(tmp_path / "again", state, args, write_tokenizer=False)
     for name in (SINGLE_FILE, "config.json", "README.md"):
         assert (again / name).read_bytes() == (folder / name).read_bytes(), name
+
+
+def test_import_checks_the_parts_against_the_config():
+    from grt_titan.hf.importer import _check_against_config
+
+    with pytest.raises(ExportError, match="does not describe this model: .*injection: HF 'none' vs config 'proj'.*"
+                                          "step_adapter: HF 'lora' vs config 'none'"):
+        _check_against_config(debug_twin("small_rrt.toml").replace(vocab_size=50257), REPO / "train_configs" / "grt_debug.toml")
 
 
 def test_every_paper_config_exports_with_its_parts():
