@@ -11,6 +11,20 @@ BLOCK_STYLES = ("gpt2", "llama")
 # KV-cache strategies across recurrence steps; see `GRTCache` in modeling_grt.py.
 KV_CACHE_STRATEGIES = ("per_step", "first", "last", "average")
 
+# The named parts of the recurrence (grt_titan docs/architecture.md, "Methods as parts") that
+# this model implements, each with its allowed choices; the first choice is GRT's.
+RECURRENCE_PARTS = {
+    "injection": ("proj", "none"),
+    "update": ("gate", "overwrite"),
+    "initial_state": ("prelude", "random"),
+    "step_adapter": ("none", "lora"),
+}
+# Settings of a part, written to config.json only when the model uses that part.
+PART_SETTINGS = {
+    ("initial_state", "random"): ("initial_state_std", "initial_state_seed"),
+    ("step_adapter", "lora"): ("lora_rank", "lora_scale"),
+}
+
 
 class GRTConfig(PretrainedConfig):
     r"""Architecture `num_prelude_layers + num_core_layers x r + num_coda_layers`.
@@ -38,6 +52,17 @@ class GRTConfig(PretrainedConfig):
         gate_override: constant gate in [0, 1] (ablation models), None = learned gate.
         kv_cache_strategy: default KV cache across recurrence steps: "per_step" (exact),
             "first", "last" or "average" (one cache for the core; see modeling_grt.py).
+        injection: "proj" (core input W_proj [h ; h_pre], GRT) or "none" (core input h).
+        update: "gate" (h = g h + (1 - g) o, GRT) or "overwrite" (h = o, no gate).
+        initial_state: "prelude" (h_0 = h_pre, GRT) or "random" (h_0 of position t is row t
+            of one fixed TruncNormal(0, initial_state_std^2) table cut at 3 std, drawn on
+            the CPU from `initial_state_seed`: heavy-tail Poisson's state at inference).
+        step_adapter: "none", or "lora" (RRT: one LoRA per (core block, step) on the gpt2
+            block's fused q/k/v, attention output, MLP input and output, of rank
+            `lora_rank` and output scale `lora_scale`; depths above train_recurrences
+            have no adapter and are refused).
+        A config whose parts are all GRT's writes none of these fields (config.json stays
+        as before the parts existed); a config.json without them loads as GRT.
         training_settings: training-only settings of the run (noise, depth sampling), kept so that
             `grt-titan import-hf` restores them; unused for inference.
     """
@@ -66,6 +91,14 @@ class GRTConfig(PretrainedConfig):
         gate_temperature=1.0,
         gate_override=None,
         kv_cache_strategy="per_step",
+        injection="proj",
+        update="gate",
+        initial_state="prelude",
+        initial_state_std=0.02,
+        initial_state_seed=0,
+        step_adapter="none",
+        lora_rank=64,
+        lora_scale=2.0,
         training_settings=None,
         initializer_range=0.02,
         use_cache=True,
@@ -91,6 +124,24 @@ class GRTConfig(PretrainedConfig):
                 f"num_recurrences = {num_recurrences} is invalid; r >= 0, and 0 for a model "
                 "without core layers"
             )
+        parts = dict(injection=injection, update=update, initial_state=initial_state, step_adapter=step_adapter)
+        for name, value in parts.items():
+            if value not in RECURRENCE_PARTS[name]:
+                raise ValueError(f"{name} = {value!r}; allowed: {RECURRENCE_PARTS[name]}")
+        if initial_state_std <= 0:
+            raise ValueError(f"initial_state_std = {initial_state_std!r} is invalid; must be > 0")
+        if step_adapter == "lora":
+            if block_style != "gpt2":
+                raise ValueError("step_adapter = 'lora' is implemented for block_style = 'gpt2' only")
+            if lora_rank < 1:
+                raise ValueError(f"lora_rank = {lora_rank!r} is invalid; must be >= 1")
+            if not train_recurrences:
+                raise ValueError("step_adapter = 'lora' needs train_recurrences (R, one adapter set per step)")
+            if num_recurrences > train_recurrences:
+                raise ValueError(
+                    f"num_recurrences = {num_recurrences} is invalid with step_adapter = 'lora': "
+                    f"there is one adapter per step up to train_recurrences = {train_recurrences}"
+                )
         self.block_style = block_style
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -110,6 +161,14 @@ class GRTConfig(PretrainedConfig):
         self.gate_temperature = gate_temperature
         self.gate_override = gate_override
         self.kv_cache_strategy = kv_cache_strategy
+        self.injection = injection
+        self.update = update
+        self.initial_state = initial_state
+        self.initial_state_std = initial_state_std
+        self.initial_state_seed = initial_state_seed
+        self.step_adapter = step_adapter
+        self.lora_rank = lora_rank
+        self.lora_scale = lora_scale
         self.training_settings = training_settings or {}
         self.initializer_range = initializer_range
         self.use_cache = use_cache
@@ -120,6 +179,23 @@ class GRTConfig(PretrainedConfig):
             tie_word_embeddings = block_style == "gpt2"
         self.tie_word_embeddings = tie_word_embeddings
         super().__init__(**kwargs)
+
+    @property
+    def has_grt_parts(self) -> bool:
+        """Every recurrence part is GRT's (the first choice of RECURRENCE_PARTS)."""
+        return all(getattr(self, name) == choices[0] for name, choices in RECURRENCE_PARTS.items())
+
+    def to_dict(self):
+        """As PretrainedConfig's, without the fields of parts the model does not have: none
+        for GRT's parts, else the four parts and the settings of those in use."""
+        output = super().to_dict()
+        drop = set(RECURRENCE_PARTS) if self.has_grt_parts else set()
+        for (name, choice), settings in PART_SETTINGS.items():
+            if getattr(self, name) != choice:
+                drop.update(settings)
+        for key in drop:
+            output.pop(key, None)
+        return output
 
     @property
     def head_dim(self) -> int:

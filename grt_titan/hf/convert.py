@@ -31,6 +31,7 @@ from grt_titan.model.checkpoint import (
     CheckpointError,
     check_hf_keys,
     check_native_shapes,
+    HF_PARTS,
     hf_config_kwargs,
     model_from_state,
     read_hf_weights,
@@ -56,33 +57,32 @@ class ExportError(CheckpointError):
 
 def check_exportable(args: GRTModelArgs) -> None:
     """Refuse, by name and before anything is read, a method modeling_grt.py does not
-    implement (docs/hf_export.md)."""
-    if args.per_step_readout:
-        raise ExportError(
-            f"{args.method_name} ([grt] objective = 'exit_distribution') is not exportable to "
-            "Hugging Face yet: modeling_grt.py has no exit gate and no Q-exit; evaluate it with "
-            "torchtitan's validator (docs/hf_export.md)"
-        )
-    if args.router != "none":
-        raise ExportError(
-            f"{args.method_name} (Mixture-of-Recursions, [grt] router = {args.router!r}) cannot be "
-            "exported to Hugging Face: modeling_grt.py has no expert-choice routing, so the "
-            "exported model would compute a different function; evaluate it with the torchtitan "
-            "model (training validation, grt-titan analyze)"
-        )
+    implement (docs/hf_export.md, "Recurrence parts")."""
+    unsupported = {k: v for k, v in args.non_grt_parts.items() if k not in HF_PARTS}
+    if not unsupported:
+        return
+    missing = {
+        "objective": "no exit gate and no Q-exit (Ouro)",
+        "router": "no expert-choice routing (Mixture-of-Recursions), so it would compute a different function",
+    }
+    parts = ", ".join(f"{k} = {v!r}" for k, v in unsupported.items())
+    reasons = "; ".join(missing.get(k, f"no {k} = {v!r}") for k, v in unsupported.items())
+    raise ExportError(
+        f"{args.method_name} ([grt] {parts}) cannot be exported to Hugging Face format yet: "
+        f"modeling_grt.py has {reasons}; it implements the parts {', '.join(HF_PARTS)} with "
+        "GRT's objective and router (docs/hf_export.md). Evaluate it with the torchtitan model "
+        "(training validation, `grt-titan analyze`)"
+    )
 
 
 def build_hf_config(args: GRTModelArgs, dtype: str = "float32"):
     from .configuration_grt import GRTConfig
 
-    if args.non_grt_parts:
-        parts = ", ".join(f"{k} = {v!r}" for k, v in args.non_grt_parts.items())
-        raise ExportError(
-            f"{args.method_name} ({parts}) cannot be exported to Hugging Face format yet: the exported "
-            "model implements GRT's parts only (docs/hf_export.md); evaluate it with "
-            "`grt-titan analyze` or torchtitan's validator instead"
-        )
-    config = GRTConfig(**hf_config_kwargs(args))
+    check_exportable(args)
+    try:
+        config = GRTConfig(**hf_config_kwargs(args))
+    except ValueError as e:  # e.g. RRT with a default depth above R: no adapters for it
+        raise ExportError(f"cannot export {args.method_name}: {e}") from e
     config.architectures = ["GRTForCausalLM"]
     config.auto_map = dict(AUTO_MAP)
     config.dtype = dtype

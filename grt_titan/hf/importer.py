@@ -46,6 +46,10 @@ ARCHITECTURE_FIELDS = (
     "n_core_layers",
     "n_coda_layers",
     "gate_hidden_dim",
+    "injection",
+    "update",
+    "step_adapter",
+    "lora_rank",
     "multiple_of",
     "ffn_dim_multiplier",
 )

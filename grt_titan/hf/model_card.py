@@ -11,6 +11,7 @@ _PARTS = (
     ("prelude", ("model.prelude.",)),
     ("core (shared)", ("model.core.",)),
     ("projection + gate", ("model.proj.", "model.gate.")),
+    ("per-step LoRA adapters", ("model.adapters.",)),
     ("coda", ("model.coda.",)),
     ("final norm", ("model.norm.",)),
     ("LM head", ("lm_head.",)),
@@ -22,8 +23,28 @@ def parameter_table(hf_state_dict: dict[str, Any]) -> list[tuple[str, int]]:
     for name, prefixes in _PARTS:
         n = sum(v.numel() for k, v in hf_state_dict.items() if k.startswith(prefixes))
         if n:
+            if name == "projection + gate":  # name only what the parts store
+                name = " + ".join(
+                    part for part, prefix in (("projection", "model.proj."), ("gate", "model.gate."))
+                    if any(k.startswith(prefix) for k in hf_state_dict)
+                )
             counts.append((name, n))
     return counts
+
+
+def training_depths(args: GRTModelArgs) -> str:
+    """The training depth distribution, in words."""
+    if args.depth_sampling == "fixed":
+        return f"training depth r = R = {args.num_recurrences}, sampling `fixed`"
+    if args.depth_sampling == "poisson_lognormal":
+        return (
+            f"training depths r ~ Poisson(tau) + 1, tau log-normal, E[r] = {args.expected_recurrences:g}, "
+            "sampling `poisson_lognormal`"
+        )
+    return (
+        f"training depths r ~ Uniform{{{args.min_recurrences}..{args.num_recurrences}}}, "
+        f"sampling `{args.depth_sampling}`"
+    )
 
 
 def layout(args: GRTModelArgs) -> str:
@@ -60,16 +81,19 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
 
     recurrent = args.is_recurrent
     name = card.get("folder_name") or "grt_model"
+    grt = not args.non_grt_parts
     lines = [
         "---",
         "library_name: transformers",
         "tags: [grt, gated-recurrent-transformer, recurrent-depth, torchtitan]",
         "---",
         "",
-        "# Gated Recurrent Transformer (GRT)",
+        "# Gated Recurrent Transformer (GRT)" if grt else f"# Recurrent-depth transformer: {args.method_name}",
         "",
         "Exported from a torchtitan checkpoint by `grt-titan export-hf` "
-        "(Gated Recurrent Transformer, arXiv 2608.15062).",
+        + ("(Gated Recurrent Transformer, arXiv 2608.15062)." if grt else
+           "(a baseline of the Gated Recurrent Transformer paper, arXiv 2608.15062, as grt_titan "
+           "trains it: table 1's recurrent baselines and figure 5's ablation ladder)."),
         "",
         "## Architecture",
         "",
@@ -78,11 +102,16 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         + (f", {args.n_kv_heads} KV heads" if args.n_kv_heads else "")
         + f", vocabulary {args.vocab_size}, context {args.max_seq_len})",
     ]
+    if not grt:
+        lines.append(
+            f"- recurrence parts: injection `{args.injection}`, update `{args.update}`, initial state "
+            f"`{args.initial_state}`, step adapter `{args.step_adapter}`"
+            + (f" (rank {args.lora_rank})" if args.step_adapter == "lora" else "")
+            + " (grt_titan docs/architecture.md, \"Methods as parts\")"
+        )
     if recurrent:
         lines += [
-            f"- default inference depth r = {depth} (training depths r ~ Uniform{{"
-            f"{args.min_recurrences}..{args.num_recurrences}}}, "
-            f"sampling `{args.depth_sampling}`)",
+            f"- default inference depth r = {depth} ({training_depths(args)})",
             f"- block executions per token at r = {depth}: "
             f"{args.n_prelude_layers + args.n_core_layers * depth + args.n_coda_layers}",
         ]
@@ -120,7 +149,8 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
     ]
     if recurrent:
         lines += [
-            "# depth per call: 0 = prelude + coda only, < R early exit, > R extrapolation",
+            "# depth per call: 0 = prelude + coda only, < R early exit, "
+            + ("R at most (one adapter set per step)" if args.step_adapter == "lora" else "> R extrapolation"),
             f"out = model.generate(ids, max_new_tokens=32, num_recurrences={depth},",
             '                     kv_cache_strategy="per_step")  # or first / last / average',
         ]

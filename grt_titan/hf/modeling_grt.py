@@ -12,6 +12,13 @@ trust_remote_code=True)` loads it. The math equals grt_titan's torchtitan model:
         h = g * h + (1 - g) * o
     logits = lm_head(norm(coda(h)))
 
+That is GRT; the config's recurrence parts give the paper's other recurrent models:
+
+    injection = "none"        o = core(h)                        (no W_proj)
+    update = "overwrite"      h = o                              (no gate)
+    initial_state = "random"  h_0 = row t of a fixed TruncNormal table for position t
+    step_adapter = "lora"     core at step s = core + step s's LoRA (RRT, r <= R)
+
 Inference depth: `num_recurrences` in the config, or per call in `forward` / `generate`
 (0 = prelude + coda only, r < R early exit, r > R extrapolation).
 
@@ -21,9 +28,10 @@ KV cache across recurrences: `GRTCache` below, the one place the strategies live
 RoPE (llama style) rotates interleaved pairs (x[2i], x[2i+1]) exactly like torchtitan's
 complex `apply_rotary_emb`, so the exported q/k weights are torchtitan's, unpermuted.
 
-Analysis outputs (`output_recurrence=True`): the states h_0 = h_pre, h_1..h_r, the core
-proposals o_1..o_r and the gates g_1..g_r; `output_step_logits=True` adds the logits of
-exiting after every step s = 0..r (coda + head on h_s).
+Analysis outputs (`output_recurrence=True`): the states h_0 (= h_pre, or the random initial
+state), h_1..h_r, the core proposals o_1..o_r and the gates g_1..g_r (None without a
+gate); `output_step_logits=True` adds the logits of exiting after every step s = 0..r
+(coda + head on h_s).
 """
 
 from __future__ import annotations
@@ -345,11 +353,15 @@ class GRTAttention(nn.Module):
         self.v_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=bias)
 
-    def forward(self, x, rope, mask, kv_update):
+    def forward(self, x, rope, mask, kv_update, lora=None):
         bsz, seqlen, _ = x.shape
-        q = self.q_proj(x).view(bsz, seqlen, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(bsz, seqlen, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(bsz, seqlen, self.num_kv_heads, self.head_dim)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if lora is not None:  # RRT: the step's LoRA on GPT-2's fused q/k/v projection
+            dq, dk, dv = lora("qkv", x).chunk(3, dim=-1)
+            q, k, v = q + dq, k + dk, v + dv
+        q = q.view(bsz, seqlen, self.num_heads, self.head_dim)
+        k = k.view(bsz, seqlen, self.num_kv_heads, self.head_dim)
+        v = v.view(bsz, seqlen, self.num_kv_heads, self.head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -361,7 +373,10 @@ class GRTAttention(nn.Module):
             q, k, v, attn_mask=mask, is_causal=is_causal,
             enable_gqa=self.num_kv_heads != self.num_heads,
         )
-        return self.o_proj(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+        out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
+        if lora is None:
+            return self.o_proj(out)
+        return self.o_proj(out) + lora("attention_out", out)
 
 
 class GRTMLP(nn.Module):
@@ -377,10 +392,13 @@ class GRTMLP(nn.Module):
         self.up_proj = nn.Linear(d, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, d, bias=bias)
 
-    def forward(self, x):
+    def forward(self, x, lora=None):
         if self.swiglu:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+        if lora is None:
+            return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+        hidden = F.gelu(self.up_proj(x) + lora("mlp_in", x), approximate="tanh")
+        return self.down_proj(hidden) + lora("mlp_out", hidden)
 
 
 def make_norm(config: GRTConfig) -> nn.Module:
@@ -399,9 +417,11 @@ class GRTBlock(nn.Module):
         self.post_attention_layernorm = make_norm(config)
         self.mlp = GRTMLP(config)
 
-    def forward(self, x, rope, mask, kv_update=None):
-        h = x + self.self_attn(self.input_layernorm(x), rope, mask, kv_update)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, x, rope, mask, kv_update=None, lora=None):
+        """`lora`: RRT's adapter of this block at this step, `lora(linear_name, input)` ->
+        the delta added to that linear's output; None for a plain block."""
+        h = x + self.self_attn(self.input_layernorm(x), rope, mask, kv_update, lora)
+        return h + self.mlp(self.post_attention_layernorm(h), lora)
 
 
 class GRTGate(nn.Module):
@@ -422,6 +442,42 @@ class GRTGate(nn.Module):
             return torch.full_like(h, self.override)
         features = torch.cat([self.state_norm(h), self.anchor_norm(h_pre)], dim=-1)
         return torch.sigmoid(self.w_out(F.silu(self.w_in(features))) / self.temperature)
+
+
+class GRTStepAdapters(nn.Module):
+    """RRT's per-step LoRA (Bae et al. 2024): one adapter per (recurrence step, core block)
+    on the gpt2 block's fused q/k/v, attention output, MLP input and output.
+
+    Factors are stored step-major, `a[name]` `[R, n, rank, in]` and `b[name]`
+    `[R, n, out, rank]`; the delta of a linear is scale * (x A^T) B^T, as grt_titan trains it.
+    """
+
+    def __init__(self, config: GRTConfig):
+        super().__init__()
+        d, hidden = config.hidden_size, config.intermediate_size
+        steps, blocks, rank = config.train_recurrences, config.num_core_layers, config.lora_rank
+        linears = {"qkv": (d, 3 * d), "attention_out": (d, d), "mlp_in": (d, hidden), "mlp_out": (hidden, d)}
+        self.scale = config.lora_scale
+        self.a = nn.ParameterDict({n: nn.Parameter(torch.empty(steps, blocks, rank, i)) for n, (i, _) in linears.items()})
+        self.b = nn.ParameterDict({n: nn.Parameter(torch.empty(steps, blocks, o, rank)) for n, (_, o) in linears.items()})
+
+    def block_lora(self, step: int, block: int):
+        """`lora(name, x)` of core block `block` at step `step` (0-based), for `GRTBlock`."""
+
+        def lora(name: str, x: torch.Tensor) -> torch.Tensor:
+            a, b = self.a[name][step, block], self.b[name][step, block]
+            return (x @ a.t().to(x.dtype)) @ (b.t().to(x.dtype) * self.scale)
+
+        return lora
+
+
+def eval_initial_state(seed: int, max_seq_len: int, dim: int, std: float) -> torch.Tensor:
+    """The random initial state `[max_seq_len, dim]` (float32) of `initial_state = "random"`:
+    row t is position t's h_0. grt_titan's eval-mode table, bit for bit: one CPU draw
+    seeded by `seed`, always of the full length (a draw's prefix depends on its length)."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    state = torch.empty(max_seq_len, dim, dtype=torch.float32)
+    return nn.init.trunc_normal_(state, std=std, a=-3 * std, b=3 * std, generator=generator)
 
 
 # ======================================================================================
@@ -461,9 +517,11 @@ class GRTBaseModelOutputWithPast(BaseModelOutputWithPast):
 class GRTModelOutput(CausalLMOutputWithPast):
     """CausalLMOutputWithPast plus the recurrence, on request (`output_recurrence=True`).
 
-    recurrence_states: r + 1 states `[B, T, d]`: h_0 = h_pre (prelude output), h_1..h_r.
+    recurrence_states: r + 1 states `[B, T, d]`: h_0 (the prelude output h_pre, or the
+        random initial state), h_1..h_r.
     proposals: r core outputs o_s `[B, T, d]` (before the gate).
-    gate_values: r gates g_s `[B, T, d]` (1 keeps the state, 0 takes the proposal).
+    gate_values: r gates g_s `[B, T, d]` (1 keeps the state, 0 takes the proposal); None
+        for update = "overwrite" (no gate: h_s = o_s).
     step_logits: r + 1 logits `[B, T, V]` of exiting after s = 0..r steps
         (`output_step_logits=True`; the last equals `logits`).
     """
@@ -499,10 +557,18 @@ class GRTPreTrainedModel(PreTrainedModel):
         if isinstance(module, GRTGate):
             # Paper: the gate's last bias starts at +4, g ~ 0.98 (near-identity recurrence).
             nn.init.constant_(module.w_out.bias, 4.0)
+        if isinstance(module, GRTStepAdapters):
+            # PEFT's from-scratch LoRA: A Kaiming-uniform, B = 0 (each adapter a no-op).
+            for a in module.a.values():
+                bound = 1 / math.sqrt(a.shape[-1])
+                nn.init.uniform_(a, -bound, bound)
+            for b in module.b.values():
+                nn.init.zeros_(b)
 
 
 class GRTModel(GRTPreTrainedModel):
-    """Embeddings, prelude, recurrence (proj, shared core, gate), coda, final norm."""
+    """Embeddings, prelude, recurrence (proj, shared core, gate, step adapters: those the
+    config's parts use), coda, final norm."""
 
     def __init__(self, config: GRTConfig):
         super().__init__(config)
@@ -511,10 +577,14 @@ class GRTModel(GRTPreTrainedModel):
         if config.block_style == "gpt2":
             self.embed_positions = nn.Embedding(config.max_position_embeddings, d)
         self.prelude = nn.ModuleList(GRTBlock(config) for _ in range(config.num_prelude_layers))
-        if config.num_core_layers:
-            self.proj = nn.Linear(2 * d, d, bias=False)
+        # Parts a model does not use are None: no weights stored, none expected.
+        recurrent = config.num_core_layers > 0
+        self.proj = nn.Linear(2 * d, d, bias=False) if recurrent and config.injection == "proj" else None
+        if recurrent:
             self.core = nn.ModuleList(GRTBlock(config) for _ in range(config.num_core_layers))
-            self.gate = GRTGate(config)
+        self.gate = GRTGate(config) if recurrent and config.update == "gate" else None
+        self.adapters = GRTStepAdapters(config) if recurrent and config.step_adapter == "lora" else None
+        self._initial_state_table: torch.Tensor | None = None  # eval_initial_state, model dtype
         self.coda = nn.ModuleList(GRTBlock(config) for _ in range(config.num_coda_layers))
         self.norm = make_norm(config)
         self.post_init()
@@ -534,7 +604,31 @@ class GRTModel(GRTPreTrainedModel):
             raise ValueError(f"num_recurrences = {num_recurrences}; use r >= 0")
         if num_recurrences and not self.config.num_core_layers:
             raise ValueError(f"num_recurrences = {num_recurrences} given to a model without core layers")
+        if self.adapters is not None and num_recurrences > self.config.train_recurrences:
+            raise ValueError(
+                f"num_recurrences = {num_recurrences} is invalid with step_adapter = 'lora': there is "
+                f"one adapter per step up to train_recurrences = {self.config.train_recurrences}"
+            )
         return num_recurrences
+
+    def initial_state(self, h_pre: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """h_0: the prelude output, or (initial_state = "random") the table row of each
+        token's position, so a cached decode step sees what a full forward gives it."""
+        config = self.config
+        if config.initial_state == "prelude":
+            return h_pre
+        table = self._initial_state_table
+        if table is None or table.device != h_pre.device or table.dtype != h_pre.dtype:
+            table = eval_initial_state(
+                config.initial_state_seed, config.max_position_embeddings, config.hidden_size, config.initial_state_std
+            )
+            self._initial_state_table = table = table.to(device=h_pre.device, dtype=h_pre.dtype)
+        if not torch.compiler.is_compiling() and int(position_ids.max()) >= table.shape[0]:
+            raise ValueError(
+                f"position {int(position_ids.max())} is beyond the random initial state's table "
+                f"(max_position_embeddings = {table.shape[0]})"
+            )
+        return table[position_ids].expand_as(h_pre)
 
     def _rope(self, position_ids, device):
         if self.config.block_style != "llama":
@@ -675,14 +769,20 @@ class GRTModel(GRTPreTrainedModel):
                 hidden_states.append(h)
 
         h_pre = h
-        states, proposals, gates = [h_pre], [], []
+        if config.num_core_layers:  # depth 0 too: r = 0 reads out h_0
+            h = self.initial_state(h_pre, position_ids)
+        states, proposals, gates = [h], [], []
         core_mask = staged_mask if staged_mask is not None else mask
         for step in range(depth):
-            o = self.proj(torch.cat([h, h_pre], dim=-1))
+            o = h if self.proj is None else self.proj(torch.cat([h, h_pre], dim=-1))
             for j, block in enumerate(self.core):
-                o = block(o, rope, core_mask, kv("core", j, step))
-            g = self.gate(h, h_pre)
-            h = g * h + (1 - g) * o
+                lora = None if self.adapters is None else self.adapters.block_lora(step, j)
+                o = block(o, rope, core_mask, kv("core", j, step), lora)
+            if self.gate is None:
+                g, h = None, o
+            else:
+                g = self.gate(h, h_pre)
+                h = g * h + (1 - g) * o
             if output_recurrence or output_step_exits:
                 states.append(h)
                 if output_recurrence:
@@ -718,7 +818,7 @@ class GRTModel(GRTPreTrainedModel):
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
             recurrence_states=tuple(states) if output_recurrence else None,
             proposals=tuple(proposals) if output_recurrence else None,
-            gate_values=tuple(gates) if output_recurrence else None,
+            gate_values=tuple(gates) if output_recurrence and self.gate is not None else None,
             step_exits=tuple(exits) if exits is not None else None,
         )
         return out if return_dict else out.to_tuple()

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torchtitan.config import ConfigManager
 from torchtitan.models.llama3.model.args import RoPEScalingArgs
 
-from .args import GRTModelArgs
+from .args import GRT_PARTS, GRTModelArgs
 from .flavors import grt_flavors
 from .model import GRTModel, build_meta_model
 from .state_dict_adapter import GRTStateDictAdapter, optional_native_keys
@@ -87,14 +87,28 @@ def model_args_dict(args: GRTModelArgs) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
 
 
+# Recurrence parts that the HF model implements (config.json fields of the same names);
+# grt_titan/hf/convert.py refuses the others.
+HF_PARTS = ("injection", "update", "initial_state", "step_adapter")
+
+
 def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
-    """The HF GRTConfig fields for `args` (architecture + default inference depth)."""
+    """The HF GRTConfig fields for `args` (architecture, recurrence parts, default inference
+    depth). A dense model has no recurrence: its config keeps the parts' defaults."""
     recurrent = args.is_recurrent
     if recurrent:
         depth = args.eval_depth
+        parts = {name: getattr(args, name) for name in HF_PARTS}
+        parts.update(
+            initial_state_std=args.initial_state_std,
+            initial_state_seed=args.depth_seed,  # the seed of grt_titan's eval-mode state table
+            lora_rank=args.lora_rank,
+            lora_scale=args.lora_scale,
+        )
     else:
-        depth = 0
+        depth, parts = 0, {}
     return dict(
+        **parts,
         block_style=args.block_style,
         vocab_size=args.vocab_size,  # the true vocabulary, never padded_vocab_size
         hidden_size=args.dim,
@@ -145,6 +159,15 @@ def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
         gate_temperature=config.get("gate_temperature", args.gate_temperature),
         gate_override=config.get("gate_override"),
     )
+    if config["num_core_layers"]:
+        # The parts config.json gives (none: GRT's) and their settings.
+        overrides.update({name: config.get(name, GRT_PARTS[name]) for name in HF_PARTS})
+        for key, field in (("initial_state_std",) * 2, ("initial_state_seed", "depth_seed"), ("lora_rank",) * 2,
+                           ("lora_scale",) * 2):
+            if key in config:
+                overrides[field] = config[key]
+        if overrides["step_adapter"] == "lora" and not saved:
+            overrides["depth_sampling"] = "fixed"  # one adapter set per step of a fixed depth
     if saved.get("n_kv_heads") is not None and overrides["n_kv_heads"] is None:
         overrides["n_kv_heads"] = saved["n_kv_heads"]  # n_kv_heads == n_heads, spelled out
     if config.get("gate_hidden_size") not in (None, config["hidden_size"]):

@@ -21,6 +21,7 @@ for _key, _value in {
     os.environ.setdefault(_key, _value)
 
 import contextlib  # noqa: E402
+import importlib  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -29,6 +30,10 @@ from grt_titan.model import GRTModel, grt_flavors  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL_VOCAB = 512
+# Logits of the HF model vs torchtitan's, fp32 on CPU: the two models run the same ops in the
+# same order except RoPE (complex multiply vs its real form) and SDPA kernels; observed
+# <= 2e-6, 1e-4 leaves headroom.
+ATOL = 1e-4
 
 
 def small_args(block_style: str):
@@ -46,9 +51,16 @@ def seeded_model(args, seed: int = 0, spread: float = 0.05) -> GRTModel:
     model = GRTModel(args)
     with torch.no_grad():
         model.init_weights()
+    return perturb(model, spread)
+
+
+def perturb(model: GRTModel, spread: float = 0.05) -> GRTModel:
+    """Add noise (global torch RNG) to every weight, in eval mode: logits far from the init's,
+    and RRT's adapters (B = 0 at init) no longer no-ops."""
+    with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * spread)
-        if model.recurrence is not None:
+        if model.recurrence is not None and model.recurrence.step.gate is not None:
             # Gate bias from +4 (g ~ 0.98) to ~0: steps then change the state a lot.
             model.recurrence.step.gate.w_out.bias.fill_(0.0)
     return model.eval()
@@ -58,6 +70,51 @@ def load_hf(folder, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=True, dtype=dtype).eval()
+
+
+def prompt(batch=1, seq=10, seed=5):
+    return torch.randint(0, SMALL_VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def greedy(model, ids, n=32, **kwargs):
+    # No EOS in a 512-token vocabulary (eos_token_id is None), so exactly n tokens.
+    return model.generate(ids, max_new_tokens=n, do_sample=False, **kwargs)
+
+
+def cache_class(model):
+    """The GRTCache class of a loaded remote-code model's own module."""
+    return importlib.import_module(type(model).__module__).GRTCache
+
+
+def decode_logits(hf, ids, strategy, r, steps=6):
+    """Teacher-forced decoding: prefill ids[:, :-steps], then feed the rest one by one."""
+    cache = cache_class(hf)(hf.config, strategy=strategy)
+    prefix = ids.shape[1] - steps
+    out = [hf(ids[:, :prefix], past_key_values=cache, num_recurrences=r).logits[:, -1]]
+    for t in range(prefix, ids.shape[1]):
+        out.append(hf(ids[:, t : t + 1], past_key_values=cache, num_recurrences=r).logits[:, -1])
+    return torch.stack(out, 1), cache
+
+
+def static_decode_logits(hf, ids, strategy, prefix, max_cache_len=20):
+    """As decode_logits, through a preallocated cache written at explicit slots and positions."""
+    cache = cache_class(hf)(hf.config, strategy=strategy, max_cache_len=max_cache_len)
+    out = [hf(ids[:, :prefix], past_key_values=cache, cache_slots=torch.arange(prefix)).logits[:, -1]]
+    for t in range(prefix, ids.shape[1]):
+        out.append(hf(ids[:, t : t + 1], past_key_values=cache, cache_slots=torch.tensor([t]),
+                      position_ids=torch.tensor([[t]])).logits[:, -1])
+    return torch.stack(out, 1), cache
+
+
+def left_padded(prompts):
+    """(ids, attention_mask) of a batch of 1-D prompts, left-padded with 0."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = p
+        mask[i, width - len(p):] = 1
+    return ids, mask
 
 
 @contextlib.contextmanager

@@ -1,26 +1,11 @@
 """generate() with the GRT KV cache: exactness, compressed strategies, memory, padding."""
 
-import importlib
-
 import pytest
 import torch
 
-from hf_helpers import SMALL_VOCAB
+from hf_helpers import SMALL_VOCAB, cache_class, decode_logits, greedy, left_padded, prompt, static_decode_logits
 
 STRATEGIES = ("per_step", "first", "last", "average")
-
-
-def prompt(batch=1, seq=10, seed=5):
-    return torch.randint(0, SMALL_VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
-
-
-def greedy(model, ids, n=32, **kwargs):
-    # No EOS in a 512-token vocabulary (eos_token_id is None), so exactly n tokens.
-    return model.generate(ids, max_new_tokens=n, do_sample=False, **kwargs)
-
-
-def cache_class(model):
-    return importlib.import_module(type(model).__module__).GRTCache
 
 
 @pytest.mark.parametrize("style", ["gpt2", "llama"])
@@ -39,16 +24,6 @@ def test_depth_per_generate_call(style, hf_models):
     ids = prompt(seed=6)
     for r in (0, 2, 6):
         assert torch.equal(greedy(hf, ids, n=8, num_recurrences=r), greedy(hf, ids, n=8, num_recurrences=r, use_cache=False))
-
-
-def decode_logits(hf, ids, strategy, r, steps=6):
-    """Teacher-forced decoding: prefill ids[:, :-steps], then feed the rest one by one."""
-    cache = cache_class(hf)(hf.config, strategy=strategy)
-    prefix = ids.shape[1] - steps
-    out = [hf(ids[:, :prefix], past_key_values=cache, num_recurrences=r).logits[:, -1]]
-    for t in range(prefix, ids.shape[1]):
-        out.append(hf(ids[:, t : t + 1], past_key_values=cache, num_recurrences=r).logits[:, -1])
-    return torch.stack(out, 1), cache
 
 
 @pytest.mark.parametrize("style", ["gpt2", "llama"])
@@ -100,12 +75,7 @@ def test_static_cache_equals_dynamic_cache(style, strategy, hf_models):
     R = hf.config.num_recurrences
     with torch.no_grad():
         ref, _ = decode_logits(hf, ids, strategy, R, steps=4)
-        cache = cache_class(hf)(hf.config, strategy=strategy, max_cache_len=20)
-        out = [hf(ids[:, :8], past_key_values=cache, cache_slots=torch.arange(8)).logits[:, -1]]
-        for t in range(8, 12):
-            out.append(hf(ids[:, t : t + 1], past_key_values=cache, cache_slots=torch.tensor([t]),
-                          position_ids=torch.tensor([[t]])).logits[:, -1])
-        got = torch.stack(out, 1)
+        got, cache = static_decode_logits(hf, ids, strategy, prefix=8)
     assert (got - ref).abs().max().item() < 1e-4
     assert cache.get_seq_length() == 12
 
@@ -115,12 +85,8 @@ def test_static_cache_equals_dynamic_cache(style, strategy, hf_models):
 def test_left_padded_batch_equals_each_prompt_alone(style, strategy, hf_models):
     hf = hf_models[style]
     prompts = [prompt(seq=n, seed=10 + n)[0] for n in (4, 9, 7)]
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = p
-        mask[i, width - len(p):] = 1
+    ids, mask = left_padded(prompts)
+    width = ids.shape[1]
     batched = greedy(hf, ids, n=12, attention_mask=mask, pad_token_id=0, kv_cache_strategy=strategy)
     for i, p in enumerate(prompts):
         alone = greedy(hf, p[None], n=12, kv_cache_strategy=strategy)

@@ -199,14 +199,17 @@ def test_invalid_parts_are_named(changes, message):
         grt_flavors["debug"].replace(**changes).validate()
 
 
-@pytest.mark.parametrize("parts", [LADDER, POISSON, RRT], ids=["ladder", "poisson", "rrt"])
+@pytest.mark.parametrize("parts", [dict(objective="exit_distribution"), dict(router="expert_choice")],
+                         ids=["ouro", "mor"])
 def test_export_refuses_parts_the_hf_model_does_not_implement(parts):
     from grt_titan.hf.convert import ExportError, build_hf_config
 
     args = grt_flavors["debug"].replace(**parts)
+    assert args.non_grt_parts == parts
     with pytest.raises(ExportError, match=re.escape(args.method_name) + ".*cannot be exported to Hugging Face format yet"):
         build_hf_config(args)
-    build_hf_config(grt_flavors["debug"])  # GRT itself exports
+    for exported in ({}, LADDER, POISSON, RRT):  # GRT and the parts the HF model implements
+        build_hf_config(grt_flavors["debug"].replace(**exported))
 
 
 def test_truncated_backprop_training_flops_skip_the_untracked_backward():

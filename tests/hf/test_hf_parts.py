@@ -1,0 +1,153 @@
+"""The recurrence's parts in the exported model (docs/hf_export.md, "Recurrence parts"):
+figure 5's ladder, heavy-tail Poisson and RRT export, load as remote code and compute the
+torchtitan model's logits, with and without the KV cache, and import back exactly."""
+
+import json
+import tomllib
+
+import pytest
+import torch
+
+from grt_test_helpers import build_model
+from grt_titan.cli import main as cli
+from grt_titan.hf.configuration_grt import PART_SETTINGS, RECURRENCE_PARTS, GRTConfig
+from grt_titan.hf.convert import SINGLE_FILE, ExportError, build_hf_config, write_hf_folder
+from grt_titan.model import grt_flavors
+from grt_titan.model.checkpoint import HF_PARTS, load_checkpoint, load_model_args, model_args_from_hf_config
+from hf_helpers import (ATOL, REPO, SMALL_VOCAB, decode_logits, greedy, left_padded, load_hf, perturb, prompt,
+                        small_args, static_decode_logits)
+
+PAPER = REPO / "train_configs" / "paper"
+STRATEGIES = ("per_step", "first", "last", "average")
+# The paper's TOML of each part set, and the debug-size twin of each flavor they use.
+PART_SETS = {"ladder": "ladder_2_recurrence.toml", "poisson": "small_poisson.toml", "rrt": "small_rrt.toml"}
+DEBUG_TWIN = {"small": "debug", "small_core_only": "debug_core_only"}
+
+
+def debug_twin(toml: str):
+    """The TOML's `[grt]` section (its parts) on the debug-size twin of its flavor, at the
+    twin's depth R (4 or 5: cheap), with a 512-token vocabulary and a non-default seed (the
+    random state's table)."""
+    data = tomllib.loads((PAPER / toml).read_text())
+    flavor = grt_flavors[DEBUG_TWIN[data["model"]["flavor"]]]
+    grt = {k: v for k, v in data["grt"].items() if k != "num_recurrences"}
+    return flavor.replace(vocab_size=SMALL_VOCAB, depth_seed=7, **grt)
+
+
+@pytest.fixture(scope="module", params=list(PART_SETS))
+def part_set(request, tmp_path_factory):
+    """(torchtitan model in eval mode, exported folder, loaded HF model) of one part set."""
+    args = debug_twin(PART_SETS[request.param])
+    native = perturb(build_model(args))
+    folder = tmp_path_factory.mktemp(request.param) / "hf"
+    write_hf_folder(folder, native.state_dict(), args, write_tokenizer=False)
+    return native, folder, load_hf(folder)
+
+
+def test_logits_match_torchtitan(part_set):
+    native, folder, hf = part_set
+    args = native.model_args
+    config = json.loads((folder / "config.json").read_text())
+    assert {k: config[k] for k in HF_PARTS} == {k: getattr(args, k) for k in HF_PARTS}
+    R = args.num_recurrences
+    x = prompt(batch=2, seq=24, seed=3)
+    with torch.no_grad():
+        for r in (None, 0, 1, R):  # None: the default depth, the run's eval depth R
+            diff = (hf(x, num_recurrences=r).logits - native(x, num_recurrences=r)).abs().max().item()
+            assert diff < ATOL, (r, diff)
+        out = hf(x, output_recurrence=True, output_step_logits=True, use_cache=False)
+    assert len(out.proposals) == R and len(out.step_logits) == R + 1
+    if args.update == "overwrite":  # no gate: the state is the core's output
+        assert out.gate_values is None
+        assert all(torch.equal(h, o) for h, o in zip(out.recurrence_states[1:], out.proposals))
+
+
+def test_generation_with_the_kv_cache(part_set):
+    native, _, hf = part_set
+    R = native.model_args.num_recurrences
+    ids = prompt(seq=16, seed=7)
+    with torch.no_grad():
+        # Teacher-forced decoding through the per-step cache gives torchtitan's full-sequence logits.
+        cached, _ = decode_logits(hf, ids, "per_step", R)
+        assert (cached - native(ids)[:, -7:]).abs().max().item() < ATOL
+        for strategy in STRATEGIES:
+            # per_step is exact at any depth; a compressed cache is exact at r = 1 (one step to keep).
+            r = R if strategy == "per_step" else 1
+            assert torch.equal(greedy(hf, ids[:, :6], n=5, num_recurrences=r, kv_cache_strategy=strategy),
+                               greedy(hf, ids[:, :6], n=5, num_recurrences=r, use_cache=False)), strategy
+            # The preallocated cache computes what the growing one does.
+            dynamic, _ = decode_logits(hf, ids[:, :10], strategy, R, steps=3)
+            static, _ = static_decode_logits(hf, ids[:, :10], strategy, prefix=7)
+            assert (static - dynamic).abs().max().item() < ATOL, strategy
+    # Left padding: positions (and so the random initial state's rows) restart at each row's
+    # first token, and each row generates what it would alone.
+    prompts = [prompt(seq=n, seed=10 + n)[0] for n in (4, 9)]
+    ids, mask = left_padded(prompts)
+    batched = greedy(hf, ids, n=5, attention_mask=mask, pad_token_id=0)
+    for i, p in enumerate(prompts):
+        assert torch.equal(batched[i, ids.shape[1]:], greedy(hf, p[None], n=5)[0, len(p):]), i
+
+
+def test_export_import_export_round_trip(part_set, tmp_path):
+    native, folder, _ = part_set
+    args = native.model_args
+    assert model_args_from_hf_config(json.loads((folder / "config.json").read_text())) == args
+    ckpt = tmp_path / "checkpoint" / "step-0"
+    assert cli(["import-hf", "--hf-dir", str(folder), "--out", str(ckpt)]) == 0
+    state, _ = load_checkpoint(ckpt, args)
+    (tmp_path / "again").mkdir()  # the same folder name: the model card's snippet names it
+    again = write_hf_folder(tmp_path / "again" / folder.name, state, args, write_tokenizer=False)
+    for name in (SINGLE_FILE, "config.json", "README.md"):
+        assert (again / name).read_bytes() == (folder / name).read_bytes(), name
+
+
+def test_import_checks_the_parts_against_the_config():
+    from grt_titan.hf.importer import _check_against_config
+
+    with pytest.raises(ExportError, match="does not describe this model: .*injection: HF 'none' vs config 'proj'.*"
+                                          "step_adapter: HF 'lora' vs config 'none'"):
+        _check_against_config(debug_twin("small_rrt.toml").replace(vocab_size=50257), REPO / "train_configs" / "grt_debug.toml")
+
+
+def test_every_paper_config_exports_with_its_parts():
+    for toml in sorted(PAPER.glob("*.toml")):
+        args, _ = load_model_args(toml)
+        if args.objective != "final" or args.router != "none":  # Ouro, MoR: refused by name
+            with pytest.raises(ExportError, match=f"{args.method_name} .*cannot be exported"):
+                build_hf_config(args)
+            continue
+        config = build_hf_config(args).to_dict()
+        if args.is_recurrent:
+            assert {k: config.get(k, RECURRENCE_PARTS[k][0]) for k in HF_PARTS} == {
+                k: getattr(args, k) for k in HF_PARTS}, toml.name
+            assert config.get("lora_rank") == (args.lora_rank if args.step_adapter == "lora" else None)
+
+
+def test_grt_config_json_has_no_part_fields_and_loads_as_grt():
+    config = build_hf_config(small_args("gpt2")).to_dict()
+    fields = set(RECURRENCE_PARTS).union(*PART_SETTINGS.values())
+    assert not fields & set(config)  # GRT's config.json is what it was before the parts
+    loaded = GRTConfig.from_dict(config)  # a config.json without the fields: GRT
+    assert loaded.has_grt_parts and loaded.injection == "proj" and loaded.update == "gate"
+    poisson = build_hf_config(debug_twin("small_poisson.toml")).to_dict()
+    assert poisson["initial_state"] == "random" and poisson["initial_state_seed"] == 7
+    assert "lora_rank" not in poisson  # settings of parts the model does not use are left out
+
+
+def test_rrt_refuses_depths_without_adapters():
+    args = debug_twin("small_rrt.toml")
+    R = args.num_recurrences
+    with pytest.raises(ExportError, match=f"num_recurrences = {R + 1} is invalid with step_adapter = 'lora'"):
+        build_hf_config(args.replace(eval_recurrences=R + 1))
+    from grt_titan.hf.modeling_grt import GRTForCausalLM
+
+    hf = GRTForCausalLM(build_hf_config(args)).eval()
+    with pytest.raises(ValueError, match=f"one adapter per step up to train_recurrences = {R}"):
+        hf(prompt(), num_recurrences=R + 1)
+
+
+def test_random_initial_state_is_grt_titans_table_bit_for_bit():
+    from grt_titan.hf.modeling_grt import eval_initial_state as hf_table
+    from grt_titan.model.recurrence import eval_initial_state
+
+    assert torch.equal(hf_table(7, 64, 32, 0.3), eval_initial_state(7, 64, 32, 0.3))
