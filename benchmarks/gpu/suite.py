@@ -23,12 +23,12 @@ TOML, torchtitan's model converters (float8), then the spec's `parallelize_grt` 
 compile) on one device, where torchtitan trains with bf16 autocast. The compile cache
 (inductor, AOTAutograd, triton) goes to `--cache-dir`, so a second run reuses it.
 
-Time estimate (`--plan` prints it): timed work is FLOPs / (peak x MFU); at batch 8 x 1024
-every timed training step is at most 8192 x 23 GFLOP (llama_1b) = 0.19 PFLOP, 0.6 s at 30%
-of the H200's 989 TFLOP/s, and the 6 training models of `train` together do ~3 s of
-compute. The run is bounded by compilation, not compute: `--plan` counts compiled models
-and budgets `COMPILE_S` each (a cold compile of one of these block graphs); a warm cache
-cuts that to a few seconds each.
+Time estimate (`--plan` prints it): timed work is FLOPs / (30% of the H200's 989 TFLOP/s)
+from the FLOP formula (docs/architecture.md): 2.9 s for train's 8 runs (4 compiled, 4
+eager), 5.9 s for float8's 4 new runs (small and medium reuse train's compiled bf16 runs),
+0.3 s for generation. The run is bounded by compilation, not compute: `--plan` counts the
+10 compiled models and budgets `COMPILE_S` each for a cold compile (an assumption until a
+GPU run prints its seconds per part); a warm cache cuts that to a few seconds each.
 """
 
 from __future__ import annotations
