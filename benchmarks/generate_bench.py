@@ -10,8 +10,8 @@ random weights (timing and memory do not depend on the values), greedy decoding 
             GPU; inductor's default mode on CPU). The prefill runs eager.
 
 Memory: "weights+KV" is exact bytes (parameters + the growing cache after the last
-token); on CUDA "peak" is torch.cuda.max_memory_allocated over the run (weights, cache,
-activations, logits). `--memory-batch` repeats the eager run at that batch size for the
+token); on CUDA "peak" is torch.cuda.max_memory_allocated over the run less what was held
+before it (the other model), plus this model's weights: weights, cache, activations, logits. `--memory-batch` repeats the eager run at that batch size for the
 memory table (the paper's goal: `average` <= 0.45 x dense at batch 32).
 
 Paper setting on one GPU (large vs dense_large, batch 4, prompt 1024, 128 new tokens):
@@ -68,7 +68,7 @@ class Generator:
     """Greedy decoding with a GRTCache; eager (growing cache) or compiled (static cache)."""
 
     def __init__(self, model, strategy: str, compiled: bool, batch: int, prompt: int, new_tokens: int,
-                 device: str):
+                 device: str, backend: str = "inductor"):
         self.model, self.device = model, device
         self.prompt, self.new_tokens = prompt, new_tokens
         total = prompt + new_tokens
@@ -79,8 +79,8 @@ class Generator:
         self.positions = [torch.tensor([[t]], device=device) for t in range(total)]
         self.step = model
         if compiled:
-            mode = "reduce-overhead" if device.startswith("cuda") else None
-            self.step = torch.compile(model, mode=mode, dynamic=False, fullgraph=True)
+            mode = "reduce-overhead" if device.startswith("cuda") and backend == "inductor" else None
+            self.step = torch.compile(model, backend=backend, mode=mode, dynamic=False, fullgraph=True)
 
     @torch.no_grad()
     def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -109,7 +109,11 @@ class Generator:
 def measure(model, strategy, compiled, opts, batch) -> dict:
     ids = torch.randint(0, model.config.vocab_size, (batch, opts.prompt),
                         generator=torch.Generator().manual_seed(0)).to(opts.device)
-    gen = Generator(model, strategy, compiled, batch, opts.prompt, opts.new_tokens, opts.device)
+    cuda = opts.device.startswith("cuda")
+    # Memory held before this run (every model's weights, earlier CUDA graph pools) is not its own.
+    held = torch.cuda.memory_allocated() if cuda else 0
+    gen = Generator(model, strategy, compiled, batch, opts.prompt, opts.new_tokens, opts.device,
+                    getattr(opts, "compile_backend", "inductor"))
     warmup_start = time.perf_counter()
     for _ in range(opts.warmup + (1 if compiled else 0)):
         gen.run(ids)
@@ -131,8 +135,8 @@ def measure(model, strategy, compiled, opts, batch) -> dict:
         "weights_bytes": weight_bytes(model),
         "kv_bytes": gen.cache.nbytes(),
     }
-    if opts.device.startswith("cuda"):
-        result["peak_bytes"] = torch.cuda.max_memory_allocated()
+    if cuda:  # this model's weights + cache + activations + logits at their peak
+        result["peak_bytes"] = torch.cuda.max_memory_allocated() - held + weight_bytes(model)
     return result
 
 

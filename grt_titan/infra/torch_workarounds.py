@@ -19,6 +19,8 @@ tests/infra/test_torch_workarounds.py reproduces each defect without the workaro
    (symints, saved tensors, opaque objects, tangents). Related upstream: pytorch#171186
    (saving opaque objects for backward), pytorch#169867 (DeviceMesh as an opaque object).
    Remove once `functionalize_rng_ops` inserts RNG states before the opaque objects.
+   torch 2.11 saves no opaque objects for backward (no `is_opaque_node`), so it has no such
+   defect and the workaround is not installed there (`saves_opaque_objects`).
 
 2. AOTAutograd cache entries shared by ranks with different local shapes (torch 2.13).
    The cache keys a DTensor input by `DTensorSpec._stable_hash`: mesh, placements and the
@@ -49,6 +51,13 @@ import torch
 from torch import fx
 
 _RNG_STATE_PLACEHOLDER = "rng_state_output_"
+
+
+def saves_opaque_objects() -> bool:
+    """Whether this torch saves opaque objects (a DTensor's mesh) for backward: 2.13 does, 2.11 not."""
+    from torch._functorch._aot_autograd import graph_compile
+
+    return hasattr(graph_compile, "is_opaque_node")
 
 
 def _is_opaque(node: object) -> bool:
@@ -105,9 +114,14 @@ def _rng_states_before_opaque(original):
 
 
 def install_rng_state_order_fix() -> bool:
-    """Wrap the partitioner's `functionalize_rng_ops` (idempotent). Returns True if installed now."""
+    """Wrap the partitioner's `functionalize_rng_ops` (idempotent). Returns True if installed now.
+
+    A torch that saves no opaque objects has nothing to reorder: nothing is installed.
+    """
     from torch._functorch import partitioners
 
+    if not saves_opaque_objects():
+        return False
     if getattr(partitioners.functionalize_rng_ops, "grt_titan_workaround", False):
         return False
     partitioners.functionalize_rng_ops = _rng_states_before_opaque(partitioners.functionalize_rng_ops)

@@ -1,0 +1,66 @@
+"""benchmarks/gpu/suite.py cannot rot between GPU runs: its --cpu-smoke runs every part here."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from grt_test_helpers import REPO
+
+SUITE = REPO / "benchmarks" / "gpu" / "suite.py"
+
+
+def run_suite(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, str(SUITE), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def load_suite():
+    spec = importlib.util.spec_from_file_location("gpu_suite", SUITE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plan_fits_the_five_minute_window(capsys):
+    suite = load_suite()
+    assert suite.main(["--plan"]) == 0
+    total = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| total")]
+    assert total and float(total[0].split("|")[-2]) <= 300
+    # Compute is seconds; the budget is the compiled models (10 on a GPU).
+    assert sum(compiles for _, compiles, _ in suite.plan(suite.GPU)) == 10
+
+
+def test_unknown_part_is_named():
+    with pytest.raises(SystemExit, match="--parts mfu: unknown; allowed: train, float8, generate"):
+        load_suite().main(["--cpu-smoke", "--parts", "train,mfu"])
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_every_part(tmp_path):
+    proc = run_suite("--cpu-smoke", "--out", str(tmp_path))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["seconds"]) == {"train", "float8", "generate", "total"}
+    (train,) = results["train"]["rows"]
+    # Sampled r and one compiled step graph: no recompilation once warm.
+    assert train["recompiles_after_warmup"] == 0
+    grt_runs = [r for r in train["runs"] if r["model"] == "grt"]
+    assert all(r["sampled_r"] for r in grt_runs)
+    for key in ("mfu_ratio", "compiled_over_eager_grt", "compiled_over_eager_dense"):
+        assert math.isfinite(train[key]) and train[key] > 0
+    assert all(math.isfinite(r["loss"]) for r in train["runs"])
+    (float8,) = results["float8"]["rows"]  # --cpu-smoke: the wide run is the debug one
+    assert float8["float8"]["float8"] and float8["float8_over_bf16"] > 0
+    gen = results["generate"]
+    assert {m["strategy"] for m in gen["memory"]} == {"per_step", "first", "last", "average"}
+    assert {m["batch"] for m in gen["memory"]} == {1, 2}
+    # Fewer cached core layers than per_step: first/last/average keep one step's KV.
+    by = {(m["batch"], m["strategy"]): m["ratio"] for m in gen["memory"]}
+    assert by[(2, "average")] < by[(2, "per_step")]
+    assert "| MFU GRT / dense" in proc.stdout and "seconds per part:" in proc.stdout
