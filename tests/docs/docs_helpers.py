@@ -195,6 +195,11 @@ def _flags_of_script(script: Path) -> set[str]:
     return flags
 
 
+def _git_ignored(path: str) -> bool:
+    """A path a documented command writes (a git-ignored output folder), not a repository file."""
+    return subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0
+
+
 def _subcommand_parser(name: str) -> argparse.ArgumentParser:
     from grt_titan.cli import COMMANDS
 
@@ -223,7 +228,7 @@ def command_problems(cmd: list[str]) -> list[str]:
     problems = []
     for tok in cmd:
         value = tok.split("=", 1)[1] if tok.startswith("--") and "=" in tok else tok
-        if value.startswith(REPO_DIRS) and not glob.glob(str(REPO / value)):
+        if value.startswith(REPO_DIRS) and not glob.glob(str(REPO / value)) and not _git_ignored(value):
             problems.append(f"{value} does not exist in the repository")
     prog, args = cmd[0], cmd[1:]
     problem: str | None = None
@@ -275,11 +280,19 @@ def command_problems(cmd: list[str]) -> list[str]:
         else:
             bad = _argparse_problem(_subcommand_parser(args[0]), args[1:])
             problem = bad
+    elif prog.endswith(".sh") and (REPO / prog).is_file():  # a repository shell script
+        syntax = subprocess.run(["bash", "-n", str(REPO / prog)], capture_output=True, text=True)
+        declared = set(re.findall(r"(--[\w-]+)\)", (REPO / prog).read_text()))  # case "$1" in --flag)
+        unknown = [a for a in args if a.startswith("--") and a not in declared]
+        if syntax.returncode:
+            problem = f"{prog}: bash -n: {syntax.stderr.strip()}"
+        elif unknown:
+            problem = f"{prog} has no option(s) {unknown} (it declares {sorted(declared)})"
     elif prog.startswith("--"):  # a fragment of trainer options
         problem = job_config_problem(["--job.config_file", "train_configs/grt_debug.toml", *cmd])
     else:
         problem = f"unknown program {prog!r} (tests/docs/docs_helpers.py knows how to check: torchrun, " \
-                  "python, pytest, pip, grt-titan, trainer options)"
+                  "python, pytest, pip, grt-titan, repository .sh scripts, trainer options)"
     if problem:
         problems.append(problem)
     return problems

@@ -83,6 +83,8 @@ def test_every_block_is_marked_and_names_only_what_exists(tmp_path, monkeypatch)
      "has no option(s) ['--devices']"),
     ("<!-- docs-test: check -->\n```python\nfrom transformers import AutoTokenizer\ntok = (\n```\n", "syntax"),
     ("<!-- docs-test: check -->\n```bash\ncurl https://example.com\n```\n", "unknown program 'curl'"),
+    ("<!-- docs-test: check -->\n```bash\nbenchmarks/gpu/bundle.sh --pythn 3.12\n```\n", "has no option(s) ['--pythn']"),
+    ("<!-- docs-test: check -->\n```bash\npip install benchmarks/gpu/wheelz/*.whl\n```\n", "wheelz/*.whl does not exist"),
     ("<!-- docs-test: output -->\n```\n$ python benchmarks/metrics_bench.py --step 3\nstep 3\n```\n",
      "has no option(s) ['--step']"),
 ])
