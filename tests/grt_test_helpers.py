@@ -167,6 +167,16 @@ def flip_byte(file, where: float = 0.5) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
+def matmul_flops(model, tokens, **forward_kwargs) -> int:
+    """FLOPs of one forward's matmuls as torch's FlopCounterMode counts them (the CPU SDPA
+    kernel is not counted: compare with eq. 1 minus its attention terms)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        model(tokens, **forward_kwargs)
+    return sum(v for k, v in counter.get_flop_counts()["Global"].items() if "mm" in str(k))
+
+
 def same_values(a: dict, b: dict) -> bool:
     """Two flat dicts (state dicts, optimizer states) hold the same keys and equal values."""
     return a.keys() == b.keys() and all(

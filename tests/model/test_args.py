@@ -3,9 +3,8 @@
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from grt_test_helpers import build_model
+from grt_test_helpers import build_model, matmul_flops
 from grt_titan.model import DepthSampler, grt_flavors
 from grt_titan.model.model import build_meta_model
 
@@ -70,10 +69,7 @@ def test_matmul_flops_match_flop_counter(block_style):
     model = build_model(args).eval()
     S, r = 16, 3
     x = torch.randint(0, args.vocab_size, (1, S))
-    with FlopCounterMode(display=False) as counter:
-        model(x, num_recurrences=r)
-    counts = counter.get_flop_counts()["Global"]
-    measured_mm = sum(v for k, v in counts.items() if "mm" in str(k))
+    measured_mm = matmul_flops(model, x, num_recurrences=r)
     blocks = args.n_prelude_layers + args.n_core_layers * r + args.n_coda_layers
     # The CPU SDPA kernel is not counted by FlopCounterMode; compare the linear layers,
     # i.e. eq. 1 without its attention term 4 S d per block.

@@ -6,9 +6,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
-from grt_test_helpers import build_model
+from grt_test_helpers import build_model, matmul_flops
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import grt_flavors
 from grt_titan.model.exit_distribution import exit_entropy, exit_log_probs, q_exit_steps
@@ -175,12 +174,6 @@ def test_invalid_exit_settings_name_the_field(changes, key):
 def test_dense_flavor_rejects_the_exit_objective():
     with pytest.raises(ValueError, match="objective"):
         grt_flavors["dense_debug"].replace(objective="exit_distribution").validate()
-
-
-def matmul_flops(model, x, **kwargs) -> int:
-    with FlopCounterMode(display=False) as counter:
-        model(x, **kwargs)
-    return sum(v for k, v in counter.get_flop_counts()["Global"].items() if "mm" in str(k))
 
 
 @pytest.mark.parametrize("training,threshold", [(True, 1.0), (False, 0.5), (False, 1.0)])

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
-from grt_test_helpers import build_model
+from grt_test_helpers import build_model, matmul_flops
 from grt_titan.model import grt_flavors
 from grt_titan.model.recurrence import DepthSampler, eval_initial_state
 
@@ -166,9 +165,7 @@ def test_matmul_flops_of_each_part_set_match_flop_counter(parts):
     model = build_model(args).eval()
     S, r = 16, 3
     x = torch.randint(0, args.vocab_size, (1, S))
-    with FlopCounterMode(display=False) as counter:
-        model(x, num_recurrences=r)
-    measured_mm = sum(v for k, v in counter.get_flop_counts()["Global"].items() if "mm" in str(k))
+    measured_mm = matmul_flops(model, x, num_recurrences=r)
     blocks = args.n_prelude_layers + args.n_core_layers * r + args.n_coda_layers
     # SDPA on CPU is not counted; eq. 1 without its attention term 4 S d per block.
     assert measured_mm == S * (args.forward_flops_per_token(S, r) - blocks * 4 * S * args.dim)

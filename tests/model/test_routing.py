@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grt_test_helpers import MOR_PARTS, build_model
+from grt_test_helpers import MOR_PARTS, build_model, matmul_flops
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import grt_flavors
 from grt_titan.model.output import TrainingOutput
@@ -162,13 +162,9 @@ def test_flops_follow_the_kept_tokens():
 def test_matmul_flops_match_flop_counter(depth):
     """The linear part of the count (core on k_i tokens, routers on their candidates, prelude,
     coda, head) equals what torch's FlopCounterMode measures."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     model = build_model(**MOR).eval()
     args, S = model.model_args, 32
-    with FlopCounterMode(display=False) as counter:
-        model(tokens(batch=1, seq=S), num_recurrences=depth)
-    measured_mm = sum(v for k, v in counter.get_flop_counts()["Global"].items() if "mm" in str(k))
+    measured_mm = matmul_flops(model, tokens(batch=1, seq=S), num_recurrences=depth)
     # The CPU SDPA kernel is not counted by FlopCounterMode: remove the attention terms.
     kept = args.router_tokens_kept(S)[:depth]
     attention = (args.n_prelude_layers + args.n_coda_layers) * 4 * S * S * args.dim + args.n_core_layers * sum(

@@ -4,9 +4,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from grt_test_helpers import REPO, build_model
+from grt_test_helpers import REPO, build_model, matmul_flops
 from grt_titan.model import GRTModel, grt_flavors
 from grt_titan.model.args import CONFIGURABLE_FIELDS
 from grt_titan.model.model import build_meta_model
@@ -78,9 +77,7 @@ def test_flops_count_the_padded_head():
     model = build_model(padded).eval()
     S, r = 16, 2
     x = torch.randint(0, args.vocab_size, (1, S))
-    with FlopCounterMode(display=False) as counter:
-        model(x, num_recurrences=r)
-    measured_mm = sum(v for k, v in counter.get_flop_counts()["Global"].items() if "mm" in str(k))
+    measured_mm = matmul_flops(model, x, num_recurrences=r)
     blocks = padded.n_prelude_layers + padded.n_core_layers * r + padded.n_coda_layers
     assert measured_mm == S * (padded.forward_flops_per_token(S, r) - blocks * 4 * S * padded.dim)
 
