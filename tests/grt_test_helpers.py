@@ -54,6 +54,12 @@ SHORT_DEBUG_RUN = [
 
 # Mixture-of-Recursions' parts (docs/architecture.md): routed steps, no re-injection, no gate,
 # no noise, fixed depth R. As model-arg changes and as `[grt]` command-line overrides.
+# The baselines' and ladder's parts at debug size (docs/architecture.md, "Methods as parts").
+LADDER_PARTS = dict(injection="none", update="overwrite", state_noise_std=0.0, gate_noise_std=0.0)
+POISSON_PARTS = dict(injection="proj", update="overwrite", initial_state="random",
+                     depth_sampling="poisson_lognormal", state_noise_std=0.0, gate_noise_std=0.0)
+RRT_PARTS = dict(injection="none", update="overwrite", depth_sampling="fixed", state_noise_std=0.0,
+                 gate_noise_std=0.0, step_adapter="lora", lora_rank=3)
 MOR_PARTS = dict(router="expert_choice", injection="none", update="overwrite", depth_sampling="fixed",
                  state_noise_std=0.0, gate_noise_std=0.0)
 MOR_OVERRIDES = [item for key, value in MOR_PARTS.items() for item in (f"--grt.{key}", str(value))]

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from grt_test_helpers import build_model, matmul_flops
+from grt_test_helpers import LADDER_PARTS, POISSON_PARTS, RRT_PARTS, build_model, matmul_flops
 from grt_titan.model import DepthSampler, grt_flavors
 from grt_titan.model.model import build_meta_model
 
@@ -62,10 +62,12 @@ def test_dense_flops_are_eq1_without_recurrence():
     assert args.forward_flops_per_token(1024) == eq1_by_hand(12, 0, 0, 0, 768, 1024, 50257)
 
 
-@pytest.mark.parametrize("block_style", ["gpt2", "llama"])
-def test_matmul_flops_match_flop_counter(block_style):
-    """The linear part of the count equals what torch's FlopCounterMode measures at r = 3."""
-    args = grt_flavors["debug"].replace(block_style=block_style, n_kv_heads=2 if block_style == "llama" else None)
+@pytest.mark.parametrize("changes", [{}, dict(block_style="llama", n_kv_heads=2), LADDER_PARTS, POISSON_PARTS, RRT_PARTS],
+                         ids=["gpt2", "llama", "ladder_parts", "poisson_parts", "rrt_parts"])
+def test_matmul_flops_match_flop_counter(changes):
+    """The linear part of the count equals what torch's FlopCounterMode measures at r = 3,
+    for both block styles and each set of recurrence parts (W_proj, gate, LoRA present or not)."""
+    args = grt_flavors["debug"].replace(**changes)
     model = build_model(args).eval()
     S, r = 16, 3
     x = torch.randint(0, args.vocab_size, (1, S))
