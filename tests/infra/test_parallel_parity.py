@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grt_test_helpers import MOR_OVERRIDES, SHORT_DEBUG_RUN
+from grt_test_helpers import SHORT_DEBUG_RUN
 
 STEPS = 5
 COMMON = [
@@ -168,51 +168,3 @@ def test_llama_blocks_tensor_parallel_match_one_rank(run_torchrun, tmp_path):
         losses, _ = train(run_torchrun, tmp_path, seed, layout, nproc, {**extra, "args": LLAMA})
         assert losses == pytest.approx(ref_losses, rel=1e-5), layout
 
-
-# The baselines' parts (docs/architecture.md, "Methods as parts"). Heavy-tail Poisson's random
-# initial state is drawn per rank like the training noise, so, like the noise, it is off here;
-# its depth law, truncated backprop and overwrite update stay on.
-PARTS = {
-    "poisson": ["--grt.update", "overwrite", "--grt.depth_sampling", "poisson_lognormal",
-                "--grt.backprop_recurrences", "2"],
-    "rrt": ["--grt.injection", "none", "--grt.update", "overwrite", "--grt.depth_sampling", "fixed",
-            "--grt.step_adapter", "lora", "--grt.lora_rank", "4"],
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(PARTS))
-def test_method_parts_compiled_fsdp_with_ac_match_one_rank_without_recompiles(method, run_torchrun, tmp_path):
-    parts = PARTS[method]
-    seed = make_seed_checkpoint(tmp_path / "seed", parts)
-    ref_losses, _ = train(run_torchrun, tmp_path, seed, "one_rank", 1, {**ONE_RANK, "args": parts})
-    assert ref_losses[-1] < ref_losses[0]
-    run_dir = tmp_path / "fsdp2_compile_ac"
-    args = layout_args(run_dir, seed, 2, {"args": [*parts, "--compile.enable", "--activation_checkpoint.mode",
-                                                   "selective", "--activation_checkpoint.selective_ac_option", "op"]})
-    proc = run_torchrun(2, args, tmp_path / "compile-log", env={"TORCH_LOGS": "recompiles"})
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-3000:]
-    assert "Compiled the recurrence step once" in output
-    assert "Recompiling function" not in output  # sampled depths / step indices reuse one graph
-    assert scalars(run_dir, "loss_metrics/global_avg_loss") == pytest.approx(ref_losses, rel=1e-4)
-
-@pytest.mark.slow
-def test_mixture_of_recursions_fsdp_compiled_matches_one_rank(run_torchrun, tmp_path):
-    """MoR ([grt] router): one 2-rank FSDP run with compile (and the per-step router metrics
-    of every logged step) against a 1-rank eager run from the same seed checkpoint."""
-    seed = make_seed_checkpoint(tmp_path / "seed", MOR_OVERRIDES)
-    ref_losses, ref_norms = train(run_torchrun, tmp_path, seed, "one_rank", 1, {**ONE_RANK, "args": MOR_OVERRIDES})
-    assert len(ref_losses) == STEPS and ref_losses[-1] < ref_losses[0]
-    run_dir = tmp_path / "fsdp2_compile"
-    proc = run_torchrun(2, layout_args(run_dir, seed, 2, {"args": [*MOR_OVERRIDES, "--compile.enable"]}),
-                        tmp_path / "fsdp2-compile-log", env={"TORCH_LOGS": "recompiles"})
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-3000:]
-    assert "Compiled the recurrence step once" in output
-    assert "Recompiling function" not in output  # every k_i and every step: one graph
-    # Inductor reorders fp32 reductions: compiled and eager runs agree to ~1e-6 per step.
-    assert scalars(run_dir, "loss_metrics/global_avg_loss") == pytest.approx(ref_losses, rel=1e-4)
-    assert scalars(run_dir, "grad_norm") == pytest.approx(ref_norms, rel=5e-4)
-    # The observer sees the routed steps: the copy share of step 4 (capacity 1/4) is >= 3/4.
-    assert all(v >= 0.75 for v in scalars(run_dir, "grt_gate_copy_frac/step4")) and len(ref_losses) == STEPS
