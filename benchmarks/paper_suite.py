@@ -136,12 +136,21 @@ def main(argv: list[str] | None = None) -> int:
         if code != 0:
             failed.append(path.stem)
             print(tail, file=sys.stderr)
-    trained = [str(out / p.stem) for p in rows if p.stem not in failed]
-    table = subprocess.run([sys.executable, "-m", "grt_titan.cli", "table", *trained,
-                            "--csv", str(out / "table.csv"), "--ladder-png", str(out / "ladder.png")],
-                           cwd=REPO, capture_output=True, text=True)
-    print(table.stdout, table.stderr, sep="\n")
-    return 1 if failed or table.returncode else 0
+    trained = [p for p in rows if p.stem not in failed]
+    codes = []
+    # Table 1's rows, then figure 5's ladder in rung order (a table of its own, and the PNG).
+    for name, runs, extra in (
+        ("table1", [p for p in trained if not p.stem.startswith("ladder_")], ["--csv", str(out / "table1.csv")]),
+        ("ladder", [p for p in trained if p.stem.startswith("ladder_")],
+         ["--csv", str(out / "ladder.csv"), "--ladder-png", str(out / "ladder.png")]),
+    ):
+        if not runs:
+            continue
+        table = subprocess.run([sys.executable, "-m", "grt_titan.cli", "table", *(str(out / p.stem) for p in runs),
+                                *extra], cwd=REPO, capture_output=True, text=True)
+        print(f"\n{name}:\n{table.stdout}{table.stderr}")
+        codes.append(table.returncode)
+    return 1 if failed or any(codes) else 0
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ class GRTValidator(Validator):
         model = model_parts[0]
         args = model.model_args
         depths = validation_depths(args.num_recurrences)
-        if args.router != "none":  # MoR has one router per step: no extrapolation past R
+        if not args.extrapolates:  # one router (MoR) or adapter (RRT) per step: nothing past R
             depths = depths[:-1]
         # The eval-depth loss is one of the depths unless eval_recurrences is set elsewhere.
         runs: list[int | None] = depths + ([] if eval_depth in depths else [None])

@@ -162,6 +162,11 @@ class GRTModelArgs(BaseModelArgs):
         }
 
     @property
+    def extrapolates(self) -> bool:
+        """Depths above R are defined: no per-step module (MoR's routers, RRT's adapters)."""
+        return self.router == "none" and self.step_adapter == "none"
+
+    @property
     def per_step_readout(self) -> bool:
         """Every recurrence step is read out through coda, norm and head (Ouro)."""
         return self.is_recurrent and self.objective == "exit_distribution"

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from components_helpers import ByteTokenizer, job_config, make_dataset, tiny_args, tiny_model
-from grt_test_helpers import MOR_PARTS, build_model, one_rank_dims
+from grt_test_helpers import MOR_PARTS, RRT_PARTS, build_model, one_rank_dims
 
 from grt_titan.components.validate import GRTValidator, validation_depths
 from grt_titan.data.loader import build_validation_dataloader
@@ -79,11 +79,13 @@ def test_depthwise_losses_equal_independent_forwards_and_flops_eq1(tmp_path):
     assert len(set(losses)) == len(losses)  # the depths really differ
 
 
-def test_mixture_of_recursions_is_scored_up_to_R(tmp_path):
-    """MoR has one router per step: depths 0..R, no extrapolation; FLOPs from its own formula."""
+@pytest.mark.parametrize("parts", [MOR_PARTS, RRT_PARTS], ids=["mor", "rrt"])
+def test_methods_with_per_step_modules_are_scored_up_to_R(parts, tmp_path):
+    """MoR (a router per step) and RRT (an adapter per step): depths 0..R, no extrapolation;
+    FLOPs from their own formula."""
     metrics = RecordingMetrics()
     validator, jc = _validator(tmp_path, metrics)
-    model = build_model(tiny_args(**MOR_PARTS))
+    model = build_model(tiny_args(**parts))
     validator.validate([model], step=3)
     (call,) = metrics.calls
     args = model.model_args
