@@ -61,8 +61,11 @@ class StepAdapters(nn.Module):
 
     def at_step(self, step_index: torch.Tensor) -> list[BlockAdapter]:
         """The adapters of every core block at step `step_index` (a 0-dim int64 tensor)."""
-        a = {name: p[step_index] for name, p in self.a.items()}
-        b = {name: p[step_index] for name, p in self.b.items()}
+        # index_select, not p[step_index]: a tensor-valued index is a gather to torch.compile,
+        # where indexing by a 0-dim tensor would read its value (a data-dependent shape).
+        index = step_index.reshape(1)
+        a = {name: p.index_select(0, index).squeeze(0) for name, p in self.a.items()}
+        b = {name: p.index_select(0, index).squeeze(0) for name, p in self.b.items()}
         return [
             BlockAdapter(*((a[name][i], b[name][i]) for name in _linear_shapes(1)), scale=self.scale)
             for i in range(self.num_blocks)

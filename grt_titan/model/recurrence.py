@@ -320,7 +320,13 @@ class Recurrence(nn.Module):
             step_index = (
                 torch.tensor(index, dtype=torch.int64, device=h.device) if self.has_step_adapters else None
             )
-            with torch.set_grad_enabled(grad_enabled and index >= first_tracked):
+            tracked = grad_enabled and index >= first_tracked
+            if h.requires_grad != tracked:
+                # A random h_0, a state from untracked steps, or h_pre entering an untracked step:
+                # the step sees requires_grad == grad mode, so a compiled step keeps one graph
+                # per grad mode (two with truncated backprop, one otherwise).
+                h = h.detach().requires_grad_(tracked)
+            with torch.set_grad_enabled(tracked):
                 # Always with its parts: one compiled graph whether an observer looks or not.
                 new_h, gate, proposal = self.step(
                     h, h_pre, freqs_cis, *noise, return_parts=True, step_index=step_index

@@ -32,8 +32,13 @@ def test_method_parts_compiled_fsdp_with_ac_match_one_rank_without_recompiles(me
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert "Compiled the recurrence step once" in output
-    assert "Recompiling function" not in output  # sampled depths / step indices reuse one graph
+    # Sampled depths and step indices reuse one graph. Truncated backprop (Poisson) runs its
+    # early steps without autograd: that graph is compiled once more, on the grad-mode guard.
+    recompiles = output.count("Recompiling function")
+    grad_mode = output.count("GLOBAL_STATE changed: grad_mode")
+    assert recompiles == grad_mode <= (1 if method == "poisson" else 0), output[-3000:]
     assert scalars(run_dir, "loss_metrics/global_avg_loss") == pytest.approx(ref_losses, rel=1e-4)
+
 
 @pytest.mark.slow
 def test_mixture_of_recursions_fsdp_compiled_matches_one_rank(run_torchrun, tmp_path):
