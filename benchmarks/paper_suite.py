@@ -80,24 +80,18 @@ PAPER_TABLE1 = {
 def static_table(rows: list[Path]) -> str:
     """Table 1's architecture columns of each row's TOML at paper scale, no training: ours
     (from the model args and a meta-device build) beside the paper's parameter count."""
-    from grt_titan.model import grt_flavors
-    from grt_titan.model.args import CONFIGURABLE_FIELDS
-    from grt_titan.model.model import build_meta_model
+    from grt_titan.analysis.table import layout, stored_parameters
+    from grt_titan.model.checkpoint import load_model_args
 
     lines = ["| row | method | layout | unique layers | block applications | GFLOPs/token fwd (S=1024) "
              "| params (ours) | params (table 1) |", "|---|---|---|---|---|---|---|---|"]
     for path in rows:
-        toml = tomli.loads(path.read_text())
-        args = grt_flavors[toml["model"]["flavor"]].replace(
-            **{k: v for k, v in toml.get("grt", {}).items() if k in CONFIGURABLE_FIELDS})
-        args.validate(where=str(path))
-        layout = (f"{args.n_prelude_layers}+{args.n_core_layers}x{args.num_recurrences}+{args.n_coda_layers}"
-                  if args.is_recurrent else f"{args.n_prelude_layers}L")
+        args, _ = load_model_args(path)  # the flavor with the TOML's [grt] parts, as analyze reads it
         unique = args.n_prelude_layers + args.n_core_layers + args.n_coda_layers
         flops = args.forward_flops_per_token(1024, args.eval_depth if args.is_recurrent else 0) / 1e9
-        params = sum(p.numel() for p in build_meta_model(args).parameters()) / 1e6
+        params = stored_parameters(args) / 1e6
         paper = PAPER_TABLE1.get(path.stem, ("-", None))[0]
-        lines.append(f"| {path.stem} | {args.method_name} | {layout} | {unique} | {args.unrolled_layers} "
+        lines.append(f"| {path.stem} | {args.method_name} | {layout(args)} | {unique} | {args.unrolled_layers} "
                      f"| {flops:.3f} | {params:.1f}M | {paper} |")
     return "\n".join(lines)
 

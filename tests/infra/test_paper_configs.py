@@ -2,15 +2,12 @@
 (its preset's, to the key) with only its method's parts changed; each builds, and every
 distinct set of parts trains on 2 CPU ranks from its TOML at debug size."""
 
-import dataclasses
-
 import pytest
 import tomli
 
 from benchmarks.paper_suite import PAPER_CONFIGS, cpu_scale_overrides, paper_configs
-from grt_test_helpers import REPO, parse_config, step_losses
-from grt_titan.model import grt_flavors
-from grt_titan.model.args import CONFIGURABLE_FIELDS
+from grt_test_helpers import REPO, step_losses
+from grt_titan.model.checkpoint import load_model_args
 from grt_titan.model.model import build_meta_model
 
 CONFIGS = paper_configs()
@@ -21,13 +18,8 @@ LADDER = {1: "dense", 2: "recurrence", 3: "recurrence + prelude/coda",
 
 
 def model_args(path):
-    """The flavor's args with the TOML's [grt] overrides (what update_from_config applies)."""
-    job = parse_config(path=path)
-    args = grt_flavors[job.model.flavor]
-    changes = {name: getattr(job.grt, name) for name in CONFIGURABLE_FIELDS if getattr(job.grt, name) is not None}
-    args = dataclasses.replace(args, **changes)
-    args.validate(where=path.name)
-    return args
+    """The flavor's args after the TOML's [grt] overrides and the start-up checks."""
+    return load_model_args(path)[0]
 
 
 def base_preset(path):
