@@ -38,7 +38,9 @@ analysis sums cost several more passes over the states. The statistics (docs/obs
 
 The analysis also keeps, per step, a histogram of the gate values over [0, 1]
 (`gate_histogram`, `GATE_BINS` equal bins; counts add up like the sums) and reads quantiles
-from it (`histogram_quantiles`, linear inside a bin: off by at most one bin width, 1e-3):
+from it (`histogram_quantiles`, linear inside a bin: it lies between the two order statistics
+around q, give or take one bin width, 1e-3; where those two are far apart, as in a small
+sample, it can differ from `torch.quantile`'s interpolation by more than a bin):
 figure 10a draws the 5-95 % and 25-75 % bands of g, which stay inside [0, 1] where
 mean +- std need not.
 

@@ -2,6 +2,8 @@
 command-line errors. (Analyzing a trained checkpoint / HF export: the end-to-end run in
 tests/components/test_observability_e2e.py.)"""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -46,10 +48,16 @@ def test_depth_analysis_equals_independent_forwards():
             assert result["state_cosine"][i] == pytest.approx(F.cosine_similarity(h_new, h, dim=-1).mean().item(), rel=1e-5)
             assert result["proposal_cosine"][i] == pytest.approx(F.cosine_similarity(o, h, dim=-1).mean().item(), rel=1e-4, abs=1e-6)
             assert result["relative_update"][i] == pytest.approx(((h_new - h).norm() / h.norm()).item(), rel=1e-5)
-            # Figure 10a's bands: histogram quantiles within one bin (1e-3) of torch.quantile.
+            # Figure 10a's bands: a histogram quantile lies between the two order statistics
+            # around q (where quantile definitions differ), give or take one bin (1e-3).
+            ordered = g.flatten().double().sort().values
             for q in (0.05, 0.25, 0.5, 0.75, 0.95):
-                want = torch.quantile(g.flatten().double(), q).item()
-                assert result[f"gate_q{round(100 * q):02d}"][i] == pytest.approx(want, abs=1e-3), (i, q)
+                k = math.ceil(q * ordered.numel())
+                low, high = ordered[max(k - 1, 0)].item(), ordered[min(k, ordered.numel() - 1)].item()
+                got = result[f"gate_q{round(100 * q):02d}"][i]
+                assert low - 1e-3 <= got <= high + 1e-3, (i, q, low, got, high)
+                # The sample is dense enough here that the gap is small: the test can fail.
+                assert high - low < 0.01, (i, q, low, high)
             h = h_new
 
 
