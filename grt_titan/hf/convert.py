@@ -65,6 +65,8 @@ def check_exportable(args: GRTModelArgs) -> None:
         "objective": "no exit gate and no Q-exit (Ouro)",
         "router": "no expert-choice routing (Mixture-of-Recursions), so it would compute a different function",
     }
+    if args.router == "token_choice":  # MoR's token choice, refused by name
+        missing["router"] = "no token-choice routing (Mixture-of-Recursions), so it would compute a different function"
     parts = ", ".join(f"{k} = {v!r}" for k, v in unsupported.items())
     reasons = "; ".join(missing.get(k, f"no {k} = {v!r}") for k, v in unsupported.items())
     raise ExportError(
