@@ -124,6 +124,23 @@ def test_padding_never_leaks():
     torch.testing.assert_close(scrambled.aux_loss_sum, clean.aux_loss_sum, rtol=0, atol=0)
 
 
+def test_observer_sees_each_step_in_the_grt_convention():
+    """Step metrics read h <- g h + (1 - g) o: 1 - g on the active tokens, 1 (copy) elsewhere."""
+    model = build_model(**TOKEN_CHOICE)
+    x = tokens()
+    _, depths, weights = model.recurrence.router.route(model.prelude(model.embed(x), None))
+    records = []
+    model.recurrence.observer = records.append
+    model(x)
+    assert [r.index for r in records] == [1, 2, 3, 4]
+    for i, record in enumerate(records):
+        active = (depths > i).unsqueeze(-1)
+        expected_gate = torch.where(active, (1 - weights).unsqueeze(-1), 1.0).expand_as(record.gate)
+        torch.testing.assert_close(record.gate, expected_gate)
+        assert record.new_state[~active.expand_as(record.state)].equal(record.state[~active.expand_as(record.state)])
+        torch.testing.assert_close(record.new_state, record.gate * record.state + (1 - record.gate) * record.proposal)
+
+
 @pytest.mark.parametrize("balance_weight", [0.0, 0.1])
 def test_gradients_reach_the_router_and_the_core(balance_weight):
     model = build_model(router_balance_weight=balance_weight, **TOKEN_CHOICE)
