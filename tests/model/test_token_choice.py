@@ -200,6 +200,19 @@ def test_tensor_parallel_and_hf_export_are_refused_by_name():
         check_exportable(grt_flavors["debug"].replace(**TOKEN_CHOICE))
 
 
+def test_compile_with_step_checkpointing_passes_start_up():
+    """No capacity rule: at seq_len 4 expert choice's default capacities would keep one token
+    at step 4 (refused with compile); token choice has no capacities."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    overrides = [item for key, value in TOKEN_CHOICE.items() if key != "vocab_size" for item in (f"--grt.{key}", str(value))]
+    config = parse_config(*overrides, "--compile.enable", "--activation_checkpoint.mode", "full",
+                          "--grt.recurrence_checkpoint", "step", "--training.seq_len", "4", "--validation.no-enable")
+    args = get_train_spec("grt").model_args[config.model.flavor].replace()
+    args.update_from_config(config)
+    assert (args.router, args.method_name) == ("token_choice", "MoR")
+
+
 def test_router_weight_has_a_hugging_face_checkpoint_name():
     from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
 
