@@ -62,7 +62,6 @@ def check_exportable(args: GRTModelArgs) -> None:
     if not unsupported:
         return
     missing = {
-        "objective": "no exit gate and no Q-exit (Ouro)",
         "router": "no expert-choice routing (Mixture-of-Recursions), so it would compute a different function",
     }
     parts = ", ".join(f"{k} = {v!r}" for k, v in unsupported.items())
