@@ -119,10 +119,12 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
             "(`per_step` only)"
         )
     if recurrent:
+        # Ouro below q = 1 reads every step out: the coda runs once per step.
+        coda_runs = depth if args.per_step_readout and args.exit_threshold < 1 else 1
         lines += [
             f"- default inference depth r = {depth} ({training_depths(args)})",
             f"- block executions per token at r = {depth}: "
-            f"{args.n_prelude_layers + args.n_core_layers * depth + args.n_coda_layers}",
+            f"{args.n_prelude_layers + args.n_core_layers * depth + args.n_coda_layers * coda_runs}",
         ]
     lines += [
         f"- stored parameters: **{_fmt(total)}**"

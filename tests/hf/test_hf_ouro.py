@@ -14,7 +14,7 @@ from grt_titan.hf.configuration_grt import GRTConfig
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
 from grt_titan.model.checkpoint import load_checkpoint, model_args_from_hf_config, model_from_state
 from grt_titan.model.exit_distribution import q_exit_steps
-from hf_helpers import ATOL, cache_class, decode_logits, greedy, perturb, prompt, static_decode_logits
+from hf_helpers import ATOL, cache_class, decode_logits, greedy, left_padded, perturb, prompt, static_decode_logits
 from test_hf_parts import debug_twin
 
 # Q-exit threshold below 1: with the perturbed gate (lambda ~ 0.5 +- 0.15) tokens exit
@@ -62,7 +62,10 @@ def test_logits_match_torchtitan_at_both_thresholds(ouro):
             assert torch.equal(out.exit_steps, expected + 1), r
             diff = (hf_last(x, num_recurrences=r).logits - last(x, num_recurrences=r)).abs().max().item()
             assert diff < ATOL, ("q = 1", r, diff)
-        out = hf(x, output_step_logits=True, use_cache=False)
+        out = hf(x, output_step_logits=True, output_hidden_states=True, use_cache=False)
+        # The last coda entry of hidden_states is the exit step's, as the logits are.
+        assert torch.equal(hf.lm_head(hf.model.norm(out.hidden_states[-1])), out.logits)
+    assert len(out.hidden_states) == 1 + args.n_prelude_layers + R + args.n_coda_layers
     steps = out.exit_steps
     assert steps.unique().numel() >= 3, steps  # tokens exit at different steps
     assert (steps < R).any() and (steps == R).any()
@@ -89,6 +92,12 @@ def test_cached_generation_equals_no_cache(ouro):
         assert (static - dynamic).abs().max().item() < ATOL
         for model in (hf, hf_last):
             assert torch.equal(greedy(model, ids[:, :6], n=8), greedy(model, ids[:, :6], n=8, use_cache=False))
+        # Left padding: each row generates what it would alone.
+        prompts = [prompt(seq=n, seed=10 + n)[0] for n in (4, 9)]
+        padded, mask = left_padded(prompts)
+        batched = greedy(hf, padded, n=4, attention_mask=mask, pad_token_id=0)
+        for i, p in enumerate(prompts):
+            assert torch.equal(batched[i, padded.shape[1]:], greedy(hf, p[None], n=4)[0, len(p):]), i
 
 
 def test_compressed_caches_are_refused_below_threshold_one(ouro):
