@@ -862,7 +862,9 @@ class GRTModel(GRTPreTrainedModel):
 
         exit_steps = None
         if readout:
-            h, exit_steps, readouts, coda_outputs = self._exit_readout(states[1:], rope, mask, kv)
+            h, exit_steps, readouts, coda_outputs = self._exit_readout(
+                states[1:], rope, mask, kv, keep_coda=hidden_states is not None
+            )
             if hidden_states is not None:
                 hidden_states.extend(coda_outputs)
             if exits is not None:
@@ -896,20 +898,22 @@ class GRTModel(GRTPreTrainedModel):
             h = block(h, rope, mask, None)
         return self.norm(h)
 
-    def _exit_readout(self, states, rope, mask, kv):
+    def _exit_readout(self, states, rope, mask, kv, keep_coda=False):
         """Ouro's Q-exit over the states h_1..h_r: every step's coda (with its own step's
         cache slots) and final norm, the exit gate, and each token's exit step gathered.
 
         Returns the gathered hidden `[B, T, d]`, the exit step per token `[B, T]` (1-based),
-        the r normed readouts, and each coda block's output at the exit steps. All r steps
-        run (as in Ouro's released code): no compute is saved, only the choice is per token.
+        the r normed readouts, and (`keep_coda`) each coda block's output at the exit steps.
+        All r steps run (as in Ouro's released code): no compute is saved, only the choice
+        is per token.
         """
         readouts, coda_outputs = [], []
         for step, h in enumerate(states):
             per_block = []
             for i, block in enumerate(self.coda):
                 h = block(h, rope, mask, kv("coda", i, step))
-                per_block.append(h)
+                if keep_coda:
+                    per_block.append(h)
             readouts.append(self.norm(h))
             coda_outputs.append(per_block)
         hidden = torch.stack(readouts)  # [r, B, T, d]
@@ -919,7 +923,7 @@ class GRTModel(GRTPreTrainedModel):
             index = exit_index[None, :, :, None].expand(1, *per_step.shape[1:])
             return per_step.gather(0, index).squeeze(0)
 
-        gathered_coda = [gather(torch.stack(blocks)) for blocks in zip(*coda_outputs)]
+        gathered_coda = [gather(torch.stack(blocks)) for blocks in zip(*coda_outputs)]  # [] unless keep_coda
         return gather(hidden), exit_index + 1, readouts, gathered_coda
 
 
