@@ -10,6 +10,9 @@ BLOCK_STYLES = ("gpt2", "llama")
 
 # KV-cache strategies across recurrence steps; see `GRTCache` in modeling_grt.py.
 KV_CACHE_STRATEGIES = ("per_step", "first", "last", "average")
+# Those that Ouro's per-token exit (objective "exit_distribution", exit_threshold < 1) runs
+# exactly: every step's coda needs that step's K/V of the earlier tokens.
+EXIT_KV_CACHE_STRATEGIES = ("per_step",)
 
 # The named parts of the recurrence (grt_titan docs/architecture.md, "Methods as parts") that
 # this model implements, each with its allowed choices; the first choice is GRT's.
@@ -18,12 +21,47 @@ RECURRENCE_PARTS = {
     "update": ("gate", "overwrite"),
     "initial_state": ("prelude", "random"),
     "step_adapter": ("none", "lora"),
+    "objective": ("final", "exit_distribution"),
 }
 # Settings of a part, written to config.json only when the model uses that part.
 PART_SETTINGS = {
     ("initial_state", "random"): ("initial_state_std", "initial_state_seed"),
     ("step_adapter", "lora"): ("lora_rank", "lora_scale"),
+    ("objective", "exit_distribution"): ("exit_threshold",),
 }
+
+
+def check_exit_settings(
+    objective: str, exit_threshold: float, kv_cache_strategy: str, num_core_layers: int
+) -> None:
+    """ValueError naming the field for an exit setting the model cannot run (Ouro's exit).
+
+    Checked when the config is built and again by every forward, so a config edited after
+    loading (`from_pretrained(..., exit_threshold=q)` sets the attribute) fails as clearly.
+    """
+    if isinstance(exit_threshold, bool) or not isinstance(exit_threshold, (int, float)):
+        raise ValueError(f"exit_threshold = {exit_threshold!r} is invalid; must be a number in (0, 1]")
+    if not 0.0 < exit_threshold <= 1.0:
+        raise ValueError(
+            f"exit_threshold = {exit_threshold!r} is invalid; must be in (0, 1] (the cumulative exit "
+            "probability at which a token exits; 1 = always the last step)"
+        )
+    if objective != "exit_distribution":
+        if exit_threshold != 1.0:
+            raise ValueError(
+                f"exit_threshold = {exit_threshold!r} is used by objective = 'exit_distribution' only "
+                f"(objective = {objective!r} has no exit gate)"
+            )
+        return
+    if not num_core_layers:
+        raise ValueError("objective = 'exit_distribution' needs a recurrent model (num_core_layers >= 1)")
+    if exit_threshold < 1.0 and kv_cache_strategy not in EXIT_KV_CACHE_STRATEGIES:
+        raise ValueError(
+            f"kv_cache_strategy = {kv_cache_strategy!r} cannot be used with objective = "
+            f"'exit_distribution' and exit_threshold = {exit_threshold!r} < 1; allowed: "
+            f"{EXIT_KV_CACHE_STRATEGIES} (every step's coda reads its own step's K/V of earlier "
+            "tokens, which a compressed core cache does not keep exactly)"
+        )
 
 
 class GRTConfig(PretrainedConfig):
@@ -61,6 +99,14 @@ class GRTConfig(PretrainedConfig):
             block's fused q/k/v, attention output, MLP input and output, of rank
             `lora_rank` and output scale `lora_scale`; depths above train_recurrences
             have no adapter and are refused).
+        objective: "final" (logits of the last step, GRT) or "exit_distribution" (Ouro: an
+            exit gate `model.exit_gate`, Linear(d, 1), reads every step's coda + norm output;
+            lambda_t = sigmoid(gate); each token exits at its Q-exit step, the first whose
+            cumulative exit probability 1 - prod_{j<=t} (1 - lambda_j) reaches
+            `exit_threshold`, else the last step).
+        exit_threshold: q in (0, 1] of objective "exit_distribution"; 1 (default) = the last
+            step, which needs no per-step readout. q < 1 runs all r steps, reads each out and
+            gathers each token's exit step; it needs kv_cache_strategy "per_step".
         A config whose parts are all GRT's writes none of these fields (config.json stays
         as before the parts existed); a config.json without them loads as GRT.
         training_settings: training-only settings of the run (noise, depth sampling), kept so that
@@ -99,6 +145,8 @@ class GRTConfig(PretrainedConfig):
         step_adapter="none",
         lora_rank=64,
         lora_scale=2.0,
+        objective="final",
+        exit_threshold=1.0,
         training_settings=None,
         initializer_range=0.02,
         use_cache=True,
@@ -124,10 +172,14 @@ class GRTConfig(PretrainedConfig):
                 f"num_recurrences = {num_recurrences} is invalid; r >= 0, and 0 for a model "
                 "without core layers"
             )
-        parts = dict(injection=injection, update=update, initial_state=initial_state, step_adapter=step_adapter)
+        parts = dict(
+            injection=injection, update=update, initial_state=initial_state, step_adapter=step_adapter,
+            objective=objective,
+        )
         for name, value in parts.items():
             if value not in RECURRENCE_PARTS[name]:
                 raise ValueError(f"{name} = {value!r}; allowed: {RECURRENCE_PARTS[name]}")
+        check_exit_settings(objective, exit_threshold, kv_cache_strategy, num_core_layers)
         if initial_state_std <= 0:
             raise ValueError(f"initial_state_std = {initial_state_std!r} is invalid; must be > 0")
         if step_adapter == "lora":
@@ -169,6 +221,8 @@ class GRTConfig(PretrainedConfig):
         self.step_adapter = step_adapter
         self.lora_rank = lora_rank
         self.lora_scale = lora_scale
+        self.objective = objective
+        self.exit_threshold = exit_threshold
         self.training_settings = training_settings or {}
         self.initializer_range = initializer_range
         self.use_cache = use_cache
@@ -196,6 +250,15 @@ class GRTConfig(PretrainedConfig):
         for key in drop:
             output.pop(key, None)
         return output
+
+    @property
+    def per_step_readout(self) -> bool:
+        """Every step is read out and each token exits at its own step (Ouro, q < 1)."""
+        return self.objective == "exit_distribution" and self.exit_threshold < 1.0
+
+    def check_exit_settings(self) -> None:
+        """`check_exit_settings` on the current attributes (they may be set after __init__)."""
+        check_exit_settings(self.objective, self.exit_threshold, self.kv_cache_strategy, self.num_core_layers)
 
     @property
     def head_dim(self) -> int:

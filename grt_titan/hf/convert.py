@@ -62,7 +62,6 @@ def check_exportable(args: GRTModelArgs) -> None:
     if not unsupported:
         return
     missing = {
-        "objective": "no exit gate and no Q-exit (Ouro)",
         "router": "no expert-choice routing (Mixture-of-Recursions), so it would compute a different function",
     }
     if args.router == "token_choice":  # MoR's token choice, refused by name
@@ -72,7 +71,7 @@ def check_exportable(args: GRTModelArgs) -> None:
     raise ExportError(
         f"{args.method_name} ([grt] {parts}) cannot be exported to Hugging Face format yet: "
         f"modeling_grt.py has {reasons}; it implements the parts {', '.join(HF_PARTS)} with "
-        "GRT's objective and router (docs/hf_export.md). Evaluate it with the torchtitan model "
+        "GRT's router (docs/hf_export.md). Evaluate it with the torchtitan model "
         "(training validation, `grt-titan analyze`)"
     )
 

@@ -50,6 +50,7 @@ ARCHITECTURE_FIELDS = (
     "update",
     "step_adapter",
     "lora_rank",
+    "objective",  # Ouro's exit gate is a weight
     "multiple_of",
     "ffn_dim_multiplier",
 )

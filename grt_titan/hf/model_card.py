@@ -14,6 +14,7 @@ _PARTS = (
     ("per-step LoRA adapters", ("model.adapters.",)),
     ("coda", ("model.coda.",)),
     ("final norm", ("model.norm.",)),
+    ("exit gate (Ouro)", ("model.exit_gate.",)),
     ("LM head", ("lm_head.",)),
 )
 
@@ -107,13 +108,23 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
             f"- recurrence parts: injection `{args.injection}`, update `{args.update}`, initial state "
             f"`{args.initial_state}`, step adapter `{args.step_adapter}`"
             + (f" (rank {args.lora_rank})" if args.step_adapter == "lora" else "")
+            + f", objective `{args.objective}`"
             + " (grt_titan docs/architecture.md, \"Methods as parts\")"
         )
+    if args.per_step_readout:
+        lines.append(
+            f"- exit: each token exits at the first step whose cumulative exit probability reaches "
+            f"`exit_threshold` = {args.exit_threshold:g} (1 = the last step); below 1 all r steps run, "
+            "each is read out through coda + norm, and the KV cache keeps the coda per step "
+            "(`per_step` only)"
+        )
     if recurrent:
+        # Ouro below q = 1 reads every step out: the coda runs once per step.
+        coda_runs = depth if args.per_step_readout and args.exit_threshold < 1 else 1
         lines += [
             f"- default inference depth r = {depth} ({training_depths(args)})",
             f"- block executions per token at r = {depth}: "
-            f"{args.n_prelude_layers + args.n_core_layers * depth + args.n_coda_layers}",
+            f"{args.n_prelude_layers + args.n_core_layers * depth + args.n_coda_layers * coda_runs}",
         ]
     lines += [
         f"- stored parameters: **{_fmt(total)}**"
@@ -152,7 +163,8 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
             "# depth per call: 0 = prelude + coda only, < R early exit, "
             + ("R at most (one adapter set per step)" if args.step_adapter == "lora" else "> R extrapolation"),
             f"out = model.generate(ids, max_new_tokens=32, num_recurrences={depth},",
-            '                     kv_cache_strategy="per_step")  # or first / last / average',
+            '                     kv_cache_strategy="per_step")'
+            + ("" if args.per_step_readout and args.exit_threshold < 1 else "  # or first / last / average"),
         ]
     else:
         lines += ["out = model.generate(ids, max_new_tokens=32)"]

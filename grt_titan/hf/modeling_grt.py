@@ -18,6 +18,13 @@ That is GRT; the config's recurrence parts give the paper's other recurrent mode
     update = "overwrite"      h = o                              (no gate)
     initial_state = "random"  h_0 = row t of a fixed TruncNormal table for position t
     step_adapter = "lora"     core at step s = core + step s's LoRA (RRT, r <= R)
+    objective = "exit_distribution"   Ouro: with exit_threshold q < 1, every step's state is
+                              read out, hidden_t = norm(coda(h_t)), an exit gate gives
+                              lambda_t = sigmoid(exit_gate(hidden_t)), and each token's
+                              logits are lm_head(hidden_t) at its Q-exit step t (the first
+                              with 1 - prod_{j<=t} (1 - lambda_j) >= q, else r). As Ouro's
+                              released code, all r steps run and the chosen one is gathered
+                              (no compute saved). q = 1 is the last step: the plain forward.
 
 Inference depth: `num_recurrences` in the config, or per call in `forward` / `generate`
 (0 = prelude + coda only, r < R early exit, r > R extrapolation).
@@ -46,7 +53,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from .configuration_grt import KV_CACHE_STRATEGIES, GRTConfig
+from .configuration_grt import EXIT_KV_CACHE_STRATEGIES, KV_CACHE_STRATEGIES, GRTConfig
 
 # ======================================================================================
 # KV cache across recurrence steps
@@ -82,6 +89,12 @@ class GRTCache(Cache):
     per-call buffers (the running K/V of the new tokens, fp32 for `average`) are not
     part of it.
 
+    Ouro's per-token exit (`config.per_step_readout`: objective "exit_distribution",
+    exit_threshold < 1) runs the coda on every step's state, and step s's coda attends to
+    the earlier tokens' coda K/V of step s: the coda keeps one K/V per step as well,
+    2 B T H_kv d_h s (p + n r + c r), and only `per_step` is allowed (a compressed core
+    cache would feed the readouts inexact states; refused by name).
+
     Args:
         config: The model's `GRTConfig`.
         strategy: One of `KV_CACHE_STRATEGIES`; None = `config.kv_cache_strategy`.
@@ -96,6 +109,13 @@ class GRTCache(Cache):
         strategy = strategy or config.kv_cache_strategy
         if strategy not in KV_CACHE_STRATEGIES:
             raise ValueError(f"kv_cache_strategy = {strategy!r}; allowed: {KV_CACHE_STRATEGIES}")
+        # Ouro's per-token exit: one coda slot per (step, coda block).
+        self.per_step_readout = bool(getattr(config, "per_step_readout", False))
+        if self.per_step_readout and strategy not in EXIT_KV_CACHE_STRATEGIES:
+            raise ValueError(
+                f"kv_cache_strategy = {strategy!r} cannot be used with objective = 'exit_distribution' "
+                f"and exit_threshold = {config.exit_threshold!r} < 1; allowed: {EXIT_KV_CACHE_STRATEGIES}"
+            )
         self.strategy = strategy
         self.num_prelude = config.num_prelude_layers
         self.num_core = config.num_core_layers
@@ -121,12 +141,15 @@ class GRTCache(Cache):
         return self.max_cache_len is not None
 
     def _slot(self, kind: str, index: int, step: int) -> int:
+        """Prelude blocks, coda blocks (per step s = 0..r-1 with a per-step readout, r
+        fixed by `begin`), then core blocks (per step unless compressed)."""
         if kind == "prelude":
             return index
+        coda_steps = max(self.num_recurrences or 0, 1) if self.per_step_readout else 1
         if kind == "coda":
-            return self.num_prelude + index
+            return self.num_prelude + (step * self.num_coda if self.per_step_readout else 0) + index
         core = index if self.compressed else step * self.num_core + index
-        return self.num_prelude + self.num_coda + core
+        return self.num_prelude + coda_steps * self.num_coda + core
 
     # ---- used by the model ------------------------------------------------------------
 
@@ -480,6 +503,16 @@ def eval_initial_state(seed: int, max_seq_len: int, dim: int, std: float) -> tor
     return nn.init.trunc_normal_(state, std=std, a=-3 * std, b=3 * std, generator=generator)
 
 
+def q_exit_steps(gate_logits: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Ouro's Q-exit: the 0-based exit step per token of gate logits z `[r, ...]` (float32),
+    the first t with CDF(t) = 1 - prod_{j<=t} (1 - sigmoid(z_j)) >= threshold, else the last
+    step. grt_titan's `q_exit_steps`, computed the same way (log space) for threshold < 1."""
+    survive = torch.cumsum(F.logsigmoid(-gate_logits), dim=0).exp()  # 1 - CDF(t)
+    stop = survive <= 1.0 - threshold
+    stop[-1] = True  # the last step takes the remaining mass: CDF(r) = 1
+    return stop.to(torch.int8).argmax(dim=0)  # the first step that stops
+
+
 # ======================================================================================
 # Models
 # ======================================================================================
@@ -504,13 +537,20 @@ class GRTBaseModelOutputWithPast(BaseModelOutputWithPast):
     recurrence_states, proposals, gate_values (`output_recurrence=True`): as in
         `GRTModelOutput`.
     step_exits (`output_step_exits=True`): r + 1 states `[B, T, d]`, coda and final norm
-        applied to h_s for s = 0..r (the last is `last_hidden_state`).
+        applied to h_s for s = 0..r (the last is `last_hidden_state`, except with Ouro's
+        per-token exit).
+    exit_steps: Ouro's per-token exit (objective "exit_distribution", exit_threshold < 1,
+        r >= 1): the step t = 1..r `[B, T]` whose readout each token's `last_hidden_state`
+        is; None otherwise (every token reads the last step).
+    With a per-token exit, `last_hidden_state` and the coda entries of `hidden_states` are
+    those of each token's exit step.
     """
 
     recurrence_states: tuple[torch.Tensor, ...] | None = None
     proposals: tuple[torch.Tensor, ...] | None = None
     gate_values: tuple[torch.Tensor, ...] | None = None
     step_exits: tuple[torch.Tensor, ...] | None = None
+    exit_steps: torch.Tensor | None = None
 
 
 @dataclass
@@ -523,13 +563,17 @@ class GRTModelOutput(CausalLMOutputWithPast):
     gate_values: r gates g_s `[B, T, d]` (1 keeps the state, 0 takes the proposal); None
         for update = "overwrite" (no gate: h_s = o_s).
     step_logits: r + 1 logits `[B, T, V]` of exiting after s = 0..r steps
-        (`output_step_logits=True`; the last equals `logits`).
+        (`output_step_logits=True`; the last equals `logits`, except with Ouro's per-token
+        exit, where `logits` are each token's exit step's).
+    exit_steps: Ouro's per-token exit (exit_threshold < 1): each token's exit step t = 1..r
+        `[B, T]`, the step its logits are read at; None otherwise.
     """
 
     recurrence_states: tuple[torch.Tensor, ...] | None = None
     proposals: tuple[torch.Tensor, ...] | None = None
     gate_values: tuple[torch.Tensor, ...] | None = None
     step_logits: tuple[torch.Tensor, ...] | None = None
+    exit_steps: torch.Tensor | None = None
 
 
 class GRTPreTrainedModel(PreTrainedModel):
@@ -584,6 +628,9 @@ class GRTModel(GRTPreTrainedModel):
             self.core = nn.ModuleList(GRTBlock(config) for _ in range(config.num_core_layers))
         self.gate = GRTGate(config) if recurrent and config.update == "gate" else None
         self.adapters = GRTStepAdapters(config) if recurrent and config.step_adapter == "lora" else None
+        # Ouro: lambda_t = sigmoid(exit_gate(norm(coda(h_t)))), Linear(d, 1) with bias.
+        exits = recurrent and getattr(config, "objective", "final") == "exit_distribution"
+        self.exit_gate = nn.Linear(d, 1) if exits else None
         self._initial_state_table: torch.Tensor | None = None  # eval_initial_state, model dtype
         self.coda = nn.ModuleList(GRTBlock(config) for _ in range(config.num_coda_layers))
         self.norm = make_norm(config)
@@ -717,6 +764,10 @@ class GRTModel(GRTPreTrainedModel):
         device = inputs_embeds.device
         depth = self.resolve_depth(num_recurrences)
         use_cache = config.use_cache if use_cache is None else use_cache
+        config.check_exit_settings()  # the attributes may have been set after loading
+        # Ouro with q < 1: every step read out, each token's exit step gathered (r = 0 has
+        # no step to exit at: the plain readout of h_0).
+        readout = self.exit_gate is not None and config.exit_threshold < 1.0 and depth > 0
 
         cache = past_key_values if past_key_values is not None else cache
         if cache is not None and not isinstance(cache, GRTCache):
@@ -742,6 +793,12 @@ class GRTModel(GRTPreTrainedModel):
             else:
                 position_ids = cache_slots[None]
         if cache is not None:
+            if cache.per_step_readout != config.per_step_readout:
+                raise ValueError(
+                    f"this cache was made for exit_threshold {'< 1' if cache.per_step_readout else '= 1'} "
+                    f"but the config's is {config.exit_threshold!r}; keep exit_threshold fixed while "
+                    "generating with a cache"
+                )
             cache.begin(depth)
 
         h = inputs_embeds
@@ -783,7 +840,7 @@ class GRTModel(GRTPreTrainedModel):
             else:
                 g = self.gate(h, h_pre)
                 h = g * h + (1 - g) * o
-            if output_recurrence or output_step_exits:
+            if output_recurrence or output_step_exits or readout:
                 states.append(h)
                 if output_recurrence:
                     proposals.append(o)
@@ -800,15 +857,26 @@ class GRTModel(GRTPreTrainedModel):
                     "output_step_logits needs the whole sequence in one call (no past cache): "
                     "an early exit's coda has no cached K/V for earlier tokens"
                 )
-            exits = [self._exit(s, rope, mask) for s in states[:-1]]
+            # A per-token exit reads every step out below; only h_0's exit is extra.
+            exits = [self._exit(s, rope, mask) for s in (states[:1] if readout else states[:-1])]
 
-        for i, block in enumerate(self.coda):
-            h = block(h, rope, mask, kv("coda", i))
+        exit_steps = None
+        if readout:
+            h, exit_steps, readouts, coda_outputs = self._exit_readout(
+                states[1:], rope, mask, kv, keep_coda=hidden_states is not None
+            )
             if hidden_states is not None:
-                hidden_states.append(h)
-        h = self.norm(h)
-        if exits is not None:
-            exits.append(h)
+                hidden_states.extend(coda_outputs)
+            if exits is not None:
+                exits.extend(readouts)
+        else:
+            for i, block in enumerate(self.coda):
+                h = block(h, rope, mask, kv("coda", i))
+                if hidden_states is not None:
+                    hidden_states.append(h)
+            h = self.norm(h)
+            if exits is not None:
+                exits.append(h)
         if cache is not None:
             cache.end_forward(seqlen)
 
@@ -820,6 +888,7 @@ class GRTModel(GRTPreTrainedModel):
             proposals=tuple(proposals) if output_recurrence else None,
             gate_values=tuple(gates) if output_recurrence and self.gate is not None else None,
             step_exits=tuple(exits) if exits is not None else None,
+            exit_steps=exit_steps,
         )
         return out if return_dict else out.to_tuple()
 
@@ -828,6 +897,34 @@ class GRTModel(GRTPreTrainedModel):
         for block in self.coda:
             h = block(h, rope, mask, None)
         return self.norm(h)
+
+    def _exit_readout(self, states, rope, mask, kv, keep_coda=False):
+        """Ouro's Q-exit over the states h_1..h_r: every step's coda (with its own step's
+        cache slots) and final norm, the exit gate, and each token's exit step gathered.
+
+        Returns the gathered hidden `[B, T, d]`, the exit step per token `[B, T]` (1-based),
+        the r normed readouts, and (`keep_coda`) each coda block's output at the exit steps.
+        All r steps run (as in Ouro's released code): no compute is saved, only the choice
+        is per token.
+        """
+        readouts, coda_outputs = [], []
+        for step, h in enumerate(states):
+            per_block = []
+            for i, block in enumerate(self.coda):
+                h = block(h, rope, mask, kv("coda", i, step))
+                if keep_coda:
+                    per_block.append(h)
+            readouts.append(self.norm(h))
+            coda_outputs.append(per_block)
+        hidden = torch.stack(readouts)  # [r, B, T, d]
+        exit_index = q_exit_steps(self.exit_gate(hidden).squeeze(-1).float(), self.config.exit_threshold)
+
+        def gather(per_step: torch.Tensor) -> torch.Tensor:
+            index = exit_index[None, :, :, None].expand(1, *per_step.shape[1:])
+            return per_step.gather(0, index).squeeze(0)
+
+        gathered_coda = [gather(torch.stack(blocks)) for blocks in zip(*coda_outputs)]  # [] unless keep_coda
+        return gather(hidden), exit_index + 1, readouts, gathered_coda
 
 
 class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
@@ -931,6 +1028,7 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             proposals=outputs.proposals,
             gate_values=outputs.gate_values,
             step_logits=step_logits,
+            exit_steps=outputs.exit_steps,
         )
         if return_dict is False:
             return out.to_tuple()

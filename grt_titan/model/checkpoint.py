@@ -89,7 +89,7 @@ def model_args_dict(args: GRTModelArgs) -> dict[str, Any]:
 
 # Recurrence parts that the HF model implements (config.json fields of the same names);
 # grt_titan/hf/convert.py refuses the others.
-HF_PARTS = ("injection", "update", "initial_state", "step_adapter")
+HF_PARTS = ("injection", "update", "initial_state", "step_adapter", "objective")
 
 
 def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
@@ -104,6 +104,7 @@ def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
             initial_state_seed=args.depth_seed,  # the seed of grt_titan's eval-mode state table
             lora_rank=args.lora_rank,
             lora_scale=args.lora_scale,
+            exit_threshold=args.exit_threshold,  # Ouro's Q-exit threshold q
         )
     else:
         depth, parts = 0, {}
@@ -163,7 +164,7 @@ def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
         # The parts config.json gives (none: GRT's) and their settings.
         overrides.update({name: config.get(name, GRT_PARTS[name]) for name in HF_PARTS})
         for key, field in (("initial_state_std",) * 2, ("initial_state_seed", "depth_seed"), ("lora_rank",) * 2,
-                           ("lora_scale",) * 2):
+                           ("lora_scale",) * 2, ("exit_threshold",) * 2):
             if key in config:
                 overrides[field] = config[key]
         if overrides["step_adapter"] == "lora" and not saved:

@@ -243,21 +243,6 @@ def test_validation_loss_read_from_the_runs_tensorboard_logs(debug_checkpoint, d
     assert "training tokens: 122,880 (n_tokens_seen in the run's TensorBoard log)" in card
 
 
-def test_ouro_is_refused_by_name(tmp_path, capsys):
-    from grt_titan.hf.convert import ExportError
-    from hf_helpers import REPO
-
-    args = small_args("gpt2").replace(objective="exit_distribution")
-    out_parent = tmp_path / "out"
-    out_parent.mkdir()
-    with pytest.raises(ExportError, match=r"Ouro \(\[grt\] objective = 'exit_distribution'\) cannot be exported to Hugging Face format yet"):
-        write_hf_folder(out_parent / "ouro", seeded_model(args).state_dict(), args, write_tokenizer=False)
-    # The CLI says so before it reads the checkpoint (here: a folder that does not exist).
-    assert cli(["export-hf", "--checkpoint", str(tmp_path / "nope"), "--config",
-                str(REPO / "train_configs" / "paper" / "small_ouro.toml"), "--out", str(out_parent / "x")]) == 1
-    assert "Ouro ([grt] objective = 'exit_distribution') cannot be exported" in capsys.readouterr().err
-
-
 def test_mixture_of_recursions_is_refused_by_name(tmp_path, capsys):
     """modeling_grt.py has no expert-choice routing: the export stops before reading weights."""
     from grt_titan.hf.convert import ExportError

@@ -112,7 +112,7 @@ def test_import_checks_the_parts_against_the_config():
 def test_every_paper_config_exports_with_its_parts():
     for toml in sorted(PAPER.glob("*.toml")):
         args, _ = load_model_args(toml)
-        if args.objective != "final" or args.router != "none":  # Ouro, MoR: refused by name
+        if args.router != "none":  # MoR: refused by name
             with pytest.raises(ExportError, match=f"{args.method_name} .*cannot be exported"):
                 build_hf_config(args)
             continue
@@ -121,6 +121,7 @@ def test_every_paper_config_exports_with_its_parts():
             assert {k: config.get(k, RECURRENCE_PARTS[k][0]) for k in HF_PARTS} == {
                 k: getattr(args, k) for k in HF_PARTS}, toml.name
             assert config.get("lora_rank") == (args.lora_rank if args.step_adapter == "lora" else None)
+            assert config.get("exit_threshold") == (args.exit_threshold if args.per_step_readout else None)
 
 
 def test_grt_config_json_has_no_part_fields_and_loads_as_grt():
