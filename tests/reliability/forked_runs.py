@@ -1,0 +1,112 @@
+"""Single-rank runs of the reliability worker forked from one interpreter that has imported
+torch, torchtitan and grt_titan once.
+
+    python -m tests.reliability.forked_runs PLAN.json
+
+On CI's 2 shared cores about half of a small run's CPU time is that import. Each run is
+still a process of its own, forked from a parent that has only imported (no model, no
+process group, no RNG use): nothing of one run reaches another, so a resumed run starts
+from its checkpoint alone, as after a real restart.
+
+PLAN: {"parallel": N, "pipelines": [[RUN, ...], ...]}. The runs of a pipeline go one after
+the other; up to N pipelines at a time. RUN: {"args": [the worker's arguments], "log": path
+(its stdout and stderr), "copy": [src, dst] (optional, a folder copied before the run)}.
+Writes PLAN's "result" path: each pipeline's exit codes (a pipeline stops at a failed run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import traceback
+
+import torchtitan.train  # noqa: F401  the import every run shares
+from grt_titan.components.trainer import GRTTrainer  # noqa: F401
+from torchtitan.config import ConfigManager
+
+from tests.reliability import reliability_worker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(run: dict) -> int:
+    """Fork one run of the worker as rank 0 of a world of one; its exit code."""
+    if "copy" in run:
+        src, dst = run["copy"]
+        shutil.copytree(src, dst)
+    port = _free_port()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            log = os.open(run["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            sys.argv = ["reliability_worker", *run["args"]]
+            # torchtitan's default `args = sys.argv[1:]` was bound when the parent imported it.
+            ConfigManager.parse_args.__defaults__ = (sys.argv[1:],)
+            reliability_worker.main()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # no atexit handlers or finalizers of the parent's objects
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _pipeline(runs: list[dict], result: str) -> None:
+    codes = []
+    for run in runs:
+        codes.append(_run(run))
+        if codes[-1] != 0:
+            break
+    with open(result, "w") as f:
+        json.dump(codes, f)
+
+
+def main(plan_path: str) -> None:
+    with open(plan_path) as f:
+        plan = json.load(f)
+    pipelines = plan["pipelines"]
+    results = [f"{plan['result']}.{i}" for i in range(len(pipelines))]
+    running: set[int] = set()
+    for runs, result in zip(pipelines, results):
+        if len(running) >= plan["parallel"]:
+            running.discard(os.wait()[0])
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _pipeline(runs, result)
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        running.add(pid)
+    while running:
+        running.discard(os.wait()[0])
+    codes = []
+    for result in results:
+        if os.path.exists(result):
+            with open(result) as f:
+                codes.append(json.load(f))
+        else:
+            codes.append([-1])  # the pipeline process itself failed (its traceback is in stderr)
+    with open(plan["result"], "w") as f:
+        json.dump(codes, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,141 @@
+"""Exact resume of every baseline (docs/reliability.md, "Resume"): heavy-tail Poisson, RRT,
+Ouro and MoR, each trained from its parts (docs/architecture.md, "Methods as parts"). A run
+resumed from the checkpoint of step 3 reproduces steps 4..6 of the uninterrupted run bit for
+bit: every logged scalar that is a function of the training state (loss, grad norm, LR,
+depth, the per-step recurrence statistics) and the final model tensors.
+
+Two runs per method: the uninterrupted run writes the step-3 checkpoint and is the
+reference; a fresh dump folder holding only that checkpoint is resumed to step 6. One rank
+(torchtitan's gloo process group of world size 1), each run a process forked from one
+interpreter that has imported torchtitan once (forked_runs.py; the import is half of a
+run's CPU time on CI's 2 cores). The methods' parallel behaviour is tested in
+tests/infra/test_method_parity.py and tests/infra/test_ouro_parallel.py, and the GRT's
+2-rank resume in test_resume.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grt_test_helpers import MOR_PARTS, POISSON_PARTS, REPO, RRT_PARTS, build_model, torchrun_env
+from reliability_helpers import COMMON, STEPS, checkpoint_state, model_tensors, output, scalars
+
+STOP = 3
+OURO_PARTS = dict(objective="exit_distribution", injection="none", update="overwrite", depth_sampling="fixed",
+                  state_noise_std=0.0, gate_noise_std=0.0)
+# Poisson with truncated backprop as in its paper config (there k = 8 of a mean depth of 32;
+# here k = 2 of a mean of 2.5, so long draws run steps without autograd).
+METHODS = {
+    "poisson": {**POISSON_PARTS, "backprop_recurrences": 2},
+    "rrt": RRT_PARTS,
+    "ouro": OURO_PARTS,
+    "mor": MOR_PARTS,
+}
+# Scalars that depend on timing or the allocator, not on the training state.
+UNTIMED = ("memory/", "time_metrics/", "tflops", "throughput")
+
+
+def overrides(parts: dict) -> list[str]:
+    return [item for key, value in parts.items() for item in (f"--grt.{key}", str(value))]
+
+
+def method_plan(method: str, root: Path) -> list[dict]:
+    """The uninterrupted run (checkpoints at steps 3 and 6), then a run resumed from a copy of
+    its step-3 checkpoint in a fresh dump folder."""
+    args = [*COMMON, *overrides(METHODS[method]), "--checkpoint.interval", str(STOP)]
+    reference, resumed = root / f"{method}-uninterrupted", root / f"{method}-resumed"
+    checkpoint = f"checkpoint/step-{STOP}"
+    return [{"args": [*args, "--job.dump_folder", str(reference)], "log": str(root / f"{reference.name}.log")},
+            {"args": [*args, "--job.dump_folder", str(resumed)], "log": str(root / f"{resumed.name}.log"),
+             "copy": [str(reference / checkpoint), str(resumed / checkpoint)]}]
+
+
+@pytest.fixture(scope="module")
+def method_runs(tmp_path_factory) -> dict[str, dict]:
+    """Every method's two runs, two methods at a time, forked from one interpreter
+    (forked_runs.py)."""
+    root = tmp_path_factory.mktemp("method_resume")
+    plan = {"parallel": 2, "result": str(root / "result.json"),
+            "pipelines": [method_plan(method, root) for method in METHODS]}
+    (root / "plan.json").write_text(json.dumps(plan))
+    proc = subprocess.run([sys.executable, "-m", "tests.reliability.forked_runs", str(root / "plan.json")],
+                          cwd=REPO, env=torchrun_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, output(proc)[-3000:]
+    runs = {}
+    for method, codes in zip(METHODS, json.loads((root / "result.json").read_text())):
+        logs = [(root / f"{method}-{name}.log") for name in ("uninterrupted", "resumed")]
+        failed = None if codes == [0, 0] else "".join(log.read_text()[-3000:] for log in logs if log.exists())
+        runs[method] = {"reference": root / f"{method}-uninterrupted", "resumed": root / f"{method}-resumed",
+                        "output": logs[1].read_text() if logs[1].exists() else "", "failed": failed}
+    return runs
+
+
+def exact_scalars(run: Path) -> dict[str, dict[int, float]]:
+    return {tag: values for tag, values in scalars(run).items() if not tag.startswith(UNTIMED)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_method_resumes_exactly(method, method_runs, tmp_path):
+    runs = method_runs[method]
+    assert runs["failed"] is None, runs["failed"]
+    assert f"Training starts at step {STOP + 1}" in runs["output"]
+    expected, got = exact_scalars(runs["reference"]), exact_scalars(runs["resumed"])
+    resumed_steps = list(range(STOP + 1, STEPS + 1))
+    assert sorted(expected["loss_metrics/global_avg_loss"]) == list(range(1, STEPS + 1))
+    assert {"loss_metrics/global_avg_loss", "grad_norm", "lr", "grt/r_last"} <= got.keys()
+    assert got.keys() == expected.keys()
+    for tag in expected:
+        after_stop = {step: value for step, value in expected[tag].items() if step > STOP}
+        assert got[tag] == after_stop, tag  # bitwise: every resumed step's float32 value
+    assert sorted(got["loss_metrics/global_avg_loss"]) == resumed_steps
+    # The model moves between the resumed steps: a lost update would show in their losses.
+    assert len(set(got["loss_metrics/global_avg_loss"].values())) == len(resumed_steps)
+
+    final = f"step-{STEPS}"
+    ref = model_tensors(checkpoint_state(runs["reference"] / "checkpoint" / final, tmp_path))
+    res = model_tensors(checkpoint_state(runs["resumed"] / "checkpoint" / final, tmp_path))
+    assert ref.keys() == res.keys()
+    for key in ref:
+        assert torch.equal(ref[key], res[key]), key
+    # The method's own state is in the compared tensors, trained (not at its init), and the
+    # depth counter that seeds the depth and random-state draws is restored and advanced.
+    own = {"poisson": "recurrence.step.proj.weight", "rrt": "recurrence.step.adapters",
+           "ouro": "exit_gate.weight", "mor": "recurrence.router.steps"}[method]
+    assert any(key.startswith(own) for key in ref), sorted(ref)
+    assert int(ref["recurrence.depth_sampler.draws"]) == STEPS
+    if method == "rrt":  # B = 0 at init: trained adapters are not a no-op
+        lora_b = [k for k in ref if k.startswith(f"{own}.b.")]
+        assert lora_b and all(ref[k].abs().sum() > 0 for k in lora_b), sorted(ref)
+    if method == "poisson":
+        assert len(set(expected["grt/r_last"].values())) > 1  # the depth really varies
+        assert len(set(got["grt/r_last"].values())) > 1
+
+
+def test_poisson_initial_state_is_random_and_a_function_of_the_forward_index():
+    """The random initial state of training forward t is drawn from (depth_seed, t, rank),
+    not from the global RNG: it changes from forward to forward (so a resume that lost the
+    forward counter would draw other states) and a resumed process, whose global RNG is not
+    the uninterrupted one's, draws the same state for the same t."""
+    model = build_model(**METHODS["poisson"])
+    recurrence = model.recurrence
+    recurrence.noise_rank = 0  # as parallelize_grt sets it in every training run
+    h_pre = torch.zeros(2, 8, model.model_args.dim)
+
+    def state_of_forward(index: int, global_seed: int) -> torch.Tensor:
+        recurrence.depth_sampler.reset()
+        for _ in range(index + 1):  # forwards 0..index, as training draws them
+            recurrence.depth_sampler.sample()
+        torch.manual_seed(global_seed)
+        return recurrence.initial_state(h_pre, recurrence._noise_generator(h_pre))
+
+    first = state_of_forward(3, global_seed=0)
+    assert first.std() > 0.01  # random, not the prelude output (zeros here)
+    assert torch.equal(first, state_of_forward(3, global_seed=1))
+    assert not torch.equal(first, state_of_forward(4, global_seed=0))
