@@ -16,6 +16,7 @@ Writes PLAN's "result" path: each pipeline's exit codes (a pipeline stops at a f
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -23,11 +24,13 @@ import socket
 import sys
 import traceback
 
-import torchtitan.train  # noqa: F401  the import every run shares
-from grt_titan.components.trainer import GRTTrainer  # noqa: F401
 from torchtitan.config import ConfigManager
 
 from tests.reliability import reliability_worker
+
+# What every run imports (reliability_worker.main's imports): once, here, before the forks.
+for _module in ("torchtitan.train", "grt_titan", "grt_titan.components.trainer"):
+    importlib.import_module(_module)
 
 
 def _free_port() -> int:
