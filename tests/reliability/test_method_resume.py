@@ -1,4 +1,4 @@
-"""Exact resume of every baseline (docs/reliability.md, "Resume"): heavy-tail Poisson, RRT,
+"""Exact resume of every baseline (docs/reliability.md, "Exact resume"): heavy-tail Poisson, RRT,
 Ouro and MoR, each trained from its parts (docs/architecture.md, "Methods as parts"). A run
 resumed from the checkpoint of step 3 reproduces steps 4..6 of the uninterrupted run bit for
 bit: every logged scalar that is a function of the training state (loss, grad norm, LR,
@@ -16,6 +16,8 @@ tests/infra/test_method_parity.py and tests/infra/test_ouro_parallel.py, and the
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +26,7 @@ import pytest
 import torch
 
 from grt_test_helpers import MOR_PARTS, POISSON_PARTS, REPO, RRT_PARTS, build_model, torchrun_env
-from reliability_helpers import COMMON, STEPS, checkpoint_state, model_tensors, output, scalars
+from reliability_helpers import COMMON, STEPS, checkpoint_state, model_tensors, scalars
 
 STOP = 3
 OURO_PARTS = dict(objective="exit_distribution", injection="none", update="overwrite", depth_sampling="fixed",
@@ -64,13 +66,21 @@ def method_runs(tmp_path_factory) -> dict[str, dict]:
     plan = {"parallel": 2, "result": str(root / "result.json"),
             "pipelines": [method_plan(method, root) for method in METHODS]}
     (root / "plan.json").write_text(json.dumps(plan))
-    proc = subprocess.run([sys.executable, "-m", "tests.reliability.forked_runs", str(root / "plan.json")],
-                          cwd=REPO, env=torchrun_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, output(proc)[-3000:]
+    # A session of its own: a timeout ends the forked runs too, not only their parent.
+    proc = subprocess.Popen([sys.executable, "-m", "tests.reliability.forked_runs", str(root / "plan.json")],
+                            cwd=REPO, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, out[-3000:]
     runs = {}
     for method, codes in zip(METHODS, json.loads((root / "result.json").read_text())):
         logs = [(root / f"{method}-{name}.log") for name in ("uninterrupted", "resumed")]
-        failed = None if codes == [0, 0] else "".join(log.read_text()[-3000:] for log in logs if log.exists())
+        failed = None if codes == [0, 0] else f"exit codes {codes}\n" + "".join(
+            log.read_text()[-3000:] for log in logs if log.exists())
         runs[method] = {"reference": root / f"{method}-uninterrupted", "resumed": root / f"{method}-resumed",
                         "output": logs[1].read_text() if logs[1].exists() else "", "failed": failed}
     return runs
