@@ -81,10 +81,20 @@ def _dump_folder(args: list[str]) -> Path | None:
 
 def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, module: str = "grt_titan.train",
              env: dict | None = None, max_restarts: int | None = None,
-             log_name: str = "torchrun.log") -> subprocess.CompletedProcess:
+             log_name: str = "torchrun.log", launcher: str = "forked") -> subprocess.CompletedProcess:
     """`torchrun --nproc_per_node=nproc -m module args` from the repo root; output appended to
     tmp_path / log_name. Repeated once after a TEARDOWN_ABORT, from a copy of the dump folder
-    as it was before (a resumed run resumes from the same checkpoint again)."""
+    as it was before (a resumed run resumes from the same checkpoint again).
+
+    launcher "forked" (the default): the ranks are forked from one interpreter that imported
+    torch and torchtitan once (tests/forked_torchrun.py; same ranks, environment and output,
+    half the CPU of a small run on CI). "torchrun": the real agent, which restarts need."""
+    if launcher not in ("forked", "torchrun"):
+        raise ValueError(f"launcher {launcher!r}: use 'forked' or 'torchrun'")
+    if max_restarts is not None or launcher == "torchrun":
+        command = torchrun_command(nproc, args, module, max_restarts)
+    else:
+        command = [sys.executable, "-m", "tests.forked_torchrun", str(nproc), module, *args]
     dump = _dump_folder(args)
     backup = None
     if dump is not None and dump.exists():
@@ -92,7 +102,7 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
         shutil.copytree(dump, backup)
     tmp_path.mkdir(parents=True, exist_ok=True)
     for attempt in (1, 2):
-        proc = subprocess.run(torchrun_command(nproc, args, module, max_restarts), cwd=REPO,
+        proc = subprocess.run(command, cwd=REPO,
                               env=torchrun_env(env, max_restarts), capture_output=True, text=True,
                               timeout=timeout)
         output = proc.stdout + proc.stderr
