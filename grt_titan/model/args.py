@@ -21,6 +21,8 @@ InitialState = Literal["prelude", "random"]  # h_0 = h_pre, or TruncNormal(0, in
 StepAdapter = Literal["none", "lora"]  # lora: one LoRA per (core block, step) on its linears (RRT)
 Objective = Literal["final", "exit_distribution"]  # CE at the last step, or Ouro's expected loss
 Router = Literal["none", "expert_choice"]  # MoR: which tokens each recursion step updates
+# MoR in eval mode: top_k (as trained; not causal) or threshold (causal; what generation uses).
+RouterInference = Literal["top_k", "threshold"]
 
 # Fields of `GRTModelArgs` that the `[grt]` TOML section may override (same names there).
 CONFIGURABLE_FIELDS = (
@@ -52,6 +54,7 @@ CONFIGURABLE_FIELDS = (
     "router_capacity",
     "router_scale",
     "router_aux_weight",
+    "router_inference",
 )
 
 
@@ -114,6 +117,9 @@ class GRTModelArgs(BaseModelArgs):
     router_capacity: list[float] | None = None  # MoR: share of tokens kept per step; None = (R-i)/R
     router_scale: float = 0.1  # MoR: alpha, the router weight is sigmoid(logit) * alpha
     router_aux_weight: float = 0.001  # MoR: weight of the router's BCE auxiliary loss
+    # MoR in eval mode: top_k over the sequence (training's rule), or threshold (a token goes
+    # on while sigmoid(logit) > 0.5; causal). Training always uses top_k.
+    router_inference: RouterInference = "top_k"
 
     # llama style (torchtitan's TransformerBlock)
     multiple_of: int = 256
@@ -308,6 +314,9 @@ class GRTModelArgs(BaseModelArgs):
             raise bad("router_scale", self.router_scale, "must be > 0")
         if self.router_aux_weight < 0:
             raise bad("router_aux_weight", self.router_aux_weight, "must be >= 0")
+        if self.router_inference != "top_k" and self.router != "expert_choice":
+            raise bad("router_inference", self.router_inference,
+                      f"is used by router = 'expert_choice' only (router = {self.router!r}); allowed: 'top_k'")
         if self.router != "none":
             self._validate_router(bad)
 
