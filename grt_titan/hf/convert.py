@@ -63,7 +63,6 @@ def check_exportable(args: GRTModelArgs) -> None:
         return
     missing = {
         "objective": "no exit gate and no Q-exit (Ouro)",
-        "router": "no expert-choice routing (Mixture-of-Recursions), so it would compute a different function",
     }
     parts = ", ".join(f"{k} = {v!r}" for k, v in unsupported.items())
     reasons = "; ".join(missing.get(k, f"no {k} = {v!r}") for k, v in unsupported.items())
@@ -261,8 +260,10 @@ def verify_hf_folder(
     from .configuration_grt import GRTConfig
     from .modeling_grt import GRTForCausalLM
 
-    native = model_from_state(native_state_dict, model_args).eval()
     config = GRTConfig.from_json_file(str(folder / "config.json"))
+    if model_args.router != "none":  # MoR: compare under the exported model's routing rule
+        model_args = model_args.replace(router_inference=config.router_inference)
+    native = model_from_state(native_state_dict, model_args).eval()
     hf_model = GRTForCausalLM(config).eval()
     hf_model.load_state_dict(read_hf_weights(folder), strict=not model_args.tie_embeddings)
     if model_args.tie_embeddings:
