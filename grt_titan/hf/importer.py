@@ -50,6 +50,7 @@ ARCHITECTURE_FIELDS = (
     "update",
     "step_adapter",
     "lora_rank",
+    "router",  # MoR's routers are weights
     "multiple_of",
     "ffn_dim_multiplier",
 )

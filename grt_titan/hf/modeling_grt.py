@@ -18,6 +18,8 @@ That is GRT; the config's recurrence parts give the paper's other recurrent mode
     update = "overwrite"      h = o                              (no gate)
     initial_state = "random"  h_0 = row t of a fixed TruncNormal table for position t
     step_adapter = "lora"     core at step s = core + step s's LoRA (RRT, r <= R)
+    router = "expert_choice"  step s updates only the tokens its router routes (MoR, r <= R;
+                              `MoRRouter` and its recursion-wise cache `MoRCache` below)
 
 Inference depth: `num_recurrences` in the config, or per call in `forward` / `generate`
 (0 = prelude + coda only, r < R early exit, r > R extrapolation).
