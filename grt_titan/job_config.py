@@ -143,8 +143,9 @@ class GRTSection:
     """MoR in eval mode (validation, `grt-titan analyze`): `top_k` (default) routes as in
     training, top-k of the sequence per step, so validation loss matches the training rule
     but is not causal; `threshold` sends a token on to step i while it was active at step
-    i-1 and sigmoid(router logit) > 0.5, causal (what generation uses; eager only, refused
-    with [compile] enable). Training always uses top_k (docs/architecture.md)."""
+    i-1 and sigmoid(router logit) > 0.5, causal (what generation uses; eager only: refused
+    with [compile] enable and validation on). Training always uses top_k
+    (docs/architecture.md)."""
 
     recurrence_checkpoint: RecurrenceCheckpoint = "block"
     """With [activation_checkpoint] mode != none: `block` applies torchtitan's mode to every
