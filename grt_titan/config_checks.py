@@ -201,6 +201,8 @@ def _router_problems(job_config, args) -> list[str]:
     (llama blocks, sampled depth, other parts) are GRTModelArgs.validate's."""
     if args.router == "none" or not args.is_recurrent:
         return []
+    if args.router == "token_choice":
+        return _token_choice_problems(job_config, args)
     problems, method = [], f"[grt] router = {args.router!r} (Mixture-of-Recursions)"
     tp = job_config.parallelism.tensor_parallel_degree
     if tp > 1:
@@ -230,6 +232,20 @@ def _router_problems(job_config, args) -> list[str]:
                     "allowed: capacities with capacity x seq_len >= 2 for every step"
                 )
     return problems
+
+
+def _token_choice_problems(job_config, args) -> list[str]:
+    """What MoR's token-choice routing cannot run with (its model-level rules are
+    GRTModelArgs.validate's)."""
+    tp = job_config.parallelism.tensor_parallel_degree
+    if tp > 1:
+        return [
+            f"[parallelism] tensor_parallel_degree = {tp} is not supported with [grt] router = "
+            "'token_choice' (Mixture-of-Recursions): each step gathers a row's active tokens from "
+            "the whole sequence, which sequence parallelism shards over the TP ranks; allowed: 1 "
+            "(FSDP/HSDP/DDP only)"
+        ]
+    return []
 
 
 def _tokenizer_vocab_size(job_config) -> int:

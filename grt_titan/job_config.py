@@ -126,7 +126,8 @@ class GRTSection:
     (default 1.0: run every step)."""
 
     router: Router | None = None
-    """expert_choice: Mixture-of-Recursions, a router per step picks the tokens it updates."""
+    """expert_choice: Mixture-of-Recursions, a router per step picks the tokens it updates;
+    token_choice: MoR's token choice, one router picks each token's number of steps."""
 
     router_capacity: list[float] | None = None
     """MoR: share of the tokens each step keeps, one float per step, non-increasing, in (0, 1]
@@ -138,6 +139,12 @@ class GRTSection:
 
     router_aux_weight: float | None = None
     """MoR: weight of the router's BCE auxiliary loss (0.001)."""
+
+    router_balance_weight: float | None = None
+    """MoR token choice: weight of the balancing loss R sum_j P_j f_j (0.1)."""
+
+    router_z_loss_weight: float | None = None
+    """MoR token choice: weight of the router z-loss, mean logsumexp(logits)^2 (0: off)."""
 
     router_inference: RouterInference | None = None
     """MoR in eval mode (validation, `grt-titan analyze`): `top_k` (default) routes as in

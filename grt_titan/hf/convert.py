@@ -58,12 +58,16 @@ class ExportError(CheckpointError):
 def check_exportable(args: GRTModelArgs) -> None:
     """Refuse, by name and before anything is read, a method modeling_grt.py does not
     implement (docs/hf_export.md, "Recurrence parts")."""
-    unsupported = {k: v for k, v in args.non_grt_parts.items() if k not in HF_PARTS}
+    # The router part is implemented for expert choice only (MoR's token choice is not).
+    unsupported = {k: v for k, v in args.non_grt_parts.items()
+                   if k not in HF_PARTS or (k, v) == ("router", "token_choice")}
     if not unsupported:
         return
     missing = {
         "objective": "no exit gate and no Q-exit (Ouro)",
     }
+    if args.router == "token_choice":  # MoR's token choice, refused by name
+        missing["router"] = "no token-choice routing (Mixture-of-Recursions), so it would compute a different function"
     parts = ", ".join(f"{k} = {v!r}" for k, v in unsupported.items())
     reasons = "; ".join(missing.get(k, f"no {k} = {v!r}") for k, v in unsupported.items())
     raise ExportError(

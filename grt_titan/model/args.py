@@ -20,7 +20,7 @@ Update = Literal["gate", "overwrite"]  # gate: eq. 4; overwrite: h <- core outpu
 InitialState = Literal["prelude", "random"]  # h_0 = h_pre, or TruncNormal(0, initial_state_std)
 StepAdapter = Literal["none", "lora"]  # lora: one LoRA per (core block, step) on its linears (RRT)
 Objective = Literal["final", "exit_distribution"]  # CE at the last step, or Ouro's expected loss
-Router = Literal["none", "expert_choice"]  # MoR: which tokens each recursion step updates
+Router = Literal["none", "expert_choice", "token_choice"]  # MoR: which tokens each recursion step updates
 # MoR in eval mode: top_k (as trained; not causal) or threshold (causal; what generation uses).
 RouterInference = Literal["top_k", "threshold"]
 
@@ -54,6 +54,8 @@ CONFIGURABLE_FIELDS = (
     "router_capacity",
     "router_scale",
     "router_aux_weight",
+    "router_balance_weight",
+    "router_z_loss_weight",
     "router_inference",
 )
 
@@ -117,6 +119,8 @@ class GRTModelArgs(BaseModelArgs):
     router_capacity: list[float] | None = None  # MoR: share of tokens kept per step; None = (R-i)/R
     router_scale: float = 0.1  # MoR: alpha, the router weight is sigmoid(logit) * alpha
     router_aux_weight: float = 0.001  # MoR: weight of the router's BCE auxiliary loss
+    router_balance_weight: float = 0.1  # MoR token choice: weight of the balancing loss R sum P_j f_j
+    router_z_loss_weight: float = 0.0  # MoR token choice: weight of the router z-loss (0: off)
     # MoR in eval mode: top_k over the sequence (training's rule), or threshold (a token goes
     # on while sigmoid(logit) > 0.5; causal). Training always uses top_k.
     router_inference: RouterInference = "top_k"
@@ -314,6 +318,7 @@ class GRTModelArgs(BaseModelArgs):
             raise bad("router_scale", self.router_scale, "must be > 0")
         if self.router_aux_weight < 0:
             raise bad("router_aux_weight", self.router_aux_weight, "must be >= 0")
+        self._validate_token_choice(bad)
         if self.router_inference != "top_k" and self.router != "expert_choice":
             raise bad("router_inference", self.router_inference,
                       f"is used by router = 'expert_choice' only (router = {self.router!r}); allowed: 'top_k'")
@@ -350,6 +355,33 @@ class GRTModelArgs(BaseModelArgs):
         if any(b > a for a, b in zip(capacities, capacities[1:])):
             raise bad("router_capacity", self.router_capacity,
                       "capacities must not increase (step i chooses among the tokens step i-1 kept)")
+
+    def _validate_token_choice(self, bad: Callable[[str, Any, str], ValueError]) -> None:
+        """MoR token choice (docs/architecture.md): its own loss weights, none of expert
+        choice's fields; its other parts are `_validate_router`'s."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        own = ("router_balance_weight", "router_z_loss_weight")
+        for name in own:
+            if getattr(self, name) < 0:
+                raise bad(name, getattr(self, name), "must be >= 0")
+        if self.router != "token_choice":
+            for name in own:
+                if getattr(self, name) != defaults[name]:
+                    raise bad(name, getattr(self, name), f"is used by router = 'token_choice' only (router = {self.router!r})")
+            return
+        for name, why in (("router_capacity", "each token chooses its own depth"),
+                          ("router_scale", "the weight is the softmax probability itself (alpha = 1)"),
+                          ("router_aux_weight", "token choice's auxiliary loss is router_balance_weight")):
+            if getattr(self, name) != defaults[name]:
+                raise bad(name, getattr(self, name), f"is used by router = 'expert_choice' only ({why}); "
+                          f"leave it unset with router = 'token_choice'")
+
+    @property
+    def token_choice_active_shares(self) -> tuple[float, ...]:
+        """MoR token choice: share of the tokens step i updates under balanced routing (each
+        depth 1..R chosen by S / R tokens), (R - i) / R: the FLOP convention."""
+        R = self.num_recurrences
+        return tuple((R - i) / R for i in range(R))
 
     @property
     def router_capacities(self) -> tuple[float, ...]:
@@ -423,6 +455,8 @@ class GRTModelArgs(BaseModelArgs):
         r = self.expected_recurrences if recurrences is None else recurrences
         if not self.is_recurrent:
             r = 0.0
+        elif self.router == "token_choice":
+            return self._token_choice_forward_flops_per_token(seq_len, round(r))
         elif self.router != "none":
             return self._routed_forward_flops_per_token(seq_len, round(r))
         blocks = self.n_prelude_layers + self.n_core_layers * r + self.n_coda_layers
@@ -459,6 +493,21 @@ class GRTModelArgs(BaseModelArgs):
             (self.n_prelude_layers + self.n_coda_layers) * (2 * weights + 4 * S * d)
             + self.n_core_layers * core
             + sum((m / S) * 2 * d for m in candidates)
+            + 2 * d * self.padded_vocab_size
+        )
+
+    def _token_choice_forward_flops_per_token(self, seq_len: int, r: int) -> float:
+        """MoR token choice (docs/architecture.md), under balanced routing: step i runs the
+        core on the k_i = S (R - i) / R tokens that chose a depth > i (pads not counted), and
+        the router Linear(d, R) runs once on every token (not at r = 0), per token of the sequence:
+        (p + c)(2W + 4 S d) + n sum_{i<r} [(k_i / S) 2W + 4 (k_i^2 / S) d] + 2 d R + 2 d V."""
+        S, d, weights = seq_len, self.dim, self.block_matmul_params()
+        kept = [share * S for share in self.token_choice_active_shares[:r]]
+        core = sum((k / S) * 2 * weights + 4 * (k * k / S) * d for k in kept)
+        return (
+            (self.n_prelude_layers + self.n_coda_layers) * (2 * weights + 4 * S * d)
+            + self.n_core_layers * core
+            + (2 * d * self.num_recurrences if r > 0 else 0)  # the router, skipped at r = 0
             + 2 * d * self.padded_vocab_size
         )
 

@@ -38,6 +38,7 @@ from .adapters import StepAdapters
 from .args import GRTModelArgs
 from .blocks import BlockStack
 from .routing import ExpertChoiceRouter, RoutedStep
+from .token_choice import TokenChoiceRouter
 
 
 def heavy_tail_depth(rng: np.random.Generator, mean: float, sigma: float = 0.5) -> int:
@@ -217,8 +218,9 @@ class Recurrence(nn.Module):
         super().__init__()
         self.step = RecurrenceStep(args) if args.router == "none" else RoutedStep(args)
         # MoR (router = expert_choice, grt_titan/model/routing.py): a router per step picks
-        # the tokens that step updates.
-        self.router = ExpertChoiceRouter(args) if args.router != "none" else None
+        # the tokens that step updates; token_choice (token_choice.py): each token its depth.
+        routers = {"expert_choice": ExpertChoiceRouter, "token_choice": TokenChoiceRouter}
+        self.router = routers[args.router](args) if args.router != "none" else None
         self.depth_sampler = DepthSampler(args)
         self.state_noise_std = args.state_noise_std
         self.gate_noise_std = args.gate_noise_std

@@ -12,6 +12,7 @@ The HF names are those of grt_titan/hf/modeling_grt.py (a `trust_remote_code` mo
 | recurrence.step.gate.{state_norm,anchor_norm,w_in,w_out}.* | model.gate.{same}.*            |
 | recurrence.step.adapters.{a,b}.{qkv,attention_out,mlp_in,mlp_out} (RRT) | model.adapters.{same} |
 | recurrence.router.steps.{i}.weight (MoR)     | model.router.{i}.weight                      |
+| recurrence.router.depth.weight (MoR, token choice) | model.depth_router.weight (HF saves only) |
 | coda.layers.{i}.<block>                      | model.coda.{i}.<block>                       |
 | norm.*                                       | model.norm.*                                 |
 | output.weight                                | lm_head.weight (llama only; gpt2 ties it)    |
@@ -87,6 +88,7 @@ _TOP_LEVEL = {
     "norm": "model.norm",
     "output": "lm_head",
     "exit_gate": "model.exit_gate",  # Ouro (objective = "exit_distribution")
+    "recurrence.router.depth": "model.depth_router",  # MoR token choice: Linear(d, R)
 }
 
 

@@ -79,7 +79,8 @@ def test_depthwise_losses_equal_independent_forwards_and_flops_eq1(tmp_path):
     assert len(set(losses)) == len(losses)  # the depths really differ
 
 
-@pytest.mark.parametrize("parts", [MOR_PARTS, RRT_PARTS], ids=["mor", "rrt"])
+@pytest.mark.parametrize("parts", [MOR_PARTS, dict(MOR_PARTS, router="token_choice"), RRT_PARTS],
+                         ids=["mor", "mor_token_choice", "rrt"])
 def test_methods_with_per_step_modules_are_scored_up_to_R(parts, tmp_path):
     """MoR (a router per step) and RRT (an adapter per step): depths 0..R, no extrapolation;
     FLOPs from their own formula."""

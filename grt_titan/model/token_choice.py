@@ -1,0 +1,121 @@
+"""Mixture-of-Recursions (Bae et al. 2025, arXiv 2507.10524, section 2.2.1): token-choice
+routing of the recurrence steps (`router = "token_choice"`, docs/architecture.md
+"Mixture-of-Recursions: token choice").
+
+    p     = softmax(W h_0)                        one bias-free Linear(d, R) on the first state
+    r_t   = 1 + argmax p_t                         top-1: token t's number of recursions
+    g_t   = p_t[r_t - 1]                           its router probability (alpha = 1)
+    for step i in 0..r-1:
+        active = the tokens with r_t > i           per row, in causal order
+        o      = core(h[active])                   the shared core on [B, k_max, d], rows padded
+        h[active] <- h[active] + g (o - h[active]) the same delta update as expert choice
+    aux = B S (router_balance_weight R sum_j P_j f_j + router_z_loss_weight mean_t logsumexp(W h_0)_t^2)
+
+f_j is the share of the batch's tokens that chose depth j + 1, P_j the mean router
+probability of depth j + 1. The decision is made once, on the prelude output, so a token's
+depth does not depend on later tokens (unlike expert choice's top-k over the sequence).
+
+Rows hold different numbers of active tokens: each row's active tokens are gathered in
+causal order and padded at the end of the row to the batch's largest count k_max, with
+states of inactive tokens of that row (distinct positions). Pads sit after every real token,
+so causal attention keeps the real tokens from seeing them; their result is discarded (the
+pad positions are written back unchanged). k_max is data-dependent (one host sync per step);
+the token dimension is marked dynamic, so torch.compile builds one graph for every k.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .args import GRTModelArgs
+
+
+class TokenChoiceRouter(nn.Module):
+    """One bias-free Linear(d, R) choosing each token's depth, and the routed loop."""
+
+    def __init__(self, args: GRTModelArgs):
+        super().__init__()
+        self.depth = nn.Linear(args.dim, args.num_recurrences, bias=False)
+        self.num_recurrences = args.num_recurrences
+        self.balance_weight = args.router_balance_weight
+        self.z_loss_weight = args.router_z_loss_weight
+
+    def init_weights(self) -> None:
+        nn.init.normal_(self.depth.weight, std=0.02)  # as the expert-choice routers
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits [B, S, R] in float32, depths [B, S] in 1..R, weights g [B, S] in float32)."""
+        logits = self.depth(h).float()
+        probs = logits.softmax(dim=-1)
+        weight, choice = probs.max(dim=-1)
+        return logits, choice + 1, weight
+
+    def aux_loss(self, logits: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+        """The balancing loss R sum_j P_j f_j (and the z-loss), as a sum over the B S tokens."""
+        tokens = depths.numel()
+        probs = logits.softmax(dim=-1).reshape(tokens, -1)
+        share = F.one_hot(depths.reshape(-1) - 1, self.num_recurrences).float().mean(dim=0)  # f_j
+        balance = self.num_recurrences * (probs.mean(dim=0) * share).sum()
+        aux = self.balance_weight * balance * tokens
+        if self.z_loss_weight > 0:
+            aux = aux + self.z_loss_weight * logits.reshape(tokens, -1).logsumexp(dim=-1).square().sum()
+        return aux
+
+    def forward(
+        self,
+        step: nn.Module,
+        h: torch.Tensor,
+        freqs_cis: torch.Tensor | None,
+        depth: int,
+        grad_from: int = 0,
+        observer: Callable[..., None] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """h after `depth` routed steps and the auxiliary loss (a sum over tokens; None in eval
+        mode or with both loss weights 0). `step` is routing.RoutedStep. Steps before
+        `grad_from` run without autograd (the router itself always has its gradient).
+        `observer(step, depth, state, new_state, gate, proposal)` sees every step (metrics)."""
+        if depth > self.num_recurrences:
+            raise ValueError(
+                f"num_recurrences = {depth} is invalid for Mixture-of-Recursions (token choice): a "
+                f"token chooses at most R = {self.num_recurrences} steps; use r <= {self.num_recurrences}"
+            )
+        if depth == 0:
+            return h, None  # the prelude output: no step, no routing decision to score
+        _, seq_len, dim = h.shape
+        logits, depths, weights = self.route(h)
+        with_aux = self.training and (self.balance_weight > 0 or self.z_loss_weight > 0)
+        aux = self.aux_loss(logits, depths) if with_aux else None
+        weights = weights.to(h.dtype)
+        positions = torch.arange(seq_len, device=h.device)
+        grad_enabled = torch.is_grad_enabled()
+        for index in range(depth):
+            active = depths > index  # [B, S]
+            counts = active.sum(dim=1)  # [B]
+            k_max = int(counts.max())  # data-dependent: one host sync per step
+            if k_max == 0:
+                break  # no token goes deeper (only when every token chose fewer steps)
+            with torch.set_grad_enabled(grad_enabled and index >= grad_from):
+                # Active tokens first, in causal order, then the row's other tokens as pads.
+                order = torch.where(active, positions, positions + seq_len).argsort(dim=1)[:, :k_max]
+                real = torch.arange(k_max, device=h.device) < counts.unsqueeze(1)  # [B, k_max]
+                rows = order.unsqueeze(-1).expand(-1, -1, dim)
+                h_sel = h.gather(1, rows)
+                weight = torch.where(real, weights.gather(1, order), 0.0).unsqueeze(-1)  # g, 0 on pads
+                # One compiled graph for every k (torch.compile; no effect in eager mode).
+                torch._dynamo.maybe_mark_dynamic(h_sel, 1)
+                torch._dynamo.maybe_mark_dynamic(weight, 1)
+                new_sel, proposal = step(h_sel, weight, freqs_cis)
+                # Pads go back unchanged: nothing computed on them reaches the state.
+                new_h = h.scatter(1, rows, torch.where(real.unsqueeze(-1), new_sel, h_sel))
+            if observer is not None:
+                # The GRT's convention (h <- g h + (1 - g) o): 1 - g on active tokens, 1 elsewhere.
+                with torch.no_grad():
+                    kept_share = torch.ones_like(h).scatter(1, rows, (1 - weight).expand_as(h_sel))
+                    observer(index + 1, depth, h, new_h, kept_share,
+                             h.scatter(1, rows, torch.where(real.unsqueeze(-1), proposal, h_sel)))
+            h = new_h
+        return h, aux
