@@ -211,7 +211,15 @@ def _router_problems(job_config, args) -> list[str]:
             "step's top-k runs over the whole sequence, which sequence parallelism shards over "
             "the TP ranks; allowed: 1 (FSDP/HSDP/DDP only)"
         )
-    if job_config.compile.enable and "model" in job_config.compile.components:
+    compiled = job_config.compile.enable and "model" in job_config.compile.components
+    if compiled and args.router_inference == "threshold" and job_config.validation.enable:
+        problems.append(
+            f"[grt] router_inference = 'threshold' with {method} and [compile] enable: threshold "
+            "routing runs each row's data-dependent number of active tokens eagerly, one row at a "
+            "time, and is not compiled; allowed: router_inference = 'top_k' (the training rule) "
+            "or [compile] enable = false"
+        )
+    if compiled:
         sections = [("training", job_config.training)]
         if job_config.validation.enable:
             sections.append(("validation", job_config.validation))

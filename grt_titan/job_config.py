@@ -20,6 +20,7 @@ from grt_titan.model.args import (
     Injection,
     Objective,
     Router,
+    RouterInference,
     StepAdapter,
     Update,
 )
@@ -144,6 +145,14 @@ class GRTSection:
 
     router_z_loss_weight: float | None = None
     """MoR token choice: weight of the router z-loss, mean logsumexp(logits)^2 (0: off)."""
+
+    router_inference: RouterInference | None = None
+    """MoR in eval mode (validation, `grt-titan analyze`): `top_k` (default) routes as in
+    training, top-k of the sequence per step, so validation loss matches the training rule
+    but is not causal; `threshold` sends a token on to step i while it was active at step
+    i-1 and sigmoid(router logit) > 0.5, causal (what generation uses; eager only: refused
+    with [compile] enable and validation on). Training always uses top_k
+    (docs/architecture.md)."""
 
     recurrence_checkpoint: RecurrenceCheckpoint = "block"
     """With [activation_checkpoint] mode != none: `block` applies torchtitan's mode to every

@@ -299,7 +299,10 @@ def test_ouro_exit_gate_is_left_out_of_the_float8_check():
     (["--compile.enable", "--grt.router_capacity", "1", "0.5", "0.25", "0.005"],
      [r"\[grt\] router_capacity = \[1.0, 0.5, 0.25, 0.005\] keeps a single token at \[training\] seq_len = 128",
       r"Mixture-of-Recursions", r"\[compile\] enable", r"capacity x seq_len >= 2"]),
-], ids=["tp2", "llama", "sampled_depth", "re-injection", "capacity_count", "compile_one_token"])
+    (["--compile.enable", "--grt.router_inference", "threshold"],
+     [r"\[grt\] router_inference = 'threshold' with \[grt\] router = 'expert_choice' \(Mixture-of-Recursions\) "
+      r"and \[compile\] enable", r"allowed: router_inference = 'top_k'"]),
+], ids=["tp2", "llama", "sampled_depth", "re-injection", "capacity_count", "compile_one_token", "compile_threshold"])
 def test_what_mor_cannot_do_is_named(overrides, patterns):
     with pytest.raises(ValueError) as info:
         start_up(parse_config(*MOR_OVERRIDES, *overrides))
@@ -327,3 +330,15 @@ def test_router_capacity_must_be_a_list_of_floats():
         start_up(config)
     config.grt.router_capacity = [1.0, 0.5, 0.5, 0.25]
     assert start_up(config).router_tokens_kept(128) == [128, 64, 64, 32]
+
+
+def test_router_inference_is_checked_by_name():
+    config = parse_config(*MOR_OVERRIDES)
+    config.grt.router_inference = "greedy"  # a TOML string: torchtitan does not check the choice
+    with pytest.raises(ValueError, match=r"\[grt\] overrides: router_inference = 'greedy' is invalid; "
+                                         r"allowed: 'top_k', 'threshold'"):
+        start_up(config)
+    config.grt.router_inference = "threshold"
+    assert start_up(config).router_inference == "threshold"
+    with pytest.raises(ValueError, match=r"router_inference = 'threshold' is invalid; is used by router = 'expert_choice'"):
+        start_up(parse_config("--grt.router_inference", "threshold"))

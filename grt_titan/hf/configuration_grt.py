@@ -22,13 +22,21 @@ RECURRENCE_PARTS = {
     "initial_state": ("prelude", "random"),
     "step_adapter": ("none", "lora"),
     "objective": ("final", "exit_distribution"),
+    "router": ("none", "expert_choice"),
 }
 # Settings of a part, written to config.json only when the model uses that part.
 PART_SETTINGS = {
     ("initial_state", "random"): ("initial_state_std", "initial_state_seed"),
     ("step_adapter", "lora"): ("lora_rank", "lora_scale"),
     ("objective", "exit_distribution"): ("exit_threshold",),
+    ("router", "expert_choice"): ("router_capacity", "router_scale", "router_inference"),
 }
+# Mixture-of-Recursions: how a forward routes tokens through the steps (see `MoRCache` and
+# `GRTModel._routed_recurrence` in modeling_grt.py). threshold is causal (generation).
+ROUTER_INFERENCE = ("threshold", "top_k")
+# The parts MoR fixes (update: the router weight replaces the gate).
+MOR_REQUIRED_PARTS = dict(block_style="gpt2", injection="none", update="overwrite", initial_state="prelude",
+                          step_adapter="none")
 
 
 def check_exit_settings(
@@ -107,6 +115,17 @@ class GRTConfig(PretrainedConfig):
         exit_threshold: q in (0, 1] of objective "exit_distribution"; 1 (default) = the last
             step, which needs no per-step readout. q < 1 runs all r steps, reads each out and
             gathers each token's exit step; it needs kv_cache_strategy "per_step".
+        router: "none", or "expert_choice" (Mixture-of-Recursions: one bias-free
+            Linear(d, 1) router per step up to train_recurrences; a routed token's state
+            becomes h + g (core(h) - h) with g = router_scale x sigmoid(logit), the others
+            keep theirs). Needs gpt2 blocks, injection "none", update "overwrite".
+        router_inference: MoR's routing rule, "threshold" (a token goes on to step i while
+            it was active at step i-1 and sigmoid(logit_i) > 0.5: causal, the only rule
+            for generation with the KV cache) or "top_k" (training's rule, top-k_i of the
+            sequence with k_i = max(1, int(router_capacity[i] x T)): a full forward
+            without cache only). Overridable per call: `forward(..., router_inference=...)`.
+        router_capacity: MoR's share of the sequence step i keeps under top_k (R floats).
+        router_scale: MoR's alpha in g = alpha x sigmoid(logit).
         A config whose parts are all GRT's writes none of these fields (config.json stays
         as before the parts existed); a config.json without them loads as GRT.
         training_settings: training-only settings of the run (noise, depth sampling), kept so that
@@ -147,6 +166,10 @@ class GRTConfig(PretrainedConfig):
         lora_scale=2.0,
         objective="final",
         exit_threshold=1.0,
+        router="none",
+        router_capacity=None,
+        router_scale=0.1,
+        router_inference="threshold",
         training_settings=None,
         initializer_range=0.02,
         use_cache=True,
@@ -174,7 +197,7 @@ class GRTConfig(PretrainedConfig):
             )
         parts = dict(
             injection=injection, update=update, initial_state=initial_state, step_adapter=step_adapter,
-            objective=objective,
+            objective=objective, router=router,
         )
         for name, value in parts.items():
             if value not in RECURRENCE_PARTS[name]:
@@ -194,6 +217,9 @@ class GRTConfig(PretrainedConfig):
                     f"num_recurrences = {num_recurrences} is invalid with step_adapter = 'lora': "
                     f"there is one adapter per step up to train_recurrences = {train_recurrences}"
                 )
+        if router != "none":
+            _check_router(parts, block_style, num_recurrences, train_recurrences, router_capacity, router_scale,
+                          router_inference)
         self.block_style = block_style
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -223,6 +249,10 @@ class GRTConfig(PretrainedConfig):
         self.lora_scale = lora_scale
         self.objective = objective
         self.exit_threshold = exit_threshold
+        self.router = router
+        self.router_capacity = None if router_capacity is None else [float(c) for c in router_capacity]
+        self.router_scale = router_scale
+        self.router_inference = router_inference
         self.training_settings = training_settings or {}
         self.initializer_range = initializer_range
         self.use_cache = use_cache
@@ -241,7 +271,7 @@ class GRTConfig(PretrainedConfig):
 
     def to_dict(self):
         """As PretrainedConfig's, without the fields of parts the model does not have: none
-        for GRT's parts, else the four parts and the settings of those in use."""
+        for GRT's parts, else the parts and the settings of those in use."""
         output = super().to_dict()
         drop = set(RECURRENCE_PARTS) if self.has_grt_parts else set()
         for (name, choice), settings in PART_SETTINGS.items():
@@ -268,3 +298,29 @@ class GRTConfig(PretrainedConfig):
     def num_hidden_layers(self) -> int:
         """Stored blocks p + n + c (the core counted once)."""
         return self.num_prelude_layers + self.num_core_layers + self.num_coda_layers
+
+
+def _check_router(parts, block_style, num_recurrences, train_recurrences, router_capacity, router_scale,
+                  router_inference) -> None:
+    """Mixture-of-Recursions' settings (router = "expert_choice"); ValueError naming the key."""
+    for name, value in dict(parts, block_style=block_style).items():
+        if name in MOR_REQUIRED_PARTS and value != MOR_REQUIRED_PARTS[name]:
+            raise ValueError(
+                f"{name} = {value!r} is invalid with router = 'expert_choice'; allowed: {MOR_REQUIRED_PARTS[name]!r}"
+            )
+    if router_inference not in ROUTER_INFERENCE:
+        raise ValueError(f"router_inference = {router_inference!r} is invalid; allowed: {ROUTER_INFERENCE}")
+    if not train_recurrences:
+        raise ValueError("router = 'expert_choice' needs train_recurrences (R, one router per step)")
+    if num_recurrences > train_recurrences:
+        raise ValueError(
+            f"num_recurrences = {num_recurrences} is invalid with router = 'expert_choice': there is "
+            f"one router per step up to train_recurrences = {train_recurrences}"
+        )
+    if router_capacity is not None and len(router_capacity) != train_recurrences:
+        raise ValueError(
+            f"router_capacity = {router_capacity!r} is invalid; allowed: one share per step "
+            f"(train_recurrences = {train_recurrences}) or None for (R - i) / R"
+        )
+    if not router_scale > 0:
+        raise ValueError(f"router_scale = {router_scale!r} is invalid; must be > 0")

@@ -58,20 +58,20 @@ class ExportError(CheckpointError):
 def check_exportable(args: GRTModelArgs) -> None:
     """Refuse, by name and before anything is read, a method modeling_grt.py does not
     implement (docs/hf_export.md, "Recurrence parts")."""
-    unsupported = {k: v for k, v in args.non_grt_parts.items() if k not in HF_PARTS}
+    # The router part is implemented for expert choice only (MoR's token choice is not).
+    unsupported = {k: v for k, v in args.non_grt_parts.items()
+                   if k not in HF_PARTS or (k, v) == ("router", "token_choice")}
     if not unsupported:
         return
     missing = {
-        "router": "no expert-choice routing (Mixture-of-Recursions), so it would compute a different function",
+        "router": "no token-choice routing (Mixture-of-Recursions), so it would compute a different function",
     }
-    if args.router == "token_choice":  # MoR's token choice, refused by name
-        missing["router"] = "no token-choice routing (Mixture-of-Recursions), so it would compute a different function"
     parts = ", ".join(f"{k} = {v!r}" for k, v in unsupported.items())
     reasons = "; ".join(missing.get(k, f"no {k} = {v!r}") for k, v in unsupported.items())
     raise ExportError(
         f"{args.method_name} ([grt] {parts}) cannot be exported to Hugging Face format yet: "
-        f"modeling_grt.py has {reasons}; it implements the parts {', '.join(HF_PARTS)} with "
-        "GRT's router (docs/hf_export.md). Evaluate it with the torchtitan model "
+        f"modeling_grt.py has {reasons}; it implements the parts {', '.join(HF_PARTS)}, "
+        "the router for expert choice only (docs/hf_export.md). Evaluate it with the torchtitan model "
         "(training validation, `grt-titan analyze`)"
     )
 
@@ -262,8 +262,10 @@ def verify_hf_folder(
     from .configuration_grt import GRTConfig
     from .modeling_grt import GRTForCausalLM
 
-    native = model_from_state(native_state_dict, model_args).eval()
     config = GRTConfig.from_json_file(str(folder / "config.json"))
+    if model_args.router != "none":  # MoR: compare under the exported model's routing rule
+        model_args = model_args.replace(router_inference=config.router_inference)
+    native = model_from_state(native_state_dict, model_args).eval()
     hf_model = GRTForCausalLM(config).eval()
     hf_model.load_state_dict(read_hf_weights(folder), strict=not model_args.tie_embeddings)
     if model_args.tie_embeddings:

@@ -51,6 +51,7 @@ ARCHITECTURE_FIELDS = (
     "step_adapter",
     "lora_rank",
     "objective",  # Ouro's exit gate is a weight
+    "router",  # MoR's routers are weights
     "multiple_of",
     "ffn_dim_multiplier",
 )

@@ -12,6 +12,7 @@ _PARTS = (
     ("core (shared)", ("model.core.",)),
     ("projection + gate", ("model.proj.", "model.gate.")),
     ("per-step LoRA adapters", ("model.adapters.",)),
+    ("per-step routers (MoR)", ("model.router.",)),
     ("coda", ("model.coda.",)),
     ("final norm", ("model.norm.",)),
     ("exit gate (Ouro)", ("model.exit_gate.",)),
@@ -109,6 +110,8 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
             f"`{args.initial_state}`, step adapter `{args.step_adapter}`"
             + (f" (rank {args.lora_rank})" if args.step_adapter == "lora" else "")
             + f", objective `{args.objective}`"
+            + (f", router `{args.router}` (routes by threshold, causal; `router_inference=\"top_k\"` "
+               "for training's rule without cache)" if args.router != "none" else "")
             + " (grt_titan docs/architecture.md, \"Methods as parts\")"
         )
     if args.per_step_readout:

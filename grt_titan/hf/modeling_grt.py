@@ -25,6 +25,8 @@ That is GRT; the config's recurrence parts give the paper's other recurrent mode
                               with 1 - prod_{j<=t} (1 - lambda_j) >= q, else r). As Ouro's
                               released code, all r steps run and the chosen one is gathered
                               (no compute saved). q = 1 is the last step: the plain forward.
+    router = "expert_choice"  step s updates only the tokens its router routes (MoR, r <= R;
+                              `MoRRouter` and its recursion-wise cache `MoRCache` below)
 
 Inference depth: `num_recurrences` in the config, or per call in `forward` / `generate`
 (0 = prelude + coda only, r < R early exit, r > R extrapolation).
@@ -53,7 +55,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from .configuration_grt import EXIT_KV_CACHE_STRATEGIES, KV_CACHE_STRATEGIES, GRTConfig
+from .configuration_grt import EXIT_KV_CACHE_STRATEGIES, KV_CACHE_STRATEGIES, ROUTER_INFERENCE, GRTConfig
 
 # ======================================================================================
 # KV cache across recurrence steps
@@ -514,6 +516,204 @@ def q_exit_steps(gate_logits: torch.Tensor, threshold: float) -> torch.Tensor:
 
 
 # ======================================================================================
+# Mixture-of-Recursions: routed steps and their recursion-wise KV cache
+# ======================================================================================
+
+
+class MoRCache(GRTCache):
+    r"""KV cache of a Mixture-of-Recursions model (`router = "expert_choice"`): MoR's
+    recursion-wise caching, exact.
+
+    Prelude and coda blocks are cached as by `GRTCache`. Core block j at step s keeps, per
+    sequence of the batch, the K/V of exactly the tokens that were active at step s, in
+    causal order: a new token routed through step s attends to the past tokens step s
+    updated, as the full forward's attention among the step's active tokens does. Sequences
+    keep different numbers of tokens per step, so the core K/V are per-row tensors
+    `[1, H_kv, n, d_h]`, with the cache slots of those tokens (for `crop`).
+
+    Only `per_step` (the exact strategy) and a growing cache: MoR's recursive KV sharing is
+    not GRTCache's `first` (docs/hf_export.md), and a static buffer cannot hold ragged rows.
+    """
+
+    def __init__(self, config: GRTConfig, strategy: str | None = None, max_cache_len: int | None = None):
+        strategy = strategy or config.kv_cache_strategy
+        if strategy != "per_step":
+            raise ValueError(
+                f"kv_cache_strategy = {strategy!r} is not supported with router = 'expert_choice' "
+                "(Mixture-of-Recursions); allowed: 'per_step' (recursion-wise caching, exact)"
+            )
+        if max_cache_len is not None:
+            raise ValueError(
+                f"max_cache_len = {max_cache_len} is not supported with router = 'expert_choice': each "
+                "sequence keeps its own number of tokens per step; allowed: None (a growing cache)"
+            )
+        super().__init__(config, strategy)
+        # (step, core block) -> per row K/V [1, H_kv, n, d_h]; step -> per row cache slots [n].
+        self.row_keys: dict[tuple[int, int], list[torch.Tensor | None]] = {}
+        self.row_values: dict[tuple[int, int], list[torch.Tensor | None]] = {}
+        self.row_slots: dict[int, list[torch.Tensor | None]] = {}
+
+    def routed_length(self, step: int, row: int) -> int:
+        """Tokens of sequence `row` cached at step `step` (those it routed through it)."""
+        slots = self.row_slots.get(step)
+        return 0 if slots is None or slots[row] is None else slots[row].numel()
+
+    def add_routed(self, step: int, row: int, batch: int, slots: torch.Tensor) -> None:
+        """Record the cache slots of the tokens of `row` routed through `step` in this call."""
+        rows = self.row_slots.setdefault(step, [None] * batch)
+        rows[row] = slots if rows[row] is None else torch.cat([rows[row], slots])
+
+    def update_routed_kv(
+        self, key: torch.Tensor, value: torch.Tensor, step: int, index: int, row: int, batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the K/V `[1, H_kv, n, d_h]` of the routed tokens of `row`; return all of the row's."""
+        keys = self.row_keys.setdefault((step, index), [None] * batch)
+        values = self.row_values.setdefault((step, index), [None] * batch)
+        if keys[row] is not None:
+            key, value = torch.cat([keys[row], key], dim=2), torch.cat([values[row], value], dim=2)
+        keys[row], values[row] = key, value
+        return key, value
+
+    def _stores(self):
+        return (self.row_keys, self.row_values, self.row_slots)
+
+    def _select_rows(self, order: list[int]) -> None:
+        for store in self._stores():
+            for name, rows in store.items():
+                store[name] = [rows[i] for i in order]
+
+    def nbytes(self) -> int:
+        routed = sum(t.numel() * t.element_size() for store in (self.row_keys, self.row_values)
+                     for rows in store.values() for t in rows if t is not None)
+        return super().nbytes() + routed
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._select_rows(beam_idx.tolist())
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        for store in self._stores():
+            for name, rows in store.items():
+                store[name] = [t for t in rows for _ in range(repeats)]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        order = torch.arange(self._batch())[indices].tolist() if self._batch() else []
+        self._select_rows(order)
+
+    def _batch(self) -> int:
+        return next((len(rows) for store in self._stores() for rows in store.values()), 0)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        length = self.get_seq_length()
+        for step, rows in self.row_slots.items():
+            for row, slots in enumerate(rows):
+                if slots is None:
+                    continue
+                keep = int((slots < length).sum())
+                rows[row] = slots[:keep]
+                for (s, index), keys in self.row_keys.items():
+                    if s == step and keys[row] is not None:
+                        keys[row] = keys[row][:, :, :keep]
+                        values = self.row_values[(s, index)]
+                        values[row] = values[row][:, :, :keep]
+
+    def reset(self) -> None:
+        super().reset()
+        for store in self._stores():
+            store.clear()
+
+    def __repr__(self) -> str:
+        return f"MoRCache(tokens={self.get_seq_length()}, bytes={self.nbytes()})"
+
+
+class MoRRouter(nn.ModuleList):
+    r"""Mixture-of-Recursions' routers (one bias-free Linear(d, 1) per step, `model.router.{i}`)
+    and the routed recurrence, as grt_titan trains it (grt_titan docs/architecture.md):
+
+        for step i:  logit = w_i . h;  active = the tokens step i routes (rule below)
+                     o = core(h[active])            causal attention among the row's active tokens
+                     h[active] += g (o - h[active]),  g = router_scale x sigmoid(logit)
+
+    Rules (`router_inference`): "threshold", a token goes on to step i while it was active at
+    step i-1 and logit_i > 0 (sigmoid > 0.5), causal, what generation with a `MoRCache`
+    computes; "top_k", the top-k_i of step i-1's tokens by logit, k_i = max(1, int(c_i T)),
+    training's rule, which ranks the whole sequence: full forwards without cache only.
+    Each sequence runs on its own (its active tokens are its own); padding never enters the core.
+    """
+
+    def __init__(self, config: GRTConfig):
+        super().__init__(nn.Linear(config.hidden_size, 1, bias=False) for _ in range(config.train_recurrences))
+        self.scale = config.router_scale
+        steps = config.train_recurrences
+        self.capacities = config.router_capacity or [(steps - i) / steps for i in range(steps)]
+        self.default_rule = config.router_inference
+
+    def forward(self, h, depth, core, rule=None, cache=None, cache_slots=None, keep=None):
+        """(h after `depth` routed steps, the states h_1..h_r, the proposals o_1..o_r: the core
+        output on routed tokens, h elsewhere). `keep` [B, T]: False for padding tokens."""
+        rule = rule or self.default_rule
+        if rule not in ROUTER_INFERENCE:
+            raise ValueError(f"router_inference = {rule!r} is invalid; allowed: {ROUTER_INFERENCE}")
+        batch, seqlen, _ = h.shape
+        active = torch.ones(batch, seqlen, dtype=torch.bool, device=h.device) if keep is None else keep.bool()
+        if rule == "top_k" and (cache is not None or not bool(active.all())):
+            raise ValueError(
+                "router_inference = 'top_k' ranks the whole sequence (not causal): it needs one call on "
+                "unpadded sequences without cache (use_cache=False); generate with 'threshold'"
+            )
+        states, proposals = [], []
+        for step in range(depth):
+            logits = self[step](h).squeeze(-1)  # [B, T]; only the active tokens' are read
+            if rule == "threshold":
+                active = active & (logits > 0)
+            else:
+                k = max(1, int(self.capacities[step] * seqlen))
+                chosen = logits.masked_fill(~active, float("-inf")).topk(k, dim=1).indices
+                active = torch.zeros_like(active).scatter_(1, chosen, True)
+            weight = (torch.sigmoid(logits) * self.scale).unsqueeze(-1)
+            new_h, proposal = h.clone(), h.clone()
+            for row in range(batch):
+                positions = active[row].nonzero().squeeze(-1)  # causal order
+                past = 0
+                if cache is not None:
+                    past = cache.routed_length(step, row)
+                    cache.add_routed(step, row, batch, cache_slots[positions])
+                if positions.numel() == 0:
+                    continue
+                x = h[row, positions][None]
+                o = self._core(core, x, step, row, batch, past, cache)
+                new_h[row, positions] = (x + weight[row, positions][None] * (o - x))[0]
+                proposal[row, positions] = o[0]
+            h = new_h
+            states.append(h)
+            proposals.append(proposal)
+        return h, states, proposals
+
+    @staticmethod
+    def _core(core, x, step, row, batch, past, cache):
+        """The shared core on one sequence's routed tokens x [1, n, d], after the `past`
+        tokens it routed through this step in earlier calls (their K/V in `cache`)."""
+        n = x.shape[1]
+        mask = None  # no past, or one query: plain causal attention
+        if past and n > 1:
+            query = past + torch.arange(n, device=x.device)
+            mask = (torch.arange(past + n, device=x.device)[None, :] <= query[:, None])[None, None]
+        o = x
+        for index, block in enumerate(core):
+            kv = None if cache is None else _routed_kv(cache, step, index, row, batch)
+            o = block(o, None, mask, kv)
+        return o
+
+
+def _routed_kv(cache: MoRCache, step: int, index: int, row: int, batch: int):
+    """The `kv_update` of core block `index` at `step` for sequence `row` (GRTAttention)."""
+    return lambda key, value: cache.update_routed_kv(key, value, step, index, row, batch)
+
+
+# ======================================================================================
 # Models
 # ======================================================================================
 
@@ -631,6 +831,8 @@ class GRTModel(GRTPreTrainedModel):
         # Ouro: lambda_t = sigmoid(exit_gate(norm(coda(h_t)))), Linear(d, 1) with bias.
         exits = recurrent and getattr(config, "objective", "final") == "exit_distribution"
         self.exit_gate = nn.Linear(d, 1) if exits else None
+        # Mixture-of-Recursions: a router per step picks the tokens it updates (MoRRouter).
+        self.router = MoRRouter(config) if recurrent and config.router == "expert_choice" else None
         self._initial_state_table: torch.Tensor | None = None  # eval_initial_state, model dtype
         self.coda = nn.ModuleList(GRTBlock(config) for _ in range(config.num_coda_layers))
         self.norm = make_norm(config)
@@ -651,6 +853,11 @@ class GRTModel(GRTPreTrainedModel):
             raise ValueError(f"num_recurrences = {num_recurrences}; use r >= 0")
         if num_recurrences and not self.config.num_core_layers:
             raise ValueError(f"num_recurrences = {num_recurrences} given to a model without core layers")
+        if self.router is not None and num_recurrences > self.config.train_recurrences:
+            raise ValueError(
+                f"num_recurrences = {num_recurrences} is invalid with router = 'expert_choice': there is "
+                f"one router per step up to train_recurrences = {self.config.train_recurrences}"
+            )
         if self.adapters is not None and num_recurrences > self.config.train_recurrences:
             raise ValueError(
                 f"num_recurrences = {num_recurrences} is invalid with step_adapter = 'lora': there is "
@@ -747,6 +954,7 @@ class GRTModel(GRTPreTrainedModel):
         output_recurrence=False,
         output_step_exits=False,
         return_dict=None,
+        router_inference=None,
         **kwargs,
     ):
         """A `GRTBaseModelOutputWithPast`; its `to_tuple()` (None fields left out) when
@@ -763,6 +971,8 @@ class GRTModel(GRTPreTrainedModel):
         batch, seqlen = inputs_embeds.shape[:2]
         device = inputs_embeds.device
         depth = self.resolve_depth(num_recurrences)
+        if use_cache is None and self.router is not None and (router_inference or config.router_inference) == "top_k":
+            use_cache = False  # MoR's top_k ranks the whole sequence: nothing a later call could reuse
         use_cache = config.use_cache if use_cache is None else use_cache
         config.check_exit_settings()  # the attributes may have been set after loading
         # Ouro with q < 1: every step read out, each token's exit step gathered (r = 0 has
@@ -775,8 +985,10 @@ class GRTModel(GRTPreTrainedModel):
                 f"past_key_values must be a GRTCache (got {type(cache).__name__}); "
                 "a GRT needs its own cache across recurrence steps"
             )
+        if self.router is not None and cache is not None and not isinstance(cache, MoRCache):
+            raise TypeError("a Mixture-of-Recursions model (router = 'expert_choice') needs a MoRCache, got a GRTCache")
         if cache is None and use_cache:
-            cache = GRTCache(config, strategy=kv_cache_strategy)
+            cache = (GRTCache if self.router is None else MoRCache)(config, strategy=kv_cache_strategy)
         elif cache is not None and kv_cache_strategy not in (None, cache.strategy):
             raise ValueError(
                 f"kv_cache_strategy = {kv_cache_strategy!r} but the given cache uses "
@@ -830,7 +1042,17 @@ class GRTModel(GRTPreTrainedModel):
             h = self.initial_state(h_pre, position_ids)
         states, proposals, gates = [h], [], []
         core_mask = staged_mask if staged_mask is not None else mask
-        for step in range(depth):
+        if self.router is not None:  # Mixture-of-Recursions: the routed steps replace the loop below
+            keep = None if attention_mask is None else attention_mask[:, -seqlen:]
+            h, routed_states, routed_proposals = self.router(
+                h, depth, self.core, router_inference, cache, cache_slots, keep)
+            if output_recurrence or output_step_exits:
+                states.extend(routed_states)
+            if output_recurrence:
+                proposals.extend(routed_proposals)
+            if hidden_states is not None:
+                hidden_states.extend(routed_states)
+        for step in range(depth if self.router is None else 0):
             o = h if self.proj is None else self.proj(torch.cat([h, h_pre], dim=-1))
             for j, block in enumerate(self.core):
                 lora = None if self.adapters is None else self.adapters.block_lora(step, j)
@@ -973,6 +1195,7 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
         output_step_logits=False,
         logits_to_keep=0,
         return_dict=None,
+        router_inference=None,
         **kwargs,
     ):
         r"""Logits `[B, T, V]` for `input_ids` `[B, T]`.
@@ -986,6 +1209,8 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             output_recurrence: also return `recurrence_states`, `proposals`, `gate_values`.
             output_step_logits: also return `step_logits` for every exit s = 0..r.
             logits_to_keep: compute logits for the last k positions only (0 = all).
+            router_inference: Mixture-of-Recursions' routing rule of this call, "threshold"
+                (causal, generation) or "top_k" (training's, use_cache=False); None: the config's.
         """
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
@@ -1003,6 +1228,7 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             output_recurrence=output_recurrence,
             output_step_exits=output_step_logits,
             return_dict=True,
+            router_inference=router_inference,
         )
         h = outputs.last_hidden_state
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:

@@ -21,6 +21,8 @@ InitialState = Literal["prelude", "random"]  # h_0 = h_pre, or TruncNormal(0, in
 StepAdapter = Literal["none", "lora"]  # lora: one LoRA per (core block, step) on its linears (RRT)
 Objective = Literal["final", "exit_distribution"]  # CE at the last step, or Ouro's expected loss
 Router = Literal["none", "expert_choice", "token_choice"]  # MoR: which tokens each recursion step updates
+# MoR in eval mode: top_k (as trained; not causal) or threshold (causal; what generation uses).
+RouterInference = Literal["top_k", "threshold"]
 
 # Fields of `GRTModelArgs` that the `[grt]` TOML section may override (same names there).
 CONFIGURABLE_FIELDS = (
@@ -54,6 +56,7 @@ CONFIGURABLE_FIELDS = (
     "router_aux_weight",
     "router_balance_weight",
     "router_z_loss_weight",
+    "router_inference",
 )
 
 
@@ -118,6 +121,9 @@ class GRTModelArgs(BaseModelArgs):
     router_aux_weight: float = 0.001  # MoR: weight of the router's BCE auxiliary loss
     router_balance_weight: float = 0.1  # MoR token choice: weight of the balancing loss R sum P_j f_j
     router_z_loss_weight: float = 0.0  # MoR token choice: weight of the router z-loss (0: off)
+    # MoR in eval mode: top_k over the sequence (training's rule), or threshold (a token goes
+    # on while sigmoid(logit) > 0.5; causal). Training always uses top_k.
+    router_inference: RouterInference = "top_k"
 
     # llama style (torchtitan's TransformerBlock)
     multiple_of: int = 256
@@ -313,6 +319,9 @@ class GRTModelArgs(BaseModelArgs):
         if self.router_aux_weight < 0:
             raise bad("router_aux_weight", self.router_aux_weight, "must be >= 0")
         self._validate_token_choice(bad)
+        if self.router_inference != "top_k" and self.router != "expert_choice":
+            raise bad("router_inference", self.router_inference,
+                      f"is used by router = 'expert_choice' only (router = {self.router!r}); allowed: 'top_k'")
         if self.router != "none":
             self._validate_router(bad)
 

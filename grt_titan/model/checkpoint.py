@@ -89,7 +89,7 @@ def model_args_dict(args: GRTModelArgs) -> dict[str, Any]:
 
 # Recurrence parts that the HF model implements (config.json fields of the same names);
 # grt_titan/hf/convert.py refuses the others.
-HF_PARTS = ("injection", "update", "initial_state", "step_adapter", "objective")
+HF_PARTS = ("injection", "update", "initial_state", "step_adapter", "objective", "router")
 
 
 def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
@@ -105,6 +105,11 @@ def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
             lora_rank=args.lora_rank,
             lora_scale=args.lora_scale,
             exit_threshold=args.exit_threshold,  # Ouro's Q-exit threshold q
+            router_capacity=args.router_capacity,
+            router_scale=args.router_scale,
+            # MoR: the exported model routes causally by default (generation); a full forward
+            # may ask for top_k (docs/hf_export.md). The run's own eval rule is in training_settings.
+            router_inference="threshold",
         )
     else:
         depth, parts = 0, {}
@@ -164,11 +169,14 @@ def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
         # The parts config.json gives (none: GRT's) and their settings.
         overrides.update({name: config.get(name, GRT_PARTS[name]) for name in HF_PARTS})
         for key, field in (("initial_state_std",) * 2, ("initial_state_seed", "depth_seed"), ("lora_rank",) * 2,
-                           ("lora_scale",) * 2, ("exit_threshold",) * 2):
+                           ("lora_scale",) * 2, ("exit_threshold",) * 2, ("router_capacity",) * 2,
+                           ("router_scale",) * 2):
             if key in config:
                 overrides[field] = config[key]
         if overrides["step_adapter"] == "lora" and not saved:
             overrides["depth_sampling"] = "fixed"  # one adapter set per step of a fixed depth
+        if overrides["router"] != "none" and not saved:  # MoR: one router per step, no noise
+            overrides.update(depth_sampling="fixed", state_noise_std=0.0)
     if saved.get("n_kv_heads") is not None and overrides["n_kv_heads"] is None:
         overrides["n_kv_heads"] = saved["n_kv_heads"]  # n_kv_heads == n_heads, spelled out
     if config.get("gate_hidden_size") not in (None, config["hidden_size"]):

@@ -11,6 +11,13 @@ recurrence steps (`router = "expert_choice"`, docs/architecture.md "Mixture-of-R
 
 The released code adds `g * Block(x)` to `x`, and its `Block` already holds the residual, so a
 selected token's state is scaled by (1 + g); we add the delta once (the paper's H + g f(H)).
+Top-k over the sequence is not causal (a token's selection depends on later tokens). In eval
+mode `router_inference = "threshold"` replaces it by MoR's causal rule (the paper's BCE-trained
+router predicts the top-k selection): a token goes on to step i if it was active at step i-1 and
+sigmoid(logit_i) > 0.5 (logit_i > 0); the update and the attention among the step's active
+tokens are the same. The number of active tokens then differs per row: that path runs one row
+at a time, in eager mode (`_threshold_forward`). Training always uses top-k.
+
 Every k_i is fixed by the capacities and the sequence length (no capacity warm-up), so shapes
 are static per step; `RoutedStep` marks the token dimension dynamic, so torch.compile builds
 one graph for all steps.
@@ -61,6 +68,8 @@ class ExpertChoiceRouter(nn.Module):
         self.args = args
         self.scale = args.router_scale
         self.aux_weight = args.router_aux_weight
+        # The eval-mode rule ("top_k" or "threshold"); an attribute, so a caller may switch it.
+        self.inference = args.router_inference
 
     def init_weights(self) -> None:
         for linear in self.steps:
@@ -83,6 +92,8 @@ class ExpertChoiceRouter(nn.Module):
                 f"num_recurrences = {depth} is invalid for Mixture-of-Recursions: it has one router "
                 f"per step; use r <= num_recurrences = {len(self.steps)}"
             )
+        if not self.training and self.inference == "threshold":
+            return self._threshold_forward(step, h, freqs_cis, depth, observer), None
         _, seq_len, dim = h.shape
         kept = self.args.router_tokens_kept(seq_len)
         with_aux = self.training and self.aux_weight > 0
@@ -120,6 +131,38 @@ class ExpertChoiceRouter(nn.Module):
         if aux is not None:
             aux = aux * self.aux_weight
         return h, aux
+
+    def _threshold_forward(
+        self,
+        step: nn.Module,
+        h: torch.Tensor,
+        freqs_cis: torch.Tensor | None,
+        depth: int,
+        observer: Callable[..., None] | None = None,
+    ) -> torch.Tensor:
+        """Eval-mode causal routing: step i updates the tokens active at step i-1 whose
+        logit_i > 0 (sigmoid > 0.5), each row on its own (its count is data-dependent); the
+        core attends among the row's active tokens in causal order, as in the top-k path."""
+        active = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)  # [B, S]
+        for index in range(depth):
+            # Logits of every token; only those of the active ones are read.
+            logits = self.steps[index](h).squeeze(-1)  # [B, S]
+            active = active & (logits > 0)
+            weight = (torch.sigmoid(logits) * self.scale).unsqueeze(-1)  # g [B, S, 1]
+            new_h, proposal = h.clone(), h.clone()
+            for row in range(h.shape[0]):
+                positions = active[row].nonzero().squeeze(-1)  # causal order
+                if positions.numel() == 0:
+                    continue
+                new_sel, row_proposal = step(h[row, positions][None], weight[row, positions][None], freqs_cis)
+                new_h[row, positions] = new_sel[0]
+                proposal[row, positions] = row_proposal[0]
+            if observer is not None:
+                with torch.no_grad():  # the GRT's convention, as in forward
+                    kept_share = torch.where(active.unsqueeze(-1), 1 - weight, torch.ones_like(weight)).expand_as(h)
+                    observer(index + 1, depth, h, new_h, kept_share, proposal)
+            h = new_h
+        return h
 
 
 def _rows(positions: torch.Tensor, dim: int) -> torch.Tensor:

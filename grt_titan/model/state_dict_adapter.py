@@ -11,7 +11,7 @@ The HF names are those of grt_titan/hf/modeling_grt.py (a `trust_remote_code` mo
 | recurrence.step.proj.weight                  | model.proj.weight (W_proj)                   |
 | recurrence.step.gate.{state_norm,anchor_norm,w_in,w_out}.* | model.gate.{same}.*            |
 | recurrence.step.adapters.{a,b}.{qkv,attention_out,mlp_in,mlp_out} (RRT) | model.adapters.{same} |
-| recurrence.router.steps.{i}.weight (MoR)     | model.router.{i}.weight (HF saves only; export-hf refuses MoR) |
+| recurrence.router.steps.{i}.weight (MoR)     | model.router.{i}.weight                      |
 | recurrence.router.depth.weight (MoR, token choice) | model.depth_router.weight (HF saves only) |
 | coda.layers.{i}.<block>                      | model.coda.{i}.<block>                       |
 | norm.*                                       | model.norm.*                                 |

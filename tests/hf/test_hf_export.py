@@ -243,18 +243,12 @@ def test_validation_loss_read_from_the_runs_tensorboard_logs(debug_checkpoint, d
     assert "training tokens: 122,880 (n_tokens_seen in the run's TensorBoard log)" in card
 
 
-def test_mixture_of_recursions_is_refused_by_name(tmp_path, capsys):
-    """modeling_grt.py has no expert-choice routing: the export stops before reading weights."""
-    from grt_titan.hf.convert import ExportError
-    from grt_test_helpers import MOR_PARTS, REPO, build_model
+def test_mixture_of_recursions_is_exported():
+    """modeling_grt.py routes MoR (tests/hf/test_hf_mor.py): the export's check lets it through."""
+    from grt_titan.hf.convert import build_hf_config
+    from grt_titan.model.checkpoint import load_model_args
+    from grt_test_helpers import REPO
 
-    out_parent = tmp_path / "out"
-    out_parent.mkdir()
-    assert cli(["export-hf", "--checkpoint", str(tmp_path / "nope"), "--config",
-                str(REPO / "train_configs" / "paper" / "small_mor.toml"), "--out", str(out_parent / "x")]) == 1
-    err = capsys.readouterr().err
-    assert "MoR ([grt] router = 'expert_choice') cannot be exported" in err and "expert-choice routing" in err
-    model = build_model(**MOR_PARTS, vocab_size=512)
-    with pytest.raises(ExportError, match=r"MoR \(\[grt\] router = 'expert_choice'\) cannot be exported"):
-        write_hf_folder(out_parent / "y", model.state_dict(), model.model_args, write_tokenizer=False)
-    _assert_nothing_written(out_parent)
+    args, _ = load_model_args(REPO / "train_configs" / "paper" / "small_mor.toml")
+    config = build_hf_config(args)
+    assert (config.router, config.router_inference, config.train_recurrences) == ("expert_choice", "threshold", 10)

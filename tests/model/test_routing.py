@@ -182,3 +182,82 @@ def test_router_weights_have_hugging_face_checkpoint_names():
     native = {k: v for k, v in model.state_dict().items() if k in adapter.to_hf_map}
     back = adapter.from_hf(adapter.to_hf(native))
     assert back.keys() == native.keys() and all(back[k].equal(native[k]) for k in native)
+
+
+# ---- eval-time routing: router_inference = "threshold" (causal) ---------------------------------
+
+
+def reference_threshold_recurrence(model, h_pre, depth):
+    """One sequence, one token at a time: token t goes on to step i while it was active at
+    step i-1 and sigmoid(w_i . h_t) > 0.5; the core attends among the step's active tokens.
+    Also returns, per sequence, the number of steps each token took."""
+    args, router, core = model.model_args, model.recurrence.router, model.recurrence.step.core
+    seq_len = h_pre.shape[1]
+    out, steps_taken = [], []
+    for b in range(h_pre.shape[0]):
+        h = [h_pre[b, t] for t in range(seq_len)]
+        taken = [0] * seq_len
+        active = list(range(seq_len))
+        for i in range(depth):
+            w = router.steps[i].weight[0]
+            logit = {t: torch.dot(w, h[t]) for t in active}
+            active = [t for t in active if torch.sigmoid(logit[t]).item() > 0.5]
+            if not active:
+                break
+            o = core(torch.stack([h[t] for t in active])[None], None)[0]
+            for j, t in enumerate(active):
+                h[t] = h[t] + torch.sigmoid(logit[t]) * args.router_scale * (o[j] - h[t])
+                taken[t] += 1
+        out.append(torch.stack(h))
+        steps_taken.append(taken)
+    return torch.stack(out), steps_taken
+
+
+@pytest.mark.parametrize("depth", [4, 2])
+def test_threshold_routing_matches_hand_written_rule(depth):
+    model = build_model(router_inference="threshold", **MOR).eval()
+    x = tokens(batch=3, seq=16)
+    with torch.no_grad():
+        logits = model(x, num_recurrences=depth)
+        h_pre = model.prelude(model.embed(x), None)
+        h, taken = reference_threshold_recurrence(model, h_pre, depth)
+        expected = model.output(model.norm(model.coda(h, None)))
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    # The rule really routes: tokens stop after different numbers of steps, rows differ.
+    counts = {n for row in taken for n in row}
+    assert len(counts) >= 3 and 0 in counts, taken
+    assert taken[0] != taken[1]
+
+
+def test_threshold_routing_is_causal_and_top_k_is_not():
+    """A prefix's logits do not depend on later tokens under threshold routing; they do under
+    top-k (its selection ranks the whole sequence)."""
+    x = tokens(batch=1, seq=24)
+    changed = x.clone()
+    changed[:, 12:] = tokens(batch=1, seq=12, seed=9)
+    with torch.no_grad():
+        threshold = build_model(router_inference="threshold", **MOR).eval()
+        torch.testing.assert_close(threshold(x)[:, :12], threshold(changed)[:, :12], rtol=0, atol=1e-6)
+        top_k = build_model(**MOR).eval()
+        assert not torch.allclose(top_k(x)[:, :12], top_k(changed)[:, :12], atol=1e-4)
+
+
+def test_router_inference_applies_in_eval_only_and_defaults_to_top_k():
+    assert grt_flavors["debug"].replace(**MOR).router_inference == "top_k"
+    top_k, threshold = build_model(**MOR), build_model(router_inference="threshold", **MOR)
+    x = tokens()
+    # Training routes by top-k whatever the eval rule (same weights: same seed).
+    torch.testing.assert_close(top_k(x).logits, threshold(x).logits, rtol=0, atol=0)
+    with torch.no_grad():
+        assert not torch.allclose(top_k.eval()(x), threshold.eval()(x))
+        threshold.recurrence.router.inference = "top_k"  # the rule is a switch on the router
+        torch.testing.assert_close(top_k(x), threshold(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("changes,pattern", [
+    ({**MOR, "router_inference": "greedy"}, r"router_inference = 'greedy' is invalid; allowed: 'top_k', 'threshold'"),
+    ({"router_inference": "threshold"}, r"router_inference = 'threshold' is invalid; is used by router = 'expert_choice'"),
+])
+def test_bad_router_inference_names_the_key(changes, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        grt_flavors["debug"].replace(**changes).validate()
