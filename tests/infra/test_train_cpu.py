@@ -28,6 +28,7 @@ def test_grt_debug_trains_on_two_cpu_ranks(run_torchrun, tmp_path):
             "--validation.freq", "30",
         ],
         tmp_path,
+        launcher="torchrun",  # the user's command, through torchrun's own agent
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
