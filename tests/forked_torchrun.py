@@ -18,6 +18,7 @@ using it (grt_test_helpers.torchrun), as does one test of the user's documented 
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
 import runpy
@@ -29,6 +30,7 @@ import time
 import traceback
 
 PRELOADED = ("torchtitan.train", "grt_titan", "grt_titan.components.trainer")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 STOP_GRACE_S = 5.0  # torchrun's agent also gives the surviving ranks a few seconds on SIGTERM
 
 
@@ -42,6 +44,8 @@ def _rank_main(module: str, rank: int, nproc: int, port: int, log: str | None) -
     """The body of one forked rank; never returns."""
     code = 1
     try:
+        # Die with the launcher (a test's timeout kills it), as torchrun's workers would not.
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if log is not None:  # ranks other than 0: their output is shown only if they fail
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(fd, 1)
