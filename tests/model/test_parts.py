@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grt_test_helpers import LADDER_PARTS, POISSON_PARTS, RRT_PARTS, build_model
+from grt_test_helpers import LADDER_PARTS, MOR_PARTS, POISSON_PARTS, RRT_PARTS, build_model
 from grt_titan.model import grt_flavors
 from grt_titan.model.recurrence import DepthSampler, eval_initial_state
 
@@ -180,16 +180,16 @@ def test_invalid_parts_are_named(changes, message):
         grt_flavors["debug"].replace(**changes).validate()
 
 
-@pytest.mark.parametrize("parts", [dict(objective="exit_distribution"), dict(router="expert_choice")],
-                         ids=["ouro", "mor"])
-def test_export_refuses_parts_the_hf_model_does_not_implement(parts):
+def test_export_refuses_parts_the_hf_model_does_not_implement():
     from grt_titan.hf.convert import ExportError, build_hf_config
 
+    parts = dict(router="token_choice")  # MoR's token choice: no HF implementation
     args = grt_flavors["debug"].replace(**parts)
     assert args.non_grt_parts == parts
     with pytest.raises(ExportError, match=re.escape(args.method_name) + ".*cannot be exported to Hugging Face format yet"):
         build_hf_config(args)
-    for exported in ({}, LADDER, POISSON, RRT):  # GRT and the parts the HF model implements
+    ouro = dict(LADDER, objective="exit_distribution")
+    for exported in ({}, LADDER, POISSON, RRT, ouro, MOR_PARTS):  # GRT and the parts the HF model implements
         build_hf_config(grt_flavors["debug"].replace(**exported))
 
 
