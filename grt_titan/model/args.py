@@ -139,6 +139,8 @@ class GRTModelArgs(BaseModelArgs):
         """The row of the paper's table 1 (or figure 5) that these parts make."""
         if not self.is_recurrent:
             return "dense"
+        if self.router == "token_choice":
+            return "MoR (token choice)"  # not table 1's row (expert choice): a run of its own
         if self.router != "none":
             return "MoR"
         if self.objective == "exit_distribution":

@@ -210,7 +210,7 @@ def test_compile_with_step_checkpointing_passes_start_up():
                           "--grt.recurrence_checkpoint", "step", "--training.seq_len", "4", "--validation.no-enable")
     args = get_train_spec("grt").model_args[config.model.flavor].replace()
     args.update_from_config(config)
-    assert (args.router, args.method_name) == ("token_choice", "MoR")
+    assert (args.router, args.method_name) == ("token_choice", "MoR (token choice)")
 
 
 def test_router_weight_has_a_hugging_face_checkpoint_name():
