@@ -236,6 +236,21 @@ def test_flops_by_hand_under_balanced_routing():
     assert args.forward_flops_per_token(S, 0) == pytest.approx(2 * (24 * d * d + 4 * S * d) + 2 * d * V)
 
 
+def test_truncated_backprop_flops_skip_the_active_tokens_of_the_untracked_steps():
+    """By hand (small flavor, S = 1024, R = 10, backprop_recurrences = 3), the convention of
+    the forward count: steps 0..6 run without autograd on S (R - i) / R tokens each, so the
+    backward saved is 2 sum_{i<7} [(k_i / S) 24 d^2 + 4 (k_i^2 / S) d]; the router runs once,
+    before the steps, with its gradient, and its backward stays."""
+    args = grt_flavors["small"].replace(**{**TOKEN_CHOICE, "vocab_size": 50257, "backprop_recurrences": 3})
+    S, d, R = 1024, 768, 10
+    kept = [S * (R - i) / R for i in range(R)]
+    untracked = sum((k / S) * 24 * d * d + 4 * (k * k / S) * d for k in kept[:7])
+    forward = args.forward_flops_per_token(S, R, training=True)
+    assert args.train_flops_per_token(S) == pytest.approx(3 * forward - 2 * untracked, rel=1e-12)
+    assert args.train_flops_per_token(S) > 3 * forward - 2 * 7 * (24 * d * d + 4 * S * d)  # not whole steps
+    assert args.replace(backprop_recurrences=None).train_flops_per_token(S) == 3 * forward
+
+
 class ForcedDepths(nn.Linear):
     """The router Linear(d, R) (its matmul still runs) with token t forced to depth t % R + 1."""
 
