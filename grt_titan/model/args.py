@@ -139,6 +139,8 @@ class GRTModelArgs(BaseModelArgs):
         """The row of the paper's table 1 (or figure 5) that these parts make."""
         if not self.is_recurrent:
             return "dense"
+        if self.router == "token_choice":
+            return "MoR (token choice)"  # not table 1's row (expert choice): a run of its own
         if self.router != "none":
             return "MoR"
         if self.objective == "exit_distribution":
@@ -480,19 +482,31 @@ class GRTModelArgs(BaseModelArgs):
         if training:
             extra += (r - 1) * 2 * self.dim * self.padded_vocab_size
         return extra
+    def routed_step_flops_per_token(self, seq_len: int, r: int) -> list[float]:
+        """MoR: the forward FLOPs of each step i < r, per token of the sequence: the core on the
+        step's k_i tokens, n [(k_i / S) 2W + 4 (k_i^2 / S) d], and for expert choice also the
+        step's router on its m_i candidates (m_0 = S, m_i = k_{i-1}), (m_i / S) 2 d.
+        Expert choice: k_i = max(1, int(capacity_i S)); token choice: k_i = S (R - i) / R, balanced
+        routing, pads not counted (its router runs once, before the steps, not in any step)."""
+        S, d, weights = seq_len, self.dim, self.block_matmul_params()
+        if self.router == "token_choice":
+            kept = [share * S for share in self.token_choice_active_shares[:r]]
+            routers = [0.0] * len(kept)
+        else:
+            kept = self.router_tokens_kept(S)[:r]
+            routers = [(m / S) * 2 * d for m in [S] + kept[:-1]]
+        return [self.n_core_layers * ((k / S) * 2 * weights + 4 * (k * k / S) * d) + router
+                for k, router in zip(kept, routers)]
+
     def _routed_forward_flops_per_token(self, seq_len: int, r: int) -> float:
         """MoR (docs/architecture.md): step i runs the core on its k_i routed tokens and its
         router on its m_i candidates (m_0 = S, m_i = k_{i-1}), per token of the sequence:
         (p + c)(2W + 4 S d) + n sum_{i<r} [(k_i / S) 2W + 4 (k_i^2 / S) d]
         + sum_{i<r} (m_i / S) 2 d + 2 d V, with W = block_matmul_params (12 d^2 for GPT-2)."""
         S, d, weights = seq_len, self.dim, self.block_matmul_params()
-        kept = self.router_tokens_kept(S)[:r]
-        candidates = [S] + kept[:-1]
-        core = sum((k / S) * 2 * weights + 4 * (k * k / S) * d for k in kept)
         return (
             (self.n_prelude_layers + self.n_coda_layers) * (2 * weights + 4 * S * d)
-            + self.n_core_layers * core
-            + sum((m / S) * 2 * d for m in candidates)
+            + sum(self.routed_step_flops_per_token(S, r))
             + 2 * d * self.padded_vocab_size
         )
 
@@ -502,11 +516,9 @@ class GRTModelArgs(BaseModelArgs):
         the router Linear(d, R) runs once on every token (not at r = 0), per token of the sequence:
         (p + c)(2W + 4 S d) + n sum_{i<r} [(k_i / S) 2W + 4 (k_i^2 / S) d] + 2 d R + 2 d V."""
         S, d, weights = seq_len, self.dim, self.block_matmul_params()
-        kept = [share * S for share in self.token_choice_active_shares[:r]]
-        core = sum((k / S) * 2 * weights + 4 * (k * k / S) * d for k in kept)
         return (
             (self.n_prelude_layers + self.n_coda_layers) * (2 * weights + 4 * S * d)
-            + self.n_core_layers * core
+            + sum(self.routed_step_flops_per_token(S, r))
             + (2 * d * self.num_recurrences if r > 0 else 0)  # the router, skipped at r = 0
             + 2 * d * self.padded_vocab_size
         )
@@ -514,14 +526,21 @@ class GRTModelArgs(BaseModelArgs):
     def train_flops_per_token(self, seq_len: int, recurrences: float | None = None) -> float:
         """Forward + backward = 3x the training forward, torchtitan's convention (6N per
         token); with `backprop_recurrences` = k, the r - k steps before the last k run
-        forward only."""
+        forward only (no backward: 2x their forward less). A routed step (MoR) runs on its
+        k_i tokens only, so the untracked steps are the first r - k of
+        `routed_step_flops_per_token`, not r - k whole steps; token choice's router runs
+        before the steps, with its gradient, and stays in."""
         r = self.expected_recurrences if recurrences is None else recurrences
         flops = 3 * self.forward_flops_per_token(seq_len, r, training=True)
-        if self.is_recurrent and self.backprop_recurrences is not None and r > self.backprop_recurrences:
-            step = self.n_core_layers * (2 * self.block_matmul_params() + 4 * seq_len * self.dim)
-            step += 2 * self.recurrence_matmul_params()
-            flops -= 2 * (r - self.backprop_recurrences) * step  # no backward for untracked steps
-        return flops
+        k = self.backprop_recurrences
+        if not self.is_recurrent or k is None or r <= k:
+            return flops
+        if self.router != "none":
+            untracked = sum(self.routed_step_flops_per_token(seq_len, round(r))[: round(r) - k])
+            return flops - 2 * untracked
+        step = self.n_core_layers * (2 * self.block_matmul_params() + 4 * seq_len * self.dim)
+        step += 2 * self.recurrence_matmul_params()
+        return flops - 2 * (r - k) * step  # no backward for untracked steps
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
         """Stored parameters (a tied weight once) and training FLOPs/token at E[r]."""

@@ -161,6 +161,10 @@ def test_method_names():
     assert grt_flavors["debug"].replace(**RRT).method_name == "RRT"
     assert grt_flavors["debug"].replace(**LADDER).method_name == "recurrence + prelude/coda"
     assert grt_flavors["debug_core_only"].replace(**{**LADDER, "state_noise_std": 0.1}).method_name == "recurrence + noise"
+    # The two routers are two methods: token choice is not table 1's MoR row (expert choice).
+    mor = grt_flavors["debug"].replace(**MOR_PARTS)
+    assert (mor.router, mor.method_name) == ("expert_choice", "MoR")
+    assert mor.replace(router="token_choice").method_name == "MoR (token choice)"
 
 
 @pytest.mark.parametrize(

@@ -158,6 +158,24 @@ def test_flops_follow_the_kept_tokens():
     assert args.unrolled_layers == 12  # the nominal block applications (table 1's isoFLOP sense)
 
 
+def test_truncated_backprop_flops_skip_the_routed_tokens_of_the_untracked_steps():
+    """By hand (small flavor, S = 1024, R = 10, backprop_recurrences = 3): steps 0..6 run
+    without autograd, each on its own k_i tokens and its router on its m_i candidates, so the
+    backward saved is 2 sum_{i<7} [(k_i / S) 24 d^2 + 4 (k_i^2 / S) d + (m_i / S) 2 d], not 7
+    whole steps."""
+    args = grt_flavors["small"].replace(**{**MOR, "vocab_size": 50257, "backprop_recurrences": 3})
+    S, d = 1024, 768
+    kept = [1024, 921, 819, 716, 614, 512, 409, 307, 204, 102]
+    candidates = [1024] + kept[:-1]
+    untracked = sum((k / S) * 24 * d * d + 4 * (k * k / S) * d + (m / S) * 2 * d
+                    for k, m in zip(kept[:7], candidates[:7]))
+    forward = args.forward_flops_per_token(S, 10, training=True)
+    assert args.train_flops_per_token(S) == pytest.approx(3 * forward - 2 * untracked, rel=1e-12)
+    whole_steps = 7 * (24 * d * d + 4 * S * d)  # the unrouted count, too much for routed steps
+    assert args.train_flops_per_token(S) > 3 * forward - 2 * whole_steps
+    assert args.replace(backprop_recurrences=10).train_flops_per_token(S) == 3 * forward  # k >= r: all tracked
+
+
 @pytest.mark.parametrize("depth", [4, 2])
 def test_matmul_flops_match_flop_counter(depth):
     """The linear part of the count (core on k_i tokens, routers on their candidates, prelude,

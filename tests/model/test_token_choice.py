@@ -210,7 +210,7 @@ def test_compile_with_step_checkpointing_passes_start_up():
                           "--grt.recurrence_checkpoint", "step", "--training.seq_len", "4", "--validation.no-enable")
     args = get_train_spec("grt").model_args[config.model.flavor].replace()
     args.update_from_config(config)
-    assert (args.router, args.method_name) == ("token_choice", "MoR")
+    assert (args.router, args.method_name) == ("token_choice", "MoR (token choice)")
 
 
 def test_router_weight_has_a_hugging_face_checkpoint_name():
@@ -234,6 +234,21 @@ def test_flops_by_hand_under_balanced_routing():
     )
     assert args.forward_flops_per_token(S) == pytest.approx(expected, rel=1e-12)
     assert args.forward_flops_per_token(S, 0) == pytest.approx(2 * (24 * d * d + 4 * S * d) + 2 * d * V)
+
+
+def test_truncated_backprop_flops_skip_the_active_tokens_of_the_untracked_steps():
+    """By hand (small flavor, S = 1024, R = 10, backprop_recurrences = 3), the convention of
+    the forward count: steps 0..6 run without autograd on S (R - i) / R tokens each, so the
+    backward saved is 2 sum_{i<7} [(k_i / S) 24 d^2 + 4 (k_i^2 / S) d]; the router runs once,
+    before the steps, with its gradient, and its backward stays."""
+    args = grt_flavors["small"].replace(**{**TOKEN_CHOICE, "vocab_size": 50257, "backprop_recurrences": 3})
+    S, d, R = 1024, 768, 10
+    kept = [S * (R - i) / R for i in range(R)]
+    untracked = sum((k / S) * 24 * d * d + 4 * (k * k / S) * d for k in kept[:7])
+    forward = args.forward_flops_per_token(S, R, training=True)
+    assert args.train_flops_per_token(S) == pytest.approx(3 * forward - 2 * untracked, rel=1e-12)
+    assert args.train_flops_per_token(S) > 3 * forward - 2 * 7 * (24 * d * d + 4 * S * d)  # not whole steps
+    assert args.replace(backprop_recurrences=None).train_flops_per_token(S) == 3 * forward
 
 
 class ForcedDepths(nn.Linear):

@@ -1,8 +1,9 @@
 """Exact resume of every baseline (docs/reliability.md, "Exact resume"): heavy-tail Poisson, RRT,
-Ouro and MoR, each trained from its parts (docs/architecture.md, "Methods as parts"). A run
-resumed from the checkpoint of step 3 reproduces steps 4..6 of the uninterrupted run bit for
-bit: every logged scalar that is a function of the training state (loss, grad norm, LR,
-depth, the per-step recurrence statistics) and the final model tensors.
+Ouro and MoR with either router (expert choice, token choice), each trained from its parts
+(docs/architecture.md, "Methods as parts"). A run resumed from the checkpoint of step 3
+reproduces steps 4..6 of the uninterrupted run bit for bit: every logged scalar that is a
+function of the training state (loss, grad norm, LR, depth, the per-step recurrence
+statistics) and the final model tensors.
 
 Two runs per method: the uninterrupted run writes the step-3 checkpoint and is the
 reference; a fresh dump folder holding only that checkpoint is resumed to step 6. One rank
@@ -38,6 +39,7 @@ METHODS = {
     "rrt": RRT_PARTS,
     "ouro": OURO_PARTS,
     "mor": MOR_PARTS,
+    "mor_token_choice": {**MOR_PARTS, "router": "token_choice"},
 }
 # Scalars that depend on timing or the allocator, not on the training state.
 UNTIMED = ("memory/", "time_metrics/", "tflops", "throughput")
@@ -131,7 +133,7 @@ def test_method_resumes_exactly(method, method_runs, tmp_path):
     # The method's own state (W_proj, the adapters, the exit gate, the routers) is among the
     # compared tensors and is trained by the resumed steps: a restore that lost it would show.
     own = {"poisson": "recurrence.step.proj.", "rrt": "recurrence.step.adapters.", "ouro": "exit_gate.",
-           "mor": "recurrence.router.steps."}[method]
+           "mor": "recurrence.router.steps.", "mor_token_choice": "recurrence.router.depth."}[method]
     own_keys = [key for key in ref if key.startswith(own)]
     assert own_keys, sorted(ref)
     at_stop = saved_tensors(runs["reference"] / f"checkpoint/step-{STOP}", {key: ref[key] for key in own_keys})
