@@ -63,6 +63,8 @@ RRT_PARTS = dict(injection="none", update="overwrite", depth_sampling="fixed", s
 MOR_PARTS = dict(router="expert_choice", injection="none", update="overwrite", depth_sampling="fixed",
                  state_noise_std=0.0, gate_noise_std=0.0)
 MOR_OVERRIDES = [item for key, value in MOR_PARTS.items() for item in (f"--grt.{key}", str(value))]
+OURO_PARTS = dict(objective="exit_distribution", injection="none", update="overwrite", depth_sampling="fixed",
+                  state_noise_std=0.0, gate_noise_std=0.0)
 
 
 # A gloo rank of a finished job can abort (SIGABRT) while the process tears down, after

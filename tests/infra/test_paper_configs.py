@@ -77,9 +77,10 @@ def test_ladder_rungs_add_one_component_each():
     assert all(r.depth_sampling == "uniform" for r in rungs)  # only the named component changes
 
 
-# One run per distinct set of parts not trained elsewhere in the tests (GRT and dense are).
+# One run per distinct set of parts not trained from a TOML elsewhere in the tests (GRT and
+# dense are).
 TRAINED_ROWS = ["ladder_2_recurrence", "ladder_3_prelude_coda", "ladder_4_noise", "ladder_5_reinjection",
-                "small_poisson", "small_rrt"]
+                "small_poisson", "small_rrt", "small_ouro", "small_mor"]
 
 
 @pytest.mark.slow

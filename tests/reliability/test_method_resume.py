@@ -26,12 +26,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grt_test_helpers import MOR_PARTS, POISSON_PARTS, REPO, RRT_PARTS, build_model, torchrun_env
+from grt_test_helpers import MOR_PARTS, OURO_PARTS, POISSON_PARTS, REPO, RRT_PARTS, build_model, torchrun_env
 from reliability_helpers import COMMON, STEPS, checkpoint_state, model_tensors, scalars
 
 STOP = 3
-OURO_PARTS = dict(objective="exit_distribution", injection="none", update="overwrite", depth_sampling="fixed",
-                  state_noise_std=0.0, gate_noise_std=0.0)
 # Poisson with truncated backprop as in its paper config (there k = 8 of a mean depth of 32;
 # here k = 2 of a mean of 2.5, so long draws run steps without autograd).
 METHODS = {
