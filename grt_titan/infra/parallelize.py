@@ -127,6 +127,12 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
             core_reshard_after_forward=core_reshard,
         )
         logger.info(f"Applied {'HSDP' if parallel_dims.dp_replicate_enabled else 'FSDP'} to the GRT")
+        if model.model_args.per_step_readout and model.coda.layers:
+            logger.info(
+                "Ouro (objective = exit_distribution) reads every recurrence step out through the "
+                "coda, so FSDP gathers each coda block once per step, not once per forward; the core "
+                "is still gathered once (docs/parallelism.md)"
+            )
     elif parallel_dims.dp_replicate_enabled:
         assert not parallel_dims.tp_enabled, "DDP with TP: checked at start-up"
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), compile_enabled)

@@ -31,6 +31,8 @@ def test_ouro_fsdp_compile_and_tp_match_one_rank(run_torchrun, tmp_path):
     assert len(ref_losses) == 5 and ref_losses[-1] < ref_losses[0]  # it trains
     losses, output = runs["fsdp2_compile"]
     assert "Compiled the recurrence step once" in output
+    # The one scaling property Ouro lacks is named at start-up (tests/infra/test_collectives.py).
+    assert "FSDP gathers each coda block once per step, not once per forward" in output
     # The readouts reuse the compiled coda blocks: no graph is rebuilt across steps.
     assert "Recompiling function" not in output
     # Inductor reorders fp32 reductions: compiled and eager runs agree to ~1e-6 per step
