@@ -67,8 +67,9 @@ def test_logits_match_torchtitan_at_both_thresholds(ouro):
         assert torch.equal(hf.lm_head(hf.model.norm(out.hidden_states[-1])), out.logits)
     assert len(out.hidden_states) == 1 + args.n_prelude_layers + R + args.n_coda_layers
     steps = out.exit_steps
-    assert steps.unique().numel() >= 3, steps  # tokens exit at different steps
-    assert (steps < R).any() and (steps == R).any()
+    # Tokens exit at different steps, some before the last. (Which steps depends on the random
+    # weights: on torch 2.11 none of these reaches R, on 2.13 some do; q = 1 above is all at R.)
+    assert steps.unique().numel() >= 3 and (steps < R).any(), steps
     # Each token's logits are its exit step's readout, and they differ from the last step's.
     picked = torch.stack(out.step_logits[1:]).gather(0, (steps - 1)[None, ..., None].expand(1, *out.logits.shape))[0]
     assert torch.equal(picked, out.logits)
