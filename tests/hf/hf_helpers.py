@@ -117,6 +117,17 @@ def left_padded(prompts):
     return ids, mask
 
 
+def assert_left_padded_rows_generate_alone(model, lengths=(4, 9), n=6, **kwargs):
+    """A batch of prompts left-padded to one width generates, row by row, exactly what each
+    prompt generates alone (`kwargs` go to both generate calls)."""
+    prompts = [prompt(seq=k, seed=10 + k)[0] for k in lengths]
+    ids, mask = left_padded(prompts)
+    batched = greedy(model, ids, n=n, attention_mask=mask, pad_token_id=0, **kwargs)
+    for i, p in enumerate(prompts):
+        alone = greedy(model, p[None], n=n, **kwargs)
+        assert torch.equal(batched[i, ids.shape[1]:], alone[0, len(p):]), f"row {i}"
+
+
 @contextlib.contextmanager
 def sharded_state_dict(args, store_dir: Path, make=torch.empty):
     """GRTModel(args)'s state dict as DTensors sharded on dim 0 (the vocabulary of the

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_helpers import SMALL_VOCAB, cache_class, decode_logits, greedy, left_padded, prompt, static_decode_logits
+from hf_helpers import SMALL_VOCAB, assert_left_padded_rows_generate_alone, cache_class, decode_logits, greedy, prompt, static_decode_logits
 
 STRATEGIES = ("per_step", "first", "last", "average")
 
@@ -84,13 +84,7 @@ def test_static_cache_equals_dynamic_cache(style, strategy, hf_models):
 @pytest.mark.parametrize("strategy", ["per_step", "average"])
 def test_left_padded_batch_equals_each_prompt_alone(style, strategy, hf_models):
     hf = hf_models[style]
-    prompts = [prompt(seq=n, seed=10 + n)[0] for n in (4, 9, 7)]
-    ids, mask = left_padded(prompts)
-    width = ids.shape[1]
-    batched = greedy(hf, ids, n=12, attention_mask=mask, pad_token_id=0, kv_cache_strategy=strategy)
-    for i, p in enumerate(prompts):
-        alone = greedy(hf, p[None], n=12, kv_cache_strategy=strategy)
-        assert torch.equal(batched[i, width:], alone[0, len(p):]), f"row {i}"
+    assert_left_padded_rows_generate_alone(hf, lengths=(4, 9, 7), n=12, kv_cache_strategy=strategy)
 
 
 @pytest.mark.parametrize("style", ["gpt2", "llama"])

@@ -14,7 +14,7 @@ from grt_titan.hf.configuration_grt import GRTConfig
 from grt_titan.hf.convert import write_hf_folder
 from grt_titan.model.checkpoint import load_checkpoint, model_args_from_hf_config
 from grt_titan.model import GRTModel
-from hf_helpers import ATOL, greedy, left_padded, load_hf, prompt, small_args
+from hf_helpers import ATOL, assert_left_padded_rows_generate_alone, greedy, load_hf, prompt, small_args
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +97,7 @@ def test_cached_decoding_equals_the_full_forward(mor):
     # Greedy generation: token for token the same with and without the cache.
     assert torch.equal(greedy(hf, ids[:, :6], n=10), greedy(hf, ids[:, :6], n=10, use_cache=False))
     # Left padding: padding never enters the core; each row generates what it would alone.
-    prompts = [prompt(seq=n, seed=10 + n)[0] for n in (4, 9)]
-    padded, mask = left_padded(prompts)
-    batched = greedy(hf, padded, n=6, attention_mask=mask, pad_token_id=0)
-    for i, p in enumerate(prompts):
-        assert torch.equal(batched[i, padded.shape[1]:], greedy(hf, p[None], n=6)[0, len(p):]), i
+    assert_left_padded_rows_generate_alone(hf, n=6)
 
 
 def test_export_import_round_trip(mor, tmp_path):

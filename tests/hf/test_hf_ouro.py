@@ -14,7 +14,7 @@ from grt_titan.hf.configuration_grt import GRTConfig
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
 from grt_titan.model.checkpoint import load_checkpoint, model_args_from_hf_config, model_from_state
 from grt_titan.model.exit_distribution import q_exit_steps
-from hf_helpers import ATOL, cache_class, decode_logits, greedy, left_padded, perturb, prompt, static_decode_logits
+from hf_helpers import ATOL, assert_left_padded_rows_generate_alone, cache_class, decode_logits, greedy, perturb, prompt, static_decode_logits
 from test_hf_parts import debug_twin
 
 # Q-exit threshold below 1: with the perturbed gate (lambda ~ 0.5 +- 0.15) tokens exit
@@ -94,11 +94,7 @@ def test_cached_generation_equals_no_cache(ouro):
         for model in (hf, hf_last):
             assert torch.equal(greedy(model, ids[:, :6], n=8), greedy(model, ids[:, :6], n=8, use_cache=False))
         # Left padding: each row generates what it would alone.
-        prompts = [prompt(seq=n, seed=10 + n)[0] for n in (4, 9)]
-        padded, mask = left_padded(prompts)
-        batched = greedy(hf, padded, n=4, attention_mask=mask, pad_token_id=0)
-        for i, p in enumerate(prompts):
-            assert torch.equal(batched[i, padded.shape[1]:], greedy(hf, p[None], n=4)[0, len(p):]), i
+        assert_left_padded_rows_generate_alone(hf, n=4)
 
 
 def test_compressed_caches_are_refused_below_threshold_one(ouro):

@@ -15,8 +15,8 @@ from grt_titan.hf.configuration_grt import PART_SETTINGS, RECURRENCE_PARTS, GRTC
 from grt_titan.hf.convert import SINGLE_FILE, ExportError, build_hf_config, write_hf_folder
 from grt_titan.model import grt_flavors
 from grt_titan.model.checkpoint import HF_PARTS, load_checkpoint, load_model_args, model_args_from_hf_config
-from hf_helpers import (ATOL, REPO, SMALL_VOCAB, decode_logits, greedy, left_padded, load_hf, perturb, prompt,
-                        small_args, static_decode_logits)
+from hf_helpers import (ATOL, REPO, SMALL_VOCAB, assert_left_padded_rows_generate_alone, decode_logits, greedy,
+                        load_hf, perturb, prompt, small_args, static_decode_logits)
 
 PAPER = REPO / "train_configs" / "paper"
 STRATEGIES = ("per_step", "first", "last", "average")
@@ -82,11 +82,7 @@ def test_generation_with_the_kv_cache(part_set):
             assert (static - dynamic).abs().max().item() < ATOL, strategy
     # Left padding: positions (and so the random initial state's rows) restart at each row's
     # first token, and each row generates what it would alone.
-    prompts = [prompt(seq=n, seed=10 + n)[0] for n in (4, 9)]
-    ids, mask = left_padded(prompts)
-    batched = greedy(hf, ids, n=5, attention_mask=mask, pad_token_id=0)
-    for i, p in enumerate(prompts):
-        assert torch.equal(batched[i, ids.shape[1]:], greedy(hf, p[None], n=5)[0, len(p):]), i
+    assert_left_padded_rows_generate_alone(hf, n=5)
 
 
 def test_export_import_export_round_trip(part_set, tmp_path):
