@@ -23,7 +23,6 @@ import importlib
 import os
 import runpy
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -34,10 +33,14 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 STOP_GRACE_S = 5.0  # torchrun's agent also gives the surviving ranks a few seconds on SIGTERM
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
+    """What torchrun exports to rank `rank` of a single-node job of `nproc` ranks."""
+    return dict(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+        GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc), ROLE_NAME="default",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="forked",
+    )
 
 
 def _rank_main(module: str, rank: int, nproc: int, port: int, log: str | None) -> None:
@@ -50,12 +53,7 @@ def _rank_main(module: str, rank: int, nproc: int, port: int, log: str | None) -
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
-        os.environ.update(
-            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-            GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc), ROLE_NAME="default",
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RESTART_COUNT="0",
-            TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="forked",
-        )
+        os.environ.update(rank_environment(rank, nproc, port))
         try:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
             code = 0
@@ -89,7 +87,9 @@ def main(argv: list[str]) -> int:
     sys.argv = [module, *args]
     for name in PRELOADED:
         importlib.import_module(name)
-    port = _free_port()
+    from tests.grt_test_helpers import free_port
+
+    port = free_port()
     logs = tempfile.mkdtemp(prefix="forked-torchrun-")
     sys.stdout.flush()
     sys.stderr.flush()

@@ -20,12 +20,13 @@ import importlib
 import json
 import os
 import shutil
-import socket
 import sys
 import traceback
 
 from torchtitan.config import ConfigManager
 
+from tests.forked_torchrun import rank_environment
+from tests.grt_test_helpers import free_port
 from tests.reliability import reliability_worker
 
 # What every run imports (reliability_worker.main's imports): once, here, before the forks.
@@ -33,18 +34,12 @@ for _module in ("torchtitan.train", "grt_titan", "grt_titan.components.trainer")
     importlib.import_module(_module)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(run: dict) -> int:
     """Fork one run of the worker as rank 0 of a world of one; its exit code."""
     if "copy" in run:
         src, dst = run["copy"]
         shutil.copytree(src, dst)
-    port = _free_port()
+    port = free_port()
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -52,8 +47,7 @@ def _run(run: dict) -> int:
             log = os.open(run["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(log, 1)
             os.dup2(log, 2)
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            os.environ.update(rank_environment(0, 1, port))
             sys.argv = ["reliability_worker", *run["args"]]
             # torchtitan's default `args = sys.argv[1:]` was bound when the parent imported it.
             ConfigManager.parse_args.__defaults__ = (sys.argv[1:],)
