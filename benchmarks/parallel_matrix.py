@@ -47,11 +47,15 @@ CASES = {
 }
 
 
-def run_fake_backend(world_size: int, args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
-    """`python -m grt_titan.train ARGS` as rank 0 of `world_size` on torchtitan's fake backend."""
+def run_fake_backend(world_size: int, args: list[str], timeout: int = 900, runner=None) -> subprocess.CompletedProcess:
+    """`python -m grt_titan.train ARGS` as rank 0 of `world_size` on torchtitan's fake backend.
+    `runner(module, args, env, timeout)` replaces the subprocess (the tests' launch server)."""
     env = {**os.environ, "NGPU": str(world_size), "LOCAL_RANK": "0", "RANK": "0",
            "WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "grt_titan.train", "--comm.mode", "fake_backend", *args],
+    args = ["--comm.mode", "fake_backend", *args]
+    if runner is not None:
+        return runner("grt_titan.train", args, env, timeout)
+    return subprocess.run([sys.executable, "-m", "grt_titan.train", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -85,13 +89,13 @@ def runnable_here(name: str) -> bool:
     return not (compiled and float8) or torch.cuda.is_available()
 
 
-def run_case(name: str, dump_folder: str) -> dict:
+def run_case(name: str, dump_folder: str, runner=None) -> dict:
     """One combination: its step-1 loss, or the last line of its error."""
     if not runnable_here(name):
         return {"name": name, "returncode": None, "loss": None, "seconds": 0.0, "error": EMULATION_LIMIT,
                 "output": ""}
     start = time.perf_counter()
-    proc = run_fake_backend(WORLD_SIZE, case_args(name, dump_folder))
+    proc = run_fake_backend(WORLD_SIZE, case_args(name, dump_folder), runner=runner)
     output = proc.stdout + proc.stderr
     match = STEP_LINE.search(re.sub(r"\x1b\[[0-9;]*m", "", output))
     lines = [line for line in output.splitlines() if "Error" in line]

@@ -43,6 +43,33 @@ def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
     )
 
 
+def set_job_arguments(module: str, args: list[str]) -> None:
+    """`sys.argv` as `python -m MODULE ARGS` sets it. torchtitan binds
+    `ConfigManager.parse_args(args=sys.argv[1:])` when it is imported, so a process that
+    imported it before knowing the job's arguments (tests/launch_server.py) rebinds that default."""
+    sys.argv = [module, *args]
+    manager = sys.modules.get("torchtitan.config.manager")
+    if manager is not None:
+        manager.ConfigManager.parse_args.__defaults__ = (list(args),)
+
+
+def preload() -> None:
+    for name in PRELOADED:
+        importlib.import_module(name)
+
+
+def run_module_as_main(module: str) -> int:
+    """`python -m module` in this process; its exit code as the interpreter would report it."""
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return 0
+    except SystemExit as e:  # sys.exit(n) inside the job
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+
+
 def _rank_main(module: str, rank: int, nproc: int, port: int, log: str | None) -> None:
     """The body of one forked rank; never returns."""
     code = 1
@@ -54,13 +81,7 @@ def _rank_main(module: str, rank: int, nproc: int, port: int, log: str | None) -
             os.dup2(fd, 1)
             os.dup2(fd, 2)
         os.environ.update(rank_environment(rank, nproc, port))
-        try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as e:  # sys.exit(n) inside the job, as `python -m` would report it
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if e.code is not None and not isinstance(e.code, int):
-                print(e.code, file=sys.stderr)
+        code = run_module_as_main(module)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -77,16 +98,9 @@ def _describe(status: int) -> tuple[int, str]:
     return code, f"exit code {code}"
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 2 or not argv[0].isdigit():
-        print("usage: python -m tests.forked_torchrun NPROC MODULE [ARGS...]", file=sys.stderr)
-        return 2
-    nproc, module, args = int(argv[0]), argv[1], argv[2:]
-    # torchtitan binds `ConfigManager.parse_args(args=sys.argv[1:])` when it is imported: the
-    # job's arguments must be in place before the import, as under `python -m MODULE`.
-    sys.argv = [module, *args]
-    for name in PRELOADED:
-        importlib.import_module(name)
+def run_ranks(nproc: int, module: str) -> int:
+    """Fork ranks 0..nproc-1 of `python -m module` (sys.argv set) and wait for them: 0 if every
+    rank exits 0; when one fails, the others are stopped and its last output is printed."""
     from tests.grt_test_helpers import free_port
 
     port = free_port()
@@ -133,6 +147,16 @@ def main(argv: list[str]) -> int:
         os.unlink(os.path.join(logs, name))
     os.rmdir(logs)
     return 1 if failed else 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or not argv[0].isdigit():
+        print("usage: python -m tests.forked_torchrun NPROC MODULE [ARGS...]", file=sys.stderr)
+        return 2
+    nproc, module, args = int(argv[0]), argv[1], argv[2:]
+    set_job_arguments(module, args)  # before the import, as under `python -m MODULE`
+    preload()
+    return run_ranks(nproc, module)
 
 
 if __name__ == "__main__":

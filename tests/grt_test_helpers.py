@@ -88,15 +88,13 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
     tmp_path / log_name. Repeated once after a TEARDOWN_ABORT, from a copy of the dump folder
     as it was before (a resumed run resumes from the same checkpoint again).
 
-    launcher "forked" (the default): the ranks are forked from one interpreter that imported
-    torch and torchtitan once (tests/forked_torchrun.py; same ranks, environment and output,
-    half the CPU of a small run on CI). "torchrun": the real agent, which restarts need."""
+    launcher "forked" (the default): the ranks are forked from an interpreter that imported
+    torch and torchtitan once (tests/forked_torchrun.py, run by this process's launch server,
+    `launch`; same ranks, environment and output, a fraction of the CPU of a small run on CI).
+    "torchrun": the real agent, which restarts need."""
     if launcher not in ("forked", "torchrun"):
         raise ValueError(f"launcher {launcher!r}: use 'forked' or 'torchrun'")
-    if max_restarts is not None or launcher == "torchrun":
-        command = torchrun_command(nproc, args, module, max_restarts)
-    else:
-        command = [sys.executable, "-m", "tests.forked_torchrun", str(nproc), module, *args]
+    real_agent = max_restarts is not None or launcher == "torchrun"
     dump = _dump_folder(args)
     backup = None
     if dump is not None and dump.exists():
@@ -104,9 +102,12 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
         shutil.copytree(dump, backup)
     tmp_path.mkdir(parents=True, exist_ok=True)
     for attempt in (1, 2):
-        proc = subprocess.run(command, cwd=REPO,
-                              env=torchrun_env(env, max_restarts), capture_output=True, text=True,
-                              timeout=timeout)
+        if real_agent:
+            proc = subprocess.run(torchrun_command(nproc, args, module, max_restarts), cwd=REPO,
+                                  env=torchrun_env(env, max_restarts), capture_output=True, text=True,
+                                  timeout=timeout)
+        else:
+            proc = launch(module, args, torchrun_env(env), timeout, nproc=nproc)
         output = proc.stdout + proc.stderr
         with open(tmp_path / log_name, "a") as f:
             f.write(output)
@@ -123,6 +124,30 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
     return proc
 
 
+_LAUNCH_CLIENT = None
+
+
+def launch(module: str, args: list[str], env: dict, timeout: float, nproc: int | None = None,
+           cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`python -m module args` (nproc None) or its `nproc` forked gloo ranks, with environment
+    `env`, output captured: through this test process's launch server (tests/launch_server.py),
+    which saves each job the interpreter start. A real subprocess when the job sets an
+    import-time variable the server cannot (TORCH_LOGS, TORCHINDUCTOR_*, ...) or when
+    GRT_TEST_LAUNCH_SERVER=0."""
+    global _LAUNCH_CLIENT
+    proc = None
+    if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") != "0":
+        from tests.launch_server import LaunchClient
+
+        if _LAUNCH_CLIENT is None:
+            _LAUNCH_CLIENT = LaunchClient(str(REPO))
+        proc = _LAUNCH_CLIENT.run(module, args, env, timeout, nproc=nproc, cwd=str(cwd))
+    if proc is None:
+        command = [sys.executable, "-m", *(("tests.forked_torchrun", str(nproc)) if nproc else ()), module, *args]
+        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,8 +160,7 @@ def one_process(args: list[str], env: dict | None = None, timeout: int = 120,
     (`env` may set NGPU and WORLD_SIZE for a fake-backend world)."""
     full_env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return launch(module, args, full_env, timeout)
 
 
 def step_losses(output: str) -> dict[int, float]:

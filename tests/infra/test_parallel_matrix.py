@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks.parallel_matrix import CASES, run_case, runnable_here
+from grt_test_helpers import launch
 
 CORNERS = ["tp4-compile-ac_full-bf16", "tp4-eager-ac_selective-float8"]
 
@@ -25,7 +26,7 @@ def test_matrix_is_the_full_product():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CORNERS)
 def test_matrix_corner_steps(name, tmp_path):
-    result = run_case(name, str(tmp_path / name))
+    result = run_case(name, str(tmp_path / name), runner=launch)
     assert result["returncode"] == 0, result["output"][-4000:]
     assert 5 < result["loss"] < 12  # one step of a fresh model on GPT-2's vocabulary (ln 50257 = 10.8)
     if "float8" in name:

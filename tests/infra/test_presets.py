@@ -16,7 +16,7 @@ import pytest
 import tomli
 
 from benchmarks.parallel_matrix import run_fake_backend
-from grt_test_helpers import step_losses
+from grt_test_helpers import launch, step_losses
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "train_configs").glob("*.toml"))
 _WORDS = {"one": 1, "two": 2}
@@ -48,7 +48,7 @@ def preset_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("presets")
 
     def run(path):
-        proc = run_fake_backend(intended_world_size(path), preset_args(path, tmp / path.stem), timeout=1200)
+        proc = run_fake_backend(intended_world_size(path), preset_args(path, tmp / path.stem), timeout=1200, runner=launch)
         (tmp / f"{path.stem}.log").write_text(proc.stdout + proc.stderr)
         return path.stem, proc
 

@@ -1,0 +1,34 @@
+"""A job for tests/test_launch_server.py: prints what it was started with, then exits.
+
+    python -m tests.launch_probe [--sleep S] [--exit N] [--fail-rank R] [ARGS...]
+"""
+
+import json
+import os
+import sys
+import time
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    options = {}
+    if args[:1] == ["--torch-logs"]:  # torch's log settings as TORCH_LOGS made them
+        import logging
+
+        import torch._logging._internal as logs
+
+        print(json.dumps({"recompiles_log_level": logging.DEBUG if logs.log_state.is_artifact_enabled("recompiles") else None}))
+        sys.exit(0)
+    while args and args[0] in ("--sleep", "--exit", "--fail-rank"):
+        options[args[0]] = float(args[1])
+        args = args[2:]
+    rank = int(os.environ.get("RANK", "0"))
+    print(json.dumps({
+        "argv": sys.argv, "cwd": os.getcwd(), "rank": rank, "world_size": os.environ.get("WORLD_SIZE"),
+        "probe": os.environ.get("GRT_PROBE"), "stdin": sys.stdin.read(),
+        "parse_args_default": __import__("torchtitan.config.manager", fromlist=["x"]).ConfigManager.parse_args.__defaults__[0],
+    }), flush=True)
+    time.sleep(options.get("--sleep", 0))
+    if options.get("--fail-rank") == rank:
+        print(f"rank {rank} fails", file=sys.stderr)
+        sys.exit(3)
+    sys.exit(int(options.get("--exit", 0)))

@@ -1,0 +1,219 @@
+"""One interpreter per pytest process that imports torch, torchtitan and grt_titan once and forks
+every training job the tests launch (`grt_test_helpers.torchrun`, `one_process`, the presets'
+fake-backend runs).
+
+    python -m tests.launch_server SOCKET
+
+Why: on CI's 2 cores an interpreter start that imports torch, torchtitan and grt_titan costs
+about 9 s of CPU (12-15 s of wall time when both cores are busy), as much as a small test run,
+and the suite launches a few hundred jobs. Forking a job from a process that has only imported
+gives it the state a fresh `python -m MODULE` would have: no model, process group, RNG use or
+thread pool exists before the fork (tests/forked_torchrun.py forks the ranks of one job the
+same way). What a fork cannot give is an environment read at import time (torch's
+TORCH_LOGS, inductor's TORCHINDUCTOR_* settings, OMP threads): a job whose environment differs
+from the server's in such a variable runs as a real subprocess (`needs_fresh_interpreter`).
+
+A job is one connection: the client sends {"module", "args", "env", "cwd", "nproc", "stdout",
+"stderr"} as one JSON line; the server forks the job (its own process group, killed with the
+server), answers {"pid": ...} at once and {"code": ...} when the job ends. nproc null runs the
+module in the job process itself (`python -m MODULE ARGS`); nproc N forks N gloo ranks from it
+(`python -m tests.forked_torchrun N MODULE ARGS`). The server is single-threaded, so nothing
+holds a lock when it forks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import select
+import signal
+import socket
+import sys
+import traceback
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Environment variables that torch, inductor, OpenMP or MKL read when they are imported or
+# first used in a process: a job that changes one of them needs an interpreter of its own.
+IMPORT_TIME_ENV = re.compile(r"^(TORCH|PYTORCH|OMP_|MKL_|KMP_|TRITON|CUDA|GOMP_)")
+# ... except these: the cache folders are read when inductor first compiles, and a job re-reads
+# torch's log settings (`_init_logs`, what `import torch` runs) when it sets them.
+PER_JOB_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_LOGS", "TORCH_LOGS_OUT"}
+
+
+def needs_fresh_interpreter(env: dict[str, str], server_env: dict[str, str]) -> list[str]:
+    """The import-time variables in which `env` differs from the server's (empty: the server can
+    run the job)."""
+    keys = {k for k in (*env, *server_env) if IMPORT_TIME_ENV.match(k) and k not in PER_JOB_ENV}
+    return sorted(k for k in keys if env.get(k) != server_env.get(k))
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _job(request: dict) -> None:
+    """The body of one forked job; never returns."""
+    code = 1
+    try:
+        os.setpgid(0, 0)  # the client kills the job's process group on a timeout
+        _die_with_parent()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        sys.stdout.reconfigure(line_buffering=True)  # as PYTHONUNBUFFERED would
+        os.chdir(request["cwd"])
+        logs_before = {k: os.environ.get(k) for k in ("TORCH_LOGS", "TORCH_LOGS_OUT")}
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if any(os.environ.get(k) != v for k, v in logs_before.items()):
+            import torch._logging._internal
+
+            torch._logging._internal._init_logs()
+        from tests import forked_torchrun
+
+        forked_torchrun.set_job_arguments(request["module"], request["args"])
+        if request["nproc"] is None:
+            code = forked_torchrun.run_module_as_main(request["module"])
+        else:
+            code = forked_torchrun.run_ranks(int(request["nproc"]), request["module"])
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # no atexit handlers or finalizers of the server's objects
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError("client closed the connection before its request ended")
+        data += chunk
+    return data
+
+
+def serve(path: str) -> None:
+    _die_with_parent()
+    from tests import forked_torchrun
+
+    forked_torchrun.preload()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+    print("ready", flush=True)
+    jobs: dict[int, socket.socket] = {}
+    while True:
+        readable, _, _ = select.select([server], [], [], 0.05)
+        if readable:
+            conn, _ = server.accept()
+            try:
+                request = json.loads(_read_line(conn))
+            except (ConnectionError, ValueError):
+                conn.close()
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                server.close()
+                _job(request)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            jobs[pid] = conn
+        while jobs:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = jobs.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                except OSError:  # the client gave up (timeout) and closed its end
+                    pass
+                conn.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
+
+
+class LaunchClient:
+    """The test process's side: starts the server on first use and runs jobs through it."""
+
+    def __init__(self, repo: str):
+        import threading
+
+        self.repo = repo
+        self.lock = threading.Lock()  # tests may launch from several threads (test_presets)
+        self.process = None
+        self.env: dict[str, str] = {}
+        self.folder = None
+
+    def _start(self) -> None:
+        import subprocess
+        import tempfile
+
+        self.folder = tempfile.mkdtemp(prefix="grt-launch-")
+        self.path = os.path.join(self.folder, "socket")
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.launch_server", self.path], cwd=self.repo,
+                                        env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=open(os.path.join(self.folder, "server.log"), "w"), text=True)
+        line = self.process.stdout.readline()
+        if line.strip() != "ready":
+            with open(os.path.join(self.folder, "server.log")) as f:
+                raise RuntimeError(f"tests.launch_server did not start:\n{f.read()[-4000:]}")
+
+    def run(self, module: str, args: list[str], env: dict[str, str], timeout: float,
+            nproc: int | None = None, cwd: str | None = None):
+        """Like subprocess.run(capture_output=True, text=True) of `python -m module args`
+        (nproc None) or `python -m tests.forked_torchrun nproc module args`; None when the job
+        needs an interpreter of its own (needs_fresh_interpreter)."""
+        import subprocess
+
+        import uuid
+
+        with self.lock:
+            if self.process is None or self.process.poll() is not None:
+                self._start()
+        if needs_fresh_interpreter(env, self.env):
+            return None
+        command = [sys.executable, "-m", *(("tests.forked_torchrun", str(nproc)) if nproc else ()), module, *args]
+        out, err = (os.path.join(self.folder, f"job-{uuid.uuid4().hex}.{n}") for n in ("out", "err"))
+        request = dict(module=module, args=list(args), env=dict(env), cwd=cwd or self.repo, nproc=nproc,
+                       stdout=out, stderr=err)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.path)
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            conn.settimeout(timeout)
+            reply = conn.makefile("rb")
+            pid = json.loads(reply.readline())["pid"]
+            try:
+                line = reply.readline()
+            except TimeoutError:
+                line = b""
+            if not line:  # timed out (or the server died): the job's whole process group goes
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                raise subprocess.TimeoutExpired(command, timeout, output=_read(out), stderr=_read(err))
+            code = json.loads(line)["code"]
+            return subprocess.CompletedProcess(command, code, _read(out), _read(err))
+        finally:
+            conn.close()
+            for path in (out, err):
+                if os.path.exists(path):
+                    os.unlink(path)
+
+
+def _read(path: str) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return f.read()
