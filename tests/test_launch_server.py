@@ -4,7 +4,6 @@ working directory, environment, closed stdin, exit code and output; a timeout ki
 an import-time variable sends the job to a fresh interpreter."""
 
 import json
-import os
 import subprocess
 import sys
 import time
