@@ -65,6 +65,10 @@ def _job(request: dict) -> None:
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         sys.stdout.reconfigure(line_buffering=True)  # as PYTHONUNBUFFERED would
         os.chdir(request["cwd"])
+        # sys.path as `python -m` builds it: the working directory, then PYTHONPATH's entries.
+        sys.path[0] = os.getcwd()
+        extra = [path for path in request["env"].get("PYTHONPATH", "").split(os.pathsep) if path]
+        sys.path[1:1] = [path for path in extra if path not in sys.path]
         logs_before = {k: os.environ.get(k) for k in ("TORCH_LOGS", "TORCH_LOGS_OUT")}
         os.environ.clear()
         os.environ.update(request["env"])

@@ -4,6 +4,7 @@ working directory, environment, closed stdin, exit code and output; a timeout ki
 an import-time variable sends the job to a fresh interpreter."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,11 +25,10 @@ def probe_lines(proc):
 
 
 def test_a_job_sees_what_python_dash_m_would(client, tmp_path):
-    env = {**torchrun_env(), "GRT_PROBE": "one"}
+    env = {**torchrun_env(), "GRT_PROBE": "one", "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path / "extra")])}
     served = client.run("tests.launch_probe", ["--exit", "7", "a", "b"], env, timeout=60, cwd=str(tmp_path))
     fresh = subprocess.run([sys.executable, "-m", "tests.launch_probe", "--exit", "7", "a", "b"], cwd=tmp_path,
-                           env={**env, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL, capture_output=True,
-                           text=True, timeout=120)
+                           env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     assert served.returncode == fresh.returncode == 7
     (got,), (expected,) = probe_lines(served), probe_lines(fresh)
     got["argv"][0] = expected["argv"][0] = "(module path)"

@@ -1,27 +1,25 @@
 """Each workaround in grt_titan/infra/torch_workarounds.py: the defect still shows without it
 (when this starts failing, torch has fixed it and the workaround can go) and is gone with it.
 
-Each case runs in a fresh process: the workarounds change process-wide torch state.
+Each case runs in a process of its own (a fork of the tests' launch server, which has only
+imported): the workarounds change process-wide torch state.
 """
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from grt_test_helpers import REPO
+from grt_test_helpers import REPO, launch
 from grt_titan.infra.torch_workarounds import install_rng_state_order_fix, saves_opaque_objects
 
-WORKER = REPO / "tests" / "infra" / "torch_workarounds_worker.py"
+WORKER = "tests.infra.torch_workarounds_worker"
 
 
 def run_case(tmp_path, case: str, fix: bool, *extra: str, env: dict | None = None) -> dict:
     out = tmp_path / f"{case}-{'fix' if fix else 'nofix'}-{'-'.join(extra)}.json"
     full_env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.run([sys.executable, str(WORKER), case, "fix" if fix else "nofix", str(out), *extra],
-                          env=full_env, capture_output=True, text=True, timeout=600)
+    proc = launch(WORKER, [case, "fix" if fix else "nofix", str(out), *extra], full_env, timeout=600)
     assert out.exists(), (proc.stdout + proc.stderr)[-3000:]
     return json.loads(out.read_text())
 

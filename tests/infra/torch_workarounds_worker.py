@@ -1,8 +1,8 @@
 """One process, one torch defect of grt_titan/infra/torch_workarounds.py, with or without its workaround.
 
-    python tests/infra/torch_workarounds_worker.py rng_order  {fix|nofix} OUT.json
-    python tests/infra/torch_workarounds_worker.py uneven_cache {fix|nofix} OUT.json RANK
-    python tests/infra/torch_workarounds_worker.py embedding_view {fix|nofix} OUT.json
+    python -m tests.infra.torch_workarounds_worker rng_order  {fix|nofix} OUT.json
+    python -m tests.infra.torch_workarounds_worker uneven_cache {fix|nofix} OUT.json RANK
+    python -m tests.infra.torch_workarounds_worker embedding_view {fix|nofix} OUT.json
 
 Writes {"ok": true, ...} or {"ok": false, "error": "..."} to OUT.json.
 """
