@@ -24,7 +24,7 @@ if __name__ == "__main__":
     rank = int(os.environ.get("RANK", "0"))
     print(json.dumps({
         "argv": sys.argv, "cwd": os.getcwd(), "path": [p for p in sys.path[:3] if "site-packages" not in p],
-        "rank": rank, "world_size": os.environ.get("WORLD_SIZE"),
+        "rank": rank, "world_size": os.environ.get("WORLD_SIZE"), "torch_seed": __import__("torch").initial_seed(),
         "probe": os.environ.get("GRT_PROBE"), "stdin": sys.stdin.read(),
         "parse_args_default": __import__("torchtitan.config.manager", fromlist=["x"]).ConfigManager.parse_args.__defaults__[0],
     }), flush=True)

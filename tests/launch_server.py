@@ -7,11 +7,12 @@ fake-backend runs).
 Why: on CI's 2 cores an interpreter start that imports torch, torchtitan and grt_titan costs
 about 9 s of CPU (12-15 s of wall time when both cores are busy), as much as a small test run,
 and the suite launches a few hundred jobs. Forking a job from a process that has only imported
-gives it the state a fresh `python -m MODULE` would have: no model, process group, RNG use or
-thread pool exists before the fork (tests/forked_torchrun.py forks the ranks of one job the
-same way). What a fork cannot give is an environment read at import time (torch's
-TORCH_LOGS, inductor's TORCHINDUCTOR_* settings, OMP threads): a job whose environment differs
-from the server's in such a variable runs as a real subprocess (`needs_fresh_interpreter`).
+gives it the state a fresh `python -m MODULE` would have: no model, process group or thread
+pool exists before the fork, and each job seeds its random generators from the OS, as a new
+interpreter does (tests/forked_torchrun.py forks the ranks of one job the same way). What a
+fork cannot give is an environment read at import time (inductor's TORCHINDUCTOR_* settings,
+OMP threads): a job whose environment differs from the server's in such a variable runs as a
+real subprocess (`needs_fresh_interpreter`); TORCH_LOGS is re-read per job.
 
 A job is one connection: the client sends {"module", "args", "env", "cwd", "nproc", "stdout",
 "stderr"} as one JSON line; the server forks the job (its own process group, killed with the
@@ -76,6 +77,7 @@ def _job(request: dict) -> None:
             import torch._logging._internal
 
             torch._logging._internal._init_logs()
+        _fresh_random_state()
         from tests import forked_torchrun
 
         forked_torchrun.set_job_arguments(request["module"], request["args"])
@@ -89,6 +91,19 @@ def _job(request: dict) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # no atexit handlers or finalizers of the server's objects
+
+
+def _fresh_random_state() -> None:
+    """Random generators seeded as in a fresh interpreter (each from the OS): a fork would
+    otherwise hand every job the server's state. (Python's hash seed stays the server's.)"""
+    import random
+
+    import torch
+
+    random.seed()
+    torch.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
 
 
 def _read_line(conn: socket.socket) -> bytes:

@@ -32,6 +32,8 @@ def test_a_job_sees_what_python_dash_m_would(client, tmp_path):
     assert served.returncode == fresh.returncode == 7
     (got,), (expected,) = probe_lines(served), probe_lines(fresh)
     got["argv"][0] = expected["argv"][0] = "(module path)"
+    first_seed = got.pop("torch_seed")
+    assert first_seed != expected.pop("torch_seed")  # random per interpreter
     assert got == expected
     assert got["parse_args_default"] == ["--exit", "7", "a", "b"] and got["probe"] == "one"
     # The next job gets its own arguments and environment, not the last one's.
@@ -39,6 +41,8 @@ def test_a_job_sees_what_python_dash_m_would(client, tmp_path):
     (second,) = probe_lines(again)
     assert again.returncode == 0 and second["parse_args_default"] == ["c"] and second["probe"] == "two"
     assert second["cwd"] == str(REPO)
+    # Each job's generators are seeded afresh, not inherited from the server.
+    assert second["torch_seed"] != first_seed
 
 
 def test_forked_ranks_through_the_server(client):
