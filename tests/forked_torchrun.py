@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Callable, NoReturn
 
 PRELOADED = ("torchtitan.train", "grt_titan", "grt_titan.components.trainer")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -70,24 +71,42 @@ def run_module_as_main(module: str) -> int:
         return 1
 
 
-def _rank_main(module: str, rank: int, nproc: int, port: int, log: str | None) -> None:
-    """The body of one forked rank; never returns."""
+def die_with_parent() -> None:
+    """This process gets SIGKILL when its parent dies (a test's timeout kills the launcher), as
+    torchrun's workers would not."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def exit_forked_child(body: Callable[[], int | None]) -> NoReturn:
+    """End a forked child with `body()`'s exit code (None: 0; an exception: 1, its traceback
+    printed), flushed, and without the parent's atexit handlers or finalizers."""
     code = 1
     try:
-        # Die with the launcher (a test's timeout kills it), as torchrun's workers would not.
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if log is not None:  # ranks other than 0: their output is shown only if they fail
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-        os.environ.update(rank_environment(rank, nproc, port))
-        code = run_module_as_main(module)
+        code = body() or 0
     except BaseException:
         traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)  # no atexit handlers or finalizers of the parent's objects
+        os._exit(code)
+
+
+def job_command(module: str, args: list[str], nproc: int | None = None) -> list[str]:
+    """The command line of `python -m module args`, or of its `nproc` ranks under this launcher."""
+    return [sys.executable, "-m", *(("tests.forked_torchrun", str(nproc)) if nproc else ()), module, *args]
+
+
+def _rank_main(module: str, rank: int, nproc: int, port: int, log: str | None) -> NoReturn:
+    def body() -> int:
+        die_with_parent()
+        if log is not None:  # ranks other than 0: their output is shown only if they fail
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+        os.environ.update(rank_environment(rank, nproc, port))
+        return run_module_as_main(module)
+
+    exit_forked_child(body)
 
 
 def _describe(status: int) -> tuple[int, str]:

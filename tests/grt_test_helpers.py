@@ -143,8 +143,9 @@ def launch(module: str, args: list[str], env: dict, timeout: float, nproc: int |
             _LAUNCH_CLIENT = LaunchClient(str(REPO))
         proc = _LAUNCH_CLIENT.run(module, args, env, timeout, nproc=nproc, cwd=str(cwd))
     if proc is None:
-        command = [sys.executable, "-m", *(("tests.forked_torchrun", str(nproc)) if nproc else ()), module, *args]
-        proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        from tests.forked_torchrun import job_command
+
+        proc = subprocess.run(job_command(module, args, nproc), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     return proc
 
 

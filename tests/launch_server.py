@@ -24,7 +24,6 @@ holds a lock when it forks.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -32,9 +31,8 @@ import select
 import signal
 import socket
 import sys
-import traceback
+from typing import NoReturn
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # Environment variables that torch, inductor, OpenMP or MKL read when they are imported or
 # first used in a process: a job that changes one of them needs an interpreter of its own.
 IMPORT_TIME_ENV = re.compile(r"^(TORCH|PYTORCH|OMP_|MKL_|KMP_|TRITON|CUDA|GOMP_)")
@@ -50,16 +48,13 @@ def needs_fresh_interpreter(env: dict[str, str], server_env: dict[str, str]) -> 
     return sorted(k for k in keys if env.get(k) != server_env.get(k))
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def _job(request: dict) -> NoReturn:
+    """The body of one forked job."""
+    from tests import forked_torchrun
 
-
-def _job(request: dict) -> None:
-    """The body of one forked job; never returns."""
-    code = 1
-    try:
+    def body() -> int:
         os.setpgid(0, 0)  # the client kills the job's process group on a timeout
-        _die_with_parent()
+        forked_torchrun.die_with_parent()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
@@ -78,19 +73,12 @@ def _job(request: dict) -> None:
 
             torch._logging._internal._init_logs()
         _fresh_random_state()
-        from tests import forked_torchrun
-
         forked_torchrun.set_job_arguments(request["module"], request["args"])
         if request["nproc"] is None:
-            code = forked_torchrun.run_module_as_main(request["module"])
-        else:
-            code = forked_torchrun.run_ranks(int(request["nproc"]), request["module"])
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # no atexit handlers or finalizers of the server's objects
+            return forked_torchrun.run_module_as_main(request["module"])
+        return forked_torchrun.run_ranks(int(request["nproc"]), request["module"])
+
+    forked_torchrun.exit_forked_child(body)
 
 
 def _fresh_random_state() -> None:
@@ -117,9 +105,9 @@ def _read_line(conn: socket.socket) -> bytes:
 
 
 def serve(path: str) -> None:
-    _die_with_parent()
     from tests import forked_torchrun
 
+    forked_torchrun.die_with_parent()
     forked_torchrun.preload()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
@@ -201,7 +189,9 @@ class LaunchClient:
                 self._start()
         if needs_fresh_interpreter(env, self.env):
             return None
-        command = [sys.executable, "-m", *(("tests.forked_torchrun", str(nproc)) if nproc else ()), module, *args]
+        from tests.forked_torchrun import job_command
+
+        command = job_command(module, args, nproc)
         out, err = (os.path.join(self.folder, f"job-{uuid.uuid4().hex}.{n}") for n in ("out", "err"))
         request = dict(module=module, args=list(args), env=dict(env), cwd=cwd or self.repo, nproc=nproc,
                        stdout=out, stderr=err)

@@ -21,11 +21,8 @@ import json
 import os
 import shutil
 import sys
-import traceback
 
-from torchtitan.config import ConfigManager
-
-from tests.forked_torchrun import rank_environment
+from tests.forked_torchrun import exit_forked_child, rank_environment, set_job_arguments
 from tests.grt_test_helpers import free_port
 from tests.reliability import reliability_worker
 
@@ -42,23 +39,15 @@ def _run(run: dict) -> int:
     port = free_port()
     pid = os.fork()
     if pid == 0:
-        code = 1
-        try:
+        def body() -> None:
             log = os.open(run["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(log, 1)
             os.dup2(log, 2)
             os.environ.update(rank_environment(0, 1, port))
-            sys.argv = ["reliability_worker", *run["args"]]
-            # torchtitan's default `args = sys.argv[1:]` was bound when the parent imported it.
-            ConfigManager.parse_args.__defaults__ = (sys.argv[1:],)
+            set_job_arguments("reliability_worker", run["args"])
             reliability_worker.main()
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)  # no atexit handlers or finalizers of the parent's objects
+
+        exit_forked_child(body)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
@@ -83,14 +72,7 @@ def main(plan_path: str) -> None:
             running.discard(os.wait()[0])
         pid = os.fork()
         if pid == 0:
-            code = 1
-            try:
-                _pipeline(runs, result)
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(code)
+            exit_forked_child(lambda: _pipeline(runs, result))
         running.add(pid)
     while running:
         running.discard(os.wait()[0])
