@@ -83,18 +83,16 @@ def _dump_folder(args: list[str]) -> Path | None:
 
 def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, module: str = "grt_titan.train",
              env: dict | None = None, max_restarts: int | None = None,
-             log_name: str = "torchrun.log", launcher: str = "forked") -> subprocess.CompletedProcess:
+             log_name: str = "torchrun.log") -> subprocess.CompletedProcess:
     """`torchrun --nproc_per_node=nproc -m module args` from the repo root; output appended to
     tmp_path / log_name. Repeated once after a TEARDOWN_ABORT, from a copy of the dump folder
     as it was before (a resumed run resumes from the same checkpoint again).
 
-    launcher "forked" (the default): the ranks are forked from an interpreter that imported
-    torch and torchtitan once (tests/forked_torchrun.py, run by this process's launch server,
-    `launch`; same ranks, environment and output, a fraction of the CPU of a small run on CI).
-    "torchrun": the real agent, which restarts need."""
-    if launcher not in ("forked", "torchrun"):
-        raise ValueError(f"launcher {launcher!r}: use 'forked' or 'torchrun'")
-    real_agent = max_restarts is not None or launcher == "torchrun"
+    The ranks are forked from an interpreter that imported torch and torchtitan once
+    (tests/forked_torchrun.py, run by this process's launch server, `launch`; same ranks,
+    environment and output, a fraction of the CPU of a small run on CI). With `max_restarts`,
+    torchrun's real agent, which restarts need."""
+    real_agent = max_restarts is not None
     dump = _dump_folder(args)
     backup = None
     if dump is not None and dump.exists():

@@ -1,4 +1,7 @@
-"""End to end through torchtitan's Trainer on CPU/gloo, launched by torchrun."""
+"""End to end through torchtitan's Trainer on CPU/gloo, 2 ranks.
+
+The ranks are forked with torchrun's environment (tests/forked_torchrun.py); the user's own
+command, through torchrun's agent, runs in tests/docs (README.md's CPU run)."""
 
 import json
 
@@ -28,7 +31,6 @@ def test_grt_debug_trains_on_two_cpu_ranks(run_torchrun, tmp_path):
             "--validation.freq", "30",
         ],
         tmp_path,
-        launcher="torchrun",  # the user's command, through torchrun's own agent
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
