@@ -12,8 +12,7 @@ process, as much as a small test run itself, and torchrun adds an agent process 
 torch too. Here the import happens once, in this process, and the ranks are forked from it
 after nothing but imports (no model, no process group, no RNG use), so each rank still starts
 from a clean state. Jobs that restart ranks (`--max-restarts`) need torchrun's agent and keep
-using it (grt_test_helpers.torchrun), as does one test of the user's documented command
-(tests/infra/test_train_cpu.py).
+using it (grt_test_helpers.torchrun), as do the docs' commands (tests/docs).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ Why: on CI's 2 cores an interpreter start that imports torch, torchtitan and grt
 about 9 s of CPU (12-15 s of wall time when both cores are busy), as much as a small test run,
 and the suite launches a few hundred jobs. Forking a job from a process that has only imported
 gives it the state a fresh `python -m MODULE` would have: no model, process group or thread
-pool exists before the fork, and each job seeds its random generators from the OS, as a new
-interpreter does (tests/forked_torchrun.py forks the ranks of one job the same way). What a
+pool exists before the fork (tests/forked_torchrun.py forks the ranks of one job the same way),
+and each job seeds its random generators from the OS, as a new interpreter does (the ranks of
+one job inherit that job's state; torchtitan broadcasts rank 0's seed anyway). What a
 fork cannot give is an environment read at import time (inductor's TORCHINDUCTOR_* settings,
 OMP threads): a job whose environment differs from the server's in such a variable runs as a
 real subprocess (`needs_fresh_interpreter`); TORCH_LOGS is re-read per job.
@@ -33,6 +34,8 @@ import socket
 import sys
 from typing import NoReturn
 
+from tests import forked_torchrun
+
 # Environment variables that torch, inductor, OpenMP or MKL read when they are imported or
 # first used in a process: a job that changes one of them needs an interpreter of its own.
 IMPORT_TIME_ENV = re.compile(r"^(TORCH|PYTORCH|OMP_|MKL_|KMP_|TRITON|CUDA|GOMP_)")
@@ -50,8 +53,6 @@ def needs_fresh_interpreter(env: dict[str, str], server_env: dict[str, str]) -> 
 
 def _job(request: dict) -> NoReturn:
     """The body of one forked job."""
-    from tests import forked_torchrun
-
     def body() -> int:
         os.setpgid(0, 0)  # the client kills the job's process group on a timeout
         forked_torchrun.die_with_parent()
@@ -105,8 +106,6 @@ def _read_line(conn: socket.socket) -> bytes:
 
 
 def serve(path: str) -> None:
-    from tests import forked_torchrun
-
     forked_torchrun.die_with_parent()
     forked_torchrun.preload()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -189,9 +188,7 @@ class LaunchClient:
                 self._start()
         if needs_fresh_interpreter(env, self.env):
             return None
-        from tests.forked_torchrun import job_command
-
-        command = job_command(module, args, nproc)
+        command = forked_torchrun.job_command(module, args, nproc)
         out, err = (os.path.join(self.folder, f"job-{uuid.uuid4().hex}.{n}") for n in ("out", "err"))
         request = dict(module=module, args=list(args), env=dict(env), cwd=cwd or self.repo, nproc=nproc,
                        stdout=out, stderr=err)
