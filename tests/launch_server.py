@@ -160,10 +160,13 @@ class LaunchClient:
         self.folder = None
 
     def _start(self) -> None:
+        import atexit
+        import shutil
         import subprocess
         import tempfile
 
         self.folder = tempfile.mkdtemp(prefix="grt-launch-")
+        atexit.register(shutil.rmtree, self.folder, ignore_errors=True)  # socket and server log
         self.path = os.path.join(self.folder, "socket")
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen([sys.executable, "-m", "tests.launch_server", self.path], cwd=self.repo,

@@ -58,8 +58,8 @@ def gpt2_params(d, blocks, recurrent):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runs")
+def runs(module_tmp):
+    root = module_tmp("runs")
     return {
         "dense": make_run(root, "small_dense", "dense_small", {10: 3.5, 20: 3.3}),
         "grt_a": make_run(root, "small_grt_seed0", "small", {10: 3.4, 20: 3.25, 30: 3.0}, seed=0, recurrences=10,

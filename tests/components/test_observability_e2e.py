@@ -15,11 +15,11 @@ CONFIG = "train_configs/grt_debug.toml"
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
+def trained_run(module_tmp):
     """20 steps of grt_debug, logs every 5, validation at steps 1 and 20, model-only checkpoint."""
     from grt_test_helpers import torchrun
 
-    tmp = tmp_path_factory.mktemp("grt_debug_run")
+    tmp = module_tmp("grt_debug_run")
     proc = torchrun(1, [
         "--job.config_file", CONFIG,
         "--job.dump_folder", str(tmp / "run"),

@@ -18,7 +18,7 @@ from hf_helpers import ATOL, assert_left_padded_rows_generate_alone, greedy, loa
 
 
 @pytest.fixture(scope="module")
-def mor(tmp_path_factory):
+def mor(module_tmp):
     """(torchtitan MoR model in eval mode, exported folder, loaded HF model); `verify` compares
     the two models' logits once more at export."""
     args = small_args("gpt2").replace(**MOR_PARTS)
@@ -29,7 +29,7 @@ def mor(tmp_path_factory):
         for p in native.parameters():  # far from the init: routers with varied decisions
             p.add_(torch.randn_like(p) * 0.05)
     native.eval()
-    folder = tmp_path_factory.mktemp("mor") / "hf"
+    folder = module_tmp("mor") / "hf"
     write_hf_folder(folder, native.state_dict(), args, write_tokenizer=False, verify=True)
     return native, folder, load_hf(folder)
 

@@ -23,13 +23,13 @@ THRESHOLD = 0.7
 
 
 @pytest.fixture(scope="module")
-def ouro(tmp_path_factory):
+def ouro(module_tmp):
     """(torchtitan model at q < 1, exported folder, HF model at q < 1, HF model at q = 1)."""
     from transformers import AutoModelForCausalLM
 
     args = debug_twin("small_ouro.toml").replace(exit_threshold=THRESHOLD)
     native = perturb(build_model(args))
-    folder = tmp_path_factory.mktemp("ouro") / "hf"
+    folder = module_tmp("ouro") / "hf"
     write_hf_folder(folder, native.state_dict(), args, write_tokenizer=False)
     hf = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=True).eval()
     # The documented way to change q: a config attribute set at load time.

@@ -36,11 +36,11 @@ def debug_twin(toml: str):
 
 
 @pytest.fixture(scope="module", params=list(PART_SETS))
-def part_set(request, tmp_path_factory):
+def part_set(request, module_tmp):
     """(torchtitan model in eval mode, exported folder, loaded HF model) of one part set."""
     args = debug_twin(PART_SETS[request.param])
     native = perturb(build_model(args))
-    folder = tmp_path_factory.mktemp(request.param) / "hf"
+    folder = module_tmp(request.param) / "hf"
     write_hf_folder(folder, native.state_dict(), args, write_tokenizer=False)
     return native, folder, load_hf(folder)
 

@@ -32,8 +32,8 @@ def padded_models():
 
 
 @pytest.fixture(scope="module")
-def padded_exports(padded_models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("padded")
+def padded_exports(padded_models, module_tmp):
+    root = module_tmp("padded")
     return {style: write_hf_folder(root / style, m.state_dict(), m.model_args, write_tokenizer=False,
                                    verify=True)  # verify: fp32 logits over the true ids
             for style, m in padded_models.items()}

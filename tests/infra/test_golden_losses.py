@@ -52,8 +52,8 @@ def test_golden_file_matches_the_script():
 
 
 @pytest.fixture(scope="module")
-def tmp(tmp_path_factory):
-    return tmp_path_factory.mktemp("golden")
+def tmp(module_tmp):
+    return module_tmp("golden")
 
 
 @pytest.fixture(scope="module")

@@ -44,8 +44,8 @@ def make_seed_checkpoint(tmp, extra_args=()):
 
 
 @pytest.fixture(scope="module")
-def seed_checkpoint(tmp_path_factory):
-    return make_seed_checkpoint(tmp_path_factory.mktemp("seed"))
+def seed_checkpoint(module_tmp):
+    return make_seed_checkpoint(module_tmp("seed"))
 
 
 def layout_args(run_dir, seed, nproc, extra, global_batch=4):
@@ -91,18 +91,18 @@ LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def reference(seed_checkpoint, tmp_path_factory):
+def reference(seed_checkpoint, module_tmp):
     from grt_test_helpers import torchrun
 
-    tmp = tmp_path_factory.mktemp("ref")
+    tmp = module_tmp("ref")
     return train(torchrun, tmp, seed_checkpoint, "one_rank", 1, ONE_RANK)
 
 
 @pytest.fixture(scope="module")
-def reference_grads(seed_checkpoint, tmp_path_factory):
+def reference_grads(seed_checkpoint, module_tmp):
     from grt_test_helpers import torchrun
 
-    return grad_norms(torchrun, tmp_path_factory.mktemp("refgrads"), seed_checkpoint, "one_rank", 1, ONE_RANK)
+    return grad_norms(torchrun, module_tmp("refgrads"), seed_checkpoint, "one_rank", 1, ONE_RANK)
 
 
 @pytest.mark.slow

@@ -43,9 +43,9 @@ def preset_args(path: Path, dump_folder: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def preset_runs(tmp_path_factory):
+def preset_runs(module_tmp):
     """All presets, two at a time (each is one process; compile dominates)."""
-    tmp = tmp_path_factory.mktemp("presets")
+    tmp = module_tmp("presets")
 
     def run(path):
         proc = run_fake_backend(intended_world_size(path), preset_args(path, tmp / path.stem), timeout=1200, runner=launch)

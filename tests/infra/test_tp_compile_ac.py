@@ -74,15 +74,15 @@ def run(run_torchrun, tmp_path, name, args, env=None):
 
 
 @pytest.fixture(scope="module")
-def inductor_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("inductor-cache")
+def inductor_cache(module_tmp):
+    return module_tmp("inductor-cache")
 
 
 @pytest.fixture(scope="module")
-def eager_losses(tmp_path_factory):
+def eager_losses(module_tmp):
     from grt_test_helpers import torchrun
 
-    tmp = tmp_path_factory.mktemp("tp2_eager")
+    tmp = module_tmp("tp2_eager")
     return {style: run(torchrun, tmp, style, ["--grt.block_style", style])[0] for style in STYLES}
 
 

@@ -59,10 +59,10 @@ def method_plan(method: str, root: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def method_runs(tmp_path_factory) -> dict[str, dict]:
+def method_runs(module_tmp) -> dict[str, dict]:
     """Every method's two runs, two methods at a time, forked from one interpreter
     (forked_runs.py)."""
-    root = tmp_path_factory.mktemp("method_resume")
+    root = module_tmp("method_resume")
     plan = {"parallel": 2, "result": str(root / "result.json"),
             "pipelines": [method_plan(method, root) for method in METHODS]}
     (root / "plan.json").write_text(json.dumps(plan))

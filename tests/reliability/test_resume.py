@@ -31,13 +31,13 @@ def noise_args(noise: bool) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def stopped(tmp_path_factory):
+def stopped(module_tmp):
     """`stopped(noise)`: a run preempted right after the checkpoint of step 3."""
     runs = {}
 
     def get(noise: bool):
         if noise not in runs:
-            run = tmp_path_factory.mktemp("stopped") / ("noise" if noise else "no_noise")
+            run = module_tmp("stopped") / ("noise" if noise else "no_noise")
             proc = train(2, run, *noise_args(noise), "--checkpoint.interval", str(STOP),
                          env={"GRT_TEST_STOP_AFTER": str(STOP)})
             assert proc.returncode == 0, output(proc)[-3000:]
