@@ -46,7 +46,7 @@ def make_processor(kind: str, job_config, dims, model, optimizers):
         proc = MetricsProcessor(job_config, dims)
     else:
         proc = GRTMetricsProcessor(job_config, dims, model.model_args)
-    proc.num_flops_per_token = int(model.model_args.train_flops_per_token(job_config.training.seq_len))
+    proc.num_flops_per_token = int(model.model_args.expected_train_flops_per_token(job_config.training.seq_len))
     proc.model_parts = [model]
     proc.optimizers = optimizers
     return proc

@@ -21,11 +21,11 @@ from grt_titan.model.args import (
     Objective,
     Router,
     RouterInference,
+    RouterUpdate,
     StepAdapter,
     Update,
 )
 from grt_titan.tokenizer import GPT2_TIKTOKEN_PATH
-
 
 # torchtitan's registered name of the float8 linear converter ([model] converters).
 FLOAT8_CONVERTER = "quantize.linear.float8"
@@ -153,6 +153,12 @@ class GRTSection:
     i-1 and sigmoid(router logit) > 0.5, causal (what generation uses; eager only: refused
     with [compile] enable and validation on). Training always uses top_k
     (docs/architecture.md)."""
+
+    router_update: RouterUpdate | None = None
+    """MoR expert choice: a routed token's update with router weight g. `delta` (default):
+    h + g (core(h) - h), the paper's H + g f(H); `block`: h + g core(h) = (1 + g) h + g f(h),
+    the released code's `x + g * Block(x)` (its Block holds the residual), which the MoR TOMLs
+    of train_configs/paper/ use (docs/architecture.md, "Mixture-of-Recursions")."""
 
     recurrence_checkpoint: RecurrenceCheckpoint = "block"
     """With [activation_checkpoint] mode != none: `block` applies torchtitan's mode to every

@@ -27,15 +27,6 @@ GPT2_PAT_STR = (
 )
 ENDOFTEXT = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
-GPT2_EOT_ID = 50256
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _load_ranks(path: Path, data: bytes) -> dict[bytes, int]:

@@ -213,7 +213,7 @@ def measure_training(config: str, size: SuiteSize, device: str, compiled: bool, 
     if sampled:
         flops = sum(args.train_flops_per_token(size.seq_len, r) for r in sampled)
     else:
-        flops = size.steps * args.train_flops_per_token(size.seq_len)
+        flops = size.steps * args.expected_train_flops_per_token(size.seq_len)
     flops *= size.batch * size.seq_len
     result = {
         "config": config, "compiled": compiled, "float8": float8,
@@ -283,9 +283,8 @@ def part_float8(size: SuiteSize, device: str) -> dict:
 
 
 def part_generate(size: SuiteSize, device: str) -> dict:
-    import torch
-
     import generate_bench as gb
+    import torch
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
 
@@ -346,7 +345,7 @@ def plan(size: SuiteSize) -> list[tuple[str, int, float]]:
     rate = 0.3 * H200_BF16_PEAK
 
     def seconds(configs, runs_each):
-        return sum(runs_each * tokens * flavor(c).train_flops_per_token(size.seq_len) / rate for c in configs)
+        return sum(runs_each * tokens * flavor(c).expected_train_flops_per_token(size.seq_len) / rate for c in configs)
 
     train_configs = [c for _, g, d in size.train_pairs for c in (g, d)]
     float8_configs = [g for _, g, _ in size.train_pairs] + [size.wide[1]] * 2  # bf16 reused but the wide one

@@ -29,7 +29,14 @@ from torch import nn
 
 from grt_titan.model.recurrence import Recurrence, StepRecord, find_recurrence
 from grt_titan.model.step_stats import (
-    GATE_BINS, GATE_QUANTILES, STATISTICS, SUMS, gate_histogram, histogram_quantiles, quantile_key, step_row,
+    GATE_BINS,
+    GATE_QUANTILES,
+    STATISTICS,
+    SUMS,
+    gate_histogram,
+    histogram_quantiles,
+    quantile_key,
+    step_row,
     summarize,
 )
 

@@ -60,6 +60,39 @@ def last_scalar(tb_root: Path, tag: str) -> tuple[int, float] | None:
     return None if best is None else (best[0][0], best[1])
 
 
+def find_run_dirs(paths: list[str | Path], allow_bare: bool = False) -> list[Path]:
+    """The run folders of `paths`, as TensorBoard's logdir finds event files: a path holding
+    grt_run.json is a run; any other folder stands for every folder below it that holds one
+    (in path order, so `grt-titan table outputs/` reads a whole tree of runs). Each run once,
+    at its first mention.
+
+    `allow_bare` (`--config` given): a folder with no record in or below it is a run made
+    before records existed, itself. Otherwise such a folder is an error naming it.
+
+    Raises:
+        FileNotFoundError: a path that is not a folder, or a folder with no record in or below it.
+    """
+    found: list[Path] = []
+    for given in map(Path, paths):
+        if (given / RECORD_NAME).is_file():
+            below = [given]
+        elif not given.is_dir():
+            raise FileNotFoundError(f"{given} is not a folder (expected a run's job.dump_folder, or a folder of runs)")
+        else:
+            below = sorted(record.parent for record in given.rglob(RECORD_NAME) if record.is_file())
+        if not below and allow_bare:
+            below = [given]
+        elif not below:
+            raise FileNotFoundError(
+                f"{given} has no {RECORD_NAME}, nor any folder below it (runs started before grt_titan wrote "
+                "run records, or not a job.dump_folder nor a folder of them): retrain, or pass --config "
+                "<its training TOML>"
+            )
+        seen = {run.resolve() for run in found}
+        found += [run for run in below if run.resolve() not in seen]
+    return found
+
+
 def load_run(run_dir: str | Path, config_file: str | Path | None = None) -> Run:
     """The run in `run_dir`: its record, or with `config_file` (runs without one) the TOML.
 

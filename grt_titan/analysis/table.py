@@ -2,13 +2,14 @@
 
     grt-titan table outputs/paper/small_dense outputs/paper/small_grt_seed* \
         --csv table1.csv --ladder-png fig5.png
+    grt-titan table outputs/paper        # every run folder below it (each holds grt_run.json)
 
 One row per method and architecture; runs of the same row (several seeds) give the mean,
 the sample standard deviation and n of their last validation losses. Columns:
 
 | column | value |
 |---|---|
-| method | the run's label (`method_name` of its model args, else GRT / dense) |
+| method | the run's label (`method_name` of its model args, else GRT / dense), plus the method settings in which rows of that label differ: `Heavy-tail Poisson (depth_mean=3.0)` |
 | layout | `p+nxR+c` (`1+1x10+1`), dense `12L` |
 | unique layers | p + n + c: blocks stored |
 | block applications | p + n R + c: blocks run per forward, the paper's isoFLOP count |
@@ -28,15 +29,21 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from grt_titan.analysis.runs import Run, load_run
+from grt_titan.analysis.runs import Run, find_run_dirs, load_run
 from grt_titan.atomic_dir import atomic_write_text
-from grt_titan.model.args import GRTModelArgs
+from grt_titan.model.args import CONFIGURABLE_FIELDS, GRTModelArgs
 from grt_titan.model.model import build_meta_model
 from grt_titan.run_record import RECORD_NAME
 
 # Fields that differ between seeds of one row, not between rows.
 SEED_FIELDS = ("depth_seed",)
+# What can tell rows of one method apart besides its architecture (the layout and params
+# columns): the `[grt]` settings but R (in the layout) and the seed, then the training
+# sequence length and steps (figure 6's token budgets).
+SETTING_KEYS = tuple(k for k in CONFIGURABLE_FIELDS if k not in SEED_FIELDS + ("num_recurrences",)) + (
+    "seq_len", "training_steps")
 
 
 def layout(args: GRTModelArgs) -> str:
@@ -59,6 +66,15 @@ class Row:
     flops_per_token: float  # forward, at the eval depth
     params: int
     runs: list[Run]
+    # The method settings in which rows of this method differ (`differing_settings`).
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def title(self) -> str:
+        """The method, with the settings that tell it from the other rows of its method."""
+        if not self.settings:
+            return self.method
+        return f"{self.method} ({settings_text(self.settings)})"
 
     @property
     def scored(self) -> list[Run]:
@@ -90,8 +106,37 @@ def row_key(run: Run) -> str:
     return json.dumps([run.label, args, run.seq_len, run.record.get("training_steps")], sort_keys=True, default=str)
 
 
+def run_settings(run: Run) -> dict[str, Any]:
+    """The run's value of each of `SETTING_KEYS`."""
+    values = {k: getattr(run.args, k) for k in SETTING_KEYS if k not in ("seq_len", "training_steps")}
+    return {**values, "seq_len": run.seq_len, "training_steps": run.record.get("training_steps")}
+
+
+def settings_text(settings: dict[str, Any]) -> str:
+    """`key=value, ...`; a list without spaces (`[0.5,0.25]`), None as None (the field's default rule)."""
+    def text(value: Any) -> str:
+        return "[" + ",".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) else str(value)
+
+    return ", ".join(f"{k}={text(v)}" for k, v in settings.items())
+
+
+def differing_settings(rows: list[Row]) -> None:
+    """Set each row's `settings`: the keys of `SETTING_KEYS` whose values differ between the
+    rows of its method (label), with this row's values. Rows of a method that differ only
+    in architecture (sizes: the layout and params columns show it) get none."""
+    by_method: dict[str, list[Row]] = {}
+    for row in rows:
+        by_method.setdefault(row.method, []).append(row)
+    for members in by_method.values():
+        values = [run_settings(row.runs[0]) for row in members]
+        keys = [k for k in SETTING_KEYS if len({json.dumps(v[k], default=str) for v in values}) > 1]
+        for row, v in zip(members, values):
+            row.settings = {k: v[k] for k in keys}
+
+
 def build_rows(runs: list[Run]) -> list[Row]:
-    """One row per `row_key`, in the order of each row's first run."""
+    """One row per `row_key`, in the order of each row's first run; each row's `settings`
+    name what tells it from the other rows of its method."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
         groups.setdefault(row_key(run), []).append(run)
@@ -107,6 +152,7 @@ def build_rows(runs: list[Run]) -> list[Row]:
             params=stored_parameters(args),
             runs=members,
         ))
+    differing_settings(rows)
     return rows
 
 
@@ -121,7 +167,7 @@ def markdown(rows: list[Row]) -> str:
             "val loss", "step", "n"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [row.method, row.layout, str(row.unique_layers), str(row.block_applications),
+        cells = [row.title, row.layout, str(row.unique_layers), str(row.block_applications),
                  f"{row.flops_per_token / 1e9:.4g}", f"{row.params / 1e6:.1f}M", _loss_text(row),
                  row.steps or "n/a", str(len(row.scored))]
         lines.append("| " + " | ".join(cells) + " |")
@@ -129,7 +175,7 @@ def markdown(rows: list[Row]) -> str:
 
 
 CSV_COLUMNS = ["method", "layout", "unique_layers", "block_applications", "forward_flops_per_token", "params",
-               "val_loss_mean", "val_loss_std", "n", "step", "runs"]
+               "val_loss_mean", "val_loss_std", "n", "step", "runs", "settings"]
 
 
 def csv_text(rows: list[Row]) -> str:
@@ -141,7 +187,7 @@ def csv_text(rows: list[Row]) -> str:
             row.method, row.layout, row.unique_layers, row.block_applications, repr(row.flops_per_token),
             row.params, "" if row.loss_mean is None else repr(row.loss_mean),
             "" if row.loss_std is None else repr(row.loss_std), len(row.scored), row.steps,
-            ";".join(str(run.path) for run in row.runs),
+            ";".join(str(run.path) for run in row.runs), settings_text(row.settings),
         ])
     return out.getvalue()
 
@@ -158,7 +204,7 @@ def write_ladder(rows: list[Row], path: str | Path) -> Path:
     if dense is None:
         print("grt-titan table: ladder: no dense run with a validation loss, so no dashed line", file=sys.stderr)
     fig = plots.ladder_figure(
-        [f"{row.method}\n{row.runs[0].name}" for row in bars],
+        [f"{row.title}\n{row.runs[0].name}" for row in bars],
         [row.loss_mean for row in bars],
         [row.loss_std or 0.0 for row in bars],
         dense_loss=dense.loss_mean if dense is not None else None,
@@ -172,7 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="grt-titan table",
         description="Paper table 1 (method, layout, layers, FLOPs, params, validation loss) from training runs.",
     )
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="job.dump_folder of a run (holds grt_run.json and tb/)")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                   help="job.dump_folder of a run (holds grt_run.json and tb/), or a folder of runs: every "
+                        "folder below it that holds grt_run.json")
     p.add_argument("--config", action="append", default=[],
                    help="training TOML of a run without grt_run.json (runs made before the record existed): "
                         "once for all such runs, or once per such run in the order given")
@@ -195,7 +243,8 @@ def _configs_for(run_dirs: list[str], configs: list[str]) -> list[str | None]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        runs = [load_run(d, c) for d, c in zip(args.runs, _configs_for(args.runs, args.config))]
+        run_dirs = [str(d) for d in find_run_dirs(args.runs, allow_bare=bool(args.config))]
+        runs = [load_run(d, c) for d, c in zip(run_dirs, _configs_for(run_dirs, args.config))]
         for run in runs:
             if run.loss is None:
                 print(f"grt-titan table: {run.path}: validation loss n/a: {run.missing}", file=sys.stderr)

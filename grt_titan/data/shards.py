@@ -217,15 +217,3 @@ def open_split(
         counts.append(shard["tokens"])
     return SplitStream(dataset_dir, split, files, counts, dtype, vocab_size)
 
-
-def verify_shard_hashes(dataset_dir: Path, manifest: dict[str, Any]) -> None:
-    """Full sha256 check of every shard (slow on big data; prepare --verify, tests)."""
-    for info in manifest["splits"].values():
-        for shard in info["shards"]:
-            path = dataset_dir / shard["file"]
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 24), b""):
-                    h.update(block)
-            if h.hexdigest() != shard["sha256"]:
-                raise ValueError(f"{path}: sha256 differs from {dataset_dir / MANIFEST_NAME}")

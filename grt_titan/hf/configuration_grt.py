@@ -29,11 +29,16 @@ PART_SETTINGS = {
     ("initial_state", "random"): ("initial_state_std", "initial_state_seed"),
     ("step_adapter", "lora"): ("lora_rank", "lora_scale"),
     ("objective", "exit_distribution"): ("exit_threshold",),
-    ("router", "expert_choice"): ("router_capacity", "router_scale", "router_inference"),
+    ("router", "expert_choice"): ("router_capacity", "router_scale", "router_inference", "router_update"),
 }
 # Mixture-of-Recursions: how a forward routes tokens through the steps (see `MoRCache` and
 # `GRTModel._routed_recurrence` in modeling_grt.py). threshold is causal (generation).
 ROUTER_INFERENCE = ("threshold", "top_k")
+# Mixture-of-Recursions: how a routed token's state takes the core output o = core(h) with
+# router weight g. delta: h + g (o - h) (the paper's H + g f(H)); block: h + g o, the released
+# code's `x + g * Block(x)` (its Block holds the residual). The first is the default: every
+# export made before the field existed was trained with it and has no such field.
+ROUTER_UPDATES = ("delta", "block")
 # The parts MoR fixes (update: the router weight replaces the gate).
 MOR_REQUIRED_PARTS = dict(block_style="gpt2", injection="none", update="overwrite", initial_state="prelude",
                           step_adapter="none")
@@ -126,10 +131,16 @@ class GRTConfig(PretrainedConfig):
             without cache only). Overridable per call: `forward(..., router_inference=...)`.
         router_capacity: MoR's share of the sequence step i keeps under top_k (R floats).
         router_scale: MoR's alpha in g = alpha x sigmoid(logit).
+        router_update: MoR's update of a routed token, as trained: "delta" (h + g (core(h) - h),
+            the default and every export before the field existed) or "block" (h + g core(h),
+            the released MoR code's update).
         A config whose parts are all GRT's writes none of these fields (config.json stays
         as before the parts existed); a config.json without them loads as GRT.
         training_settings: training-only settings of the run (noise, depth sampling), kept so that
             `grt-titan import-hf` restores them; unused for inference.
+        bos_token_id, eos_token_id: the tokenizer's `<|endoftext|>` id, which `grt-titan
+            export-hf` writes from the export's tokenizer (50256 for GPT-2); None (the
+            default, no tokenizer known): no EOS, generation stops at its length limit.
     """
 
     model_type = "grt"
@@ -170,11 +181,12 @@ class GRTConfig(PretrainedConfig):
         router_capacity=None,
         router_scale=0.1,
         router_inference="threshold",
+        router_update="delta",
         training_settings=None,
         initializer_range=0.02,
         use_cache=True,
-        bos_token_id=50256,
-        eos_token_id=50256,
+        bos_token_id=None,
+        eos_token_id=None,
         pad_token_id=None,
         tie_word_embeddings=None,
         **kwargs,
@@ -219,7 +231,7 @@ class GRTConfig(PretrainedConfig):
                 )
         if router != "none":
             _check_router(parts, block_style, num_recurrences, train_recurrences, router_capacity, router_scale,
-                          router_inference)
+                          router_inference, router_update)
         self.block_style = block_style
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -253,6 +265,7 @@ class GRTConfig(PretrainedConfig):
         self.router_capacity = None if router_capacity is None else [float(c) for c in router_capacity]
         self.router_scale = router_scale
         self.router_inference = router_inference
+        self.router_update = router_update
         self.training_settings = training_settings or {}
         self.initializer_range = initializer_range
         self.use_cache = use_cache
@@ -301,7 +314,7 @@ class GRTConfig(PretrainedConfig):
 
 
 def _check_router(parts, block_style, num_recurrences, train_recurrences, router_capacity, router_scale,
-                  router_inference) -> None:
+                  router_inference, router_update="delta") -> None:
     """Mixture-of-Recursions' settings (router = "expert_choice"); ValueError naming the key."""
     for name, value in dict(parts, block_style=block_style).items():
         if name in MOR_REQUIRED_PARTS and value != MOR_REQUIRED_PARTS[name]:
@@ -310,6 +323,8 @@ def _check_router(parts, block_style, num_recurrences, train_recurrences, router
             )
     if router_inference not in ROUTER_INFERENCE:
         raise ValueError(f"router_inference = {router_inference!r} is invalid; allowed: {ROUTER_INFERENCE}")
+    if router_update not in ROUTER_UPDATES:
+        raise ValueError(f"router_update = {router_update!r} is invalid; allowed: {ROUTER_UPDATES}")
     if not train_recurrences:
         raise ValueError("router = 'expert_choice' needs train_recurrences (R, one router per step)")
     if num_recurrences > train_recurrences:

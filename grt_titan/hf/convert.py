@@ -25,13 +25,12 @@ import torch
 from grt_titan.atomic_dir import atomic_directory
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.checkpoint import (
-    EOT_ID,
+    HF_PARTS,
     INDEX_FILE,
     SINGLE_FILE,
     CheckpointError,
     check_hf_keys,
     check_native_shapes,
-    HF_PARTS,
     hf_config_kwargs,
     model_from_state,
     read_hf_weights,
@@ -76,12 +75,13 @@ def check_exportable(args: GRTModelArgs) -> None:
     )
 
 
-def build_hf_config(args: GRTModelArgs, dtype: str = "float32"):
+def build_hf_config(args: GRTModelArgs, dtype: str = "float32", eos_id: int | None = None):
+    """The HF config of `args`; `eos_id`: the tokenizer's `<|endoftext|>` (None: no BOS/EOS)."""
     from .configuration_grt import GRTConfig
 
     check_exportable(args)
     try:
-        config = GRTConfig(**hf_config_kwargs(args))
+        config = GRTConfig(**hf_config_kwargs(args, eos_id))
     except ValueError as e:  # e.g. RRT with a default depth above R: no adapters for it
         raise ExportError(f"cannot export {args.method_name}: {e}") from e
     config.architectures = ["GRTForCausalLM"]
@@ -186,7 +186,8 @@ def write_hf_folder(
         model_args: The model's args (flavor after overrides).
         dtype: float32, bfloat16 or float16 (values out of range -> ExportError).
         max_shard_size: Above this, weights are split into shards with an index.
-        tokenizer_path: `.tiktoken` rank file; None = the shipped GPT-2 ranks.
+        tokenizer_path: `.tiktoken` rank file; None = the shipped GPT-2 ranks. Its
+            `<|endoftext|>` id is the config's BOS / EOS and the generation config's pad too.
         write_tokenizer: False skips the tokenizer files (models whose vocabulary is not
             the tokenizer's, e.g. tests).
         card: Facts for README.md (see model_card.render_model_card).
@@ -203,6 +204,9 @@ def write_hf_folder(
         raise ExportError(f"parent folder of {out} does not exist")
     if dtype not in EXPORT_DTYPES:
         raise ExportError(f"dtype = {dtype!r} cannot be exported; allowed: {sorted(EXPORT_DTYPES)}")
+    from grt_titan.tokenizer import GPT2Tokenizer
+
+    tokenizer = GPT2Tokenizer(tokenizer_path)  # its <|endoftext|> is the export's BOS / EOS / pad
     adapter = GRTStateDictAdapter(model_args, None)
     native = {k: v for k, v in native_state_dict.items() if k not in TRAINING_ONLY_KEYS}
     check_native_shapes(model_args, native, "state dict")
@@ -215,13 +219,14 @@ def write_hf_folder(
 
     with atomic_directory(out, overwrite) as tmp:
         files = write_weights(tmp, hf, max_shard_size)
-        config = build_hf_config(model_args, dtype)
+        eos_id = _eos_id(tokenizer, model_args)
+        config = build_hf_config(model_args, dtype, eos_id)
         config.to_json_file(str(tmp / "config.json"), use_diff=False)
-        _write_generation_config(tmp, model_args.vocab_size)
+        _write_generation_config(tmp, eos_id)
         for name in REMOTE_CODE_FILES:
             shutil.copyfile(HF_DIR / name, tmp / name)
         if write_tokenizer:
-            _write_tokenizer(tmp, tokenizer_path, model_args)
+            _write_tokenizer(tmp, tokenizer, model_args)
         card = dict(card or {})
         card.setdefault("dtype", dtype)
         card["weight_files"] = files
@@ -234,19 +239,21 @@ def write_hf_folder(
     return out
 
 
-def _write_generation_config(folder: Path, vocab_size: int) -> None:
+def _eos_id(tokenizer, model_args: GRTModelArgs) -> int | None:
+    """The tokenizer's `<|endoftext|>` id, or None where the model's vocabulary lacks it (a
+    model trained without that tokenizer: tests' small vocabularies)."""
+    return tokenizer.eos_id if tokenizer.eos_id < model_args.vocab_size else None
+
+
+def _write_generation_config(folder: Path, eos_id: int | None) -> None:
     from transformers import GenerationConfig
 
-    eot = EOT_ID if vocab_size > EOT_ID else None
-    GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot).save_pretrained(str(folder))
+    GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id).save_pretrained(str(folder))
 
 
-def _write_tokenizer(folder: Path, tokenizer_path, model_args: GRTModelArgs) -> None:
-    from grt_titan.tokenizer import GPT2Tokenizer
-
+def _write_tokenizer(folder: Path, tokenizer, model_args: GRTModelArgs) -> None:
     from .tokenizer_files import write_tokenizer_files
 
-    tokenizer = GPT2Tokenizer(tokenizer_path)
     if tokenizer.get_vocab_size() > model_args.vocab_size:
         raise ExportError(
             f"the tokenizer has {tokenizer.get_vocab_size()} ids but the model's vocab_size is "

@@ -21,7 +21,6 @@ from pathlib import Path
 
 from grt_titan.atomic_dir import atomic_directory
 from grt_titan.model.args import GRTModelArgs
-
 from grt_titan.model.checkpoint import (
     CheckpointError,
     load_model_args,

@@ -110,8 +110,8 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
             f"`{args.initial_state}`, step adapter `{args.step_adapter}`"
             + (f" (rank {args.lora_rank})" if args.step_adapter == "lora" else "")
             + f", objective `{args.objective}`"
-            + (f", router `{args.router}` (routes by threshold, causal; `router_inference=\"top_k\"` "
-               "for training's rule without cache)" if args.router != "none" else "")
+            + (f", router `{args.router}` (update `{args.router_update}`; routes by threshold, causal; "
+               "`router_inference=\"top_k\"` for training's rule without cache)" if args.router != "none" else "")
             + " (grt_titan docs/architecture.md, \"Methods as parts\")"
         )
     if args.per_step_readout:

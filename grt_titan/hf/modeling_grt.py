@@ -635,7 +635,8 @@ class MoRRouter(nn.ModuleList):
 
         for step i:  logit = w_i . h;  active = the tokens step i routes (rule below)
                      o = core(h[active])            causal attention among the row's active tokens
-                     h[active] += g (o - h[active]),  g = router_scale x sigmoid(logit)
+                     h[active] += g (o - h[active]),  g = router_scale x sigmoid(logit)   (router_update "delta")
+                     h[active] += g o                 the released MoR code's update            ("block")
 
     Rules (`router_inference`): "threshold", a token goes on to step i while it was active at
     step i-1 and logit_i > 0 (sigmoid > 0.5), causal, what generation with a `MoRCache`
@@ -650,10 +651,12 @@ class MoRRouter(nn.ModuleList):
         steps = config.train_recurrences
         self.capacities = config.router_capacity or [(steps - i) / steps for i in range(steps)]
         self.default_rule = config.router_inference
+        self.add_block = config.router_update == "block"  # as trained (config.json; "delta" if absent)
 
     def forward(self, h, depth, core, rule=None, cache=None, cache_slots=None, keep=None):
-        """(h after `depth` routed steps, the states h_1..h_r, the proposals o_1..o_r: the core
-        output on routed tokens, h elsewhere). `keep` [B, T]: False for padding tokens."""
+        """(h after `depth` routed steps, the states h_1..h_r, the proposals o_1..o_r: on routed
+        tokens the o of h <- (1 - g) h + g o, the core output (delta) or h + it (block); h
+        elsewhere). `keep` [B, T]: False for padding tokens."""
         rule = rule or self.default_rule
         if rule not in ROUTER_INFERENCE:
             raise ValueError(f"router_inference = {rule!r} is invalid; allowed: {ROUTER_INFERENCE}")
@@ -685,7 +688,11 @@ class MoRRouter(nn.ModuleList):
                     continue
                 x = h[row, positions][None]
                 o = self._core(core, x, step, row, batch, past, cache)
-                new_h[row, positions] = (x + weight[row, positions][None] * (o - x))[0]
+                if self.add_block:
+                    new_h[row, positions] = (x + weight[row, positions][None] * o)[0]
+                    o = x + o  # the proposal in the convention h <- (1 - g) h + g o
+                else:
+                    new_h[row, positions] = (x + weight[row, positions][None] * (o - x))[0]
                 proposal[row, positions] = o[0]
             h = new_h
             states.append(h)

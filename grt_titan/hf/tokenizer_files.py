@@ -22,15 +22,6 @@ from pathlib import Path
 
 ENDOFTEXT = "<|endoftext|>"
 
-# Written by `write_tokenizer_files`; the export checks they are all present.
-TOKENIZER_FILES = (
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
-
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from the 256 byte values to printable unicode characters."""

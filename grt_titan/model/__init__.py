@@ -3,7 +3,7 @@
 from .args import GRTModelArgs
 from .flavors import grt_flavors
 from .model import GRTModel
-from .recurrence import DepthSampler, Gate, Recurrence, RecurrenceStep
+from .recurrence import DepthSampler, Gate, Recurrence, RecurrenceOutput, RecurrenceStep
 
 __all__ = [
     "DepthSampler",
@@ -11,6 +11,7 @@ __all__ = [
     "GRTModel",
     "GRTModelArgs",
     "Recurrence",
+    "RecurrenceOutput",
     "RecurrenceStep",
     "grt_flavors",
 ]

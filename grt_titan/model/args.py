@@ -11,6 +11,9 @@ from torchtitan.protocols.model import BaseModelArgs
 
 from grt_titan.field_checks import field_problems
 
+from . import methods
+from .depth_law import heavy_tail_depth_probabilities
+
 BlockStyle = Literal["gpt2", "llama"]
 DepthSampling = Literal["uniform", "fixed", "poisson_lognormal"]
 # The named parts of one recurrence step (docs/architecture.md, "Methods as parts"): every
@@ -23,6 +26,11 @@ Objective = Literal["final", "exit_distribution"]  # CE at the last step, or Our
 Router = Literal["none", "expert_choice", "token_choice"]  # MoR: which tokens each recursion step updates
 # MoR in eval mode: top_k (as trained; not causal) or threshold (causal; what generation uses).
 RouterInference = Literal["top_k", "threshold"]
+# MoR expert choice, a routed token's update with router weight g: delta, h + g (core(h) - h)
+# (the paper's H + g f(H)); block, h + g core(h) = (1 + g) h + g f(H) (the released code's
+# `x + g * Block(x)`, its Block holding the residual). docs/architecture.md says which the
+# paper's rows use and why.
+RouterUpdate = Literal["delta", "block"]
 
 # Fields of `GRTModelArgs` that the `[grt]` TOML section may override (same names there).
 CONFIGURABLE_FIELDS = (
@@ -57,13 +65,15 @@ CONFIGURABLE_FIELDS = (
     "router_balance_weight",
     "router_z_loss_weight",
     "router_inference",
+    "router_update",
 )
 
 
-# The parts that make GRT itself (the other methods change some of them).
-GRT_PARTS: dict[str, Any] = dict(
-    injection="proj", update="gate", initial_state="prelude", step_adapter="none", objective="final", router="none"
-)
+# The parts that make GRT itself (the other methods change some of them): its row's.
+GRT_PARTS: dict[str, Any] = {
+    name: methods.GRT.parts[name]
+    for name in ("injection", "update", "initial_state", "step_adapter", "objective", "router")
+}
 
 
 @dataclass
@@ -124,6 +134,10 @@ class GRTModelArgs(BaseModelArgs):
     # MoR in eval mode: top_k over the sequence (training's rule), or threshold (a token goes
     # on while sigmoid(logit) > 0.5; causal). Training always uses top_k.
     router_inference: RouterInference = "top_k"
+    # MoR expert choice: how a routed token's state takes the core output (RouterUpdate above).
+    # The default is the update of every run made before the option existed, so their records,
+    # checkpoints and exports load as trained; the MoR TOMLs of train_configs/paper/ set "block".
+    router_update: RouterUpdate = "delta"
 
     # llama style (torchtitan's TransformerBlock)
     multiple_of: int = 256
@@ -136,31 +150,9 @@ class GRTModelArgs(BaseModelArgs):
 
     @property
     def method_name(self) -> str:
-        """The row of the paper's table 1 (or figure 5) that these parts make."""
-        if not self.is_recurrent:
-            return "dense"
-        if self.router == "token_choice":
-            return "MoR (token choice)"  # not table 1's row (expert choice): a run of its own
-        if self.router != "none":
-            return "MoR"
-        if self.objective == "exit_distribution":
-            return "Ouro"
-        if self.step_adapter == "lora":
-            return "RRT"
-        if self.depth_sampling == "poisson_lognormal":
-            return "Heavy-tail Poisson"
-        if (self.update, self.injection, self.initial_state) == ("gate", "proj", "prelude"):
-            return "GRT"
-        parts = ["recurrence"]
-        if self.n_prelude_layers + self.n_coda_layers:
-            parts.append("prelude/coda")
-        if self.state_noise_std:
-            parts.append("noise")
-        if self.injection == "proj":
-            parts.append("re-injection")
-        if self.update == "gate":
-            parts.append("gate")
-        return " + ".join(parts)
+        """The row of the paper's table 1 (or figure 5's ladder) that these parts make:
+        a lookup in grt_titan/model/methods.py."""
+        return methods.method_name(self)
 
     @property
     def non_grt_parts(self) -> dict[str, Any]:
@@ -324,6 +316,9 @@ class GRTModelArgs(BaseModelArgs):
         if self.router_inference != "top_k" and self.router != "expert_choice":
             raise bad("router_inference", self.router_inference,
                       f"is used by router = 'expert_choice' only (router = {self.router!r}); allowed: 'top_k'")
+        if self.router_update != "delta" and self.router != "expert_choice":
+            raise bad("router_update", self.router_update,
+                      f"is used by router = 'expert_choice' only (router = {self.router!r}); allowed: 'delta'")
         if self.router != "none":
             self._validate_router(bad)
 
@@ -334,7 +329,7 @@ class GRTModelArgs(BaseModelArgs):
             "block_style": ("gpt2", "the routed core gathers tokens; llama blocks would need their RoPE positions gathered too"),
             "depth_sampling": ("fixed", "one router and one capacity per step of a fixed depth R"),
             "injection": ("none", "MoR does not re-inject the prelude output"),
-            "update": ("overwrite", "the router weight replaces the gate: h <- h + g (core(h) - h) on routed tokens"),
+            "update": ("overwrite", "the router weight replaces the gate on routed tokens (router_update)"),
             "initial_state": ("prelude", "MoR starts from the prelude output"),
             "step_adapter": ("none", "MoR shares the core strictly"),
             "objective": ("final", "MoR's loss is CE at the last step plus the router's auxiliary loss"),
@@ -542,10 +537,36 @@ class GRTModelArgs(BaseModelArgs):
         step += 2 * self.recurrence_matmul_params()
         return flops - 2 * (r - k) * step  # no backward for untracked steps
 
+    def expected_train_flops_per_token(self, seq_len: int) -> float:
+        """E_r[train_flops_per_token(S, r)] over the training depth distribution: what the
+        logged MFU averages over the sampled depths (grt_titan/components/metrics.py).
+
+        Not the FLOPs at E[r]: with truncated backprop (k) the count bends at r = k, so at
+        E[r] it overstates Poisson's (k = 8) by 3.0% at small scale, 0.8% at large.
+        Uniform: the mean over r_min..R; fixed: at R; Poisson (unbounded): the count is
+        affine in r from r = k on, so the exact sum over P(r = j), j < k, plus that line
+        at the mean of the rest (E[r] known).
+        """
+        if not self.is_recurrent or self.depth_sampling == "fixed":
+            return self.train_flops_per_token(seq_len)
+        if self.depth_sampling == "uniform":
+            depths = range(self.min_recurrences, self.num_recurrences + 1)
+            return sum(self.train_flops_per_token(seq_len, r) for r in depths) / len(depths)
+
+        k = self.backprop_recurrences or 1  # without truncation the count is affine from r = 1
+        head = heavy_tail_depth_probabilities(self.expected_recurrences, k)  # P(r = j), j = 1..k-1
+        flops = [self.train_flops_per_token(seq_len, j) for j in range(1, k + 2)]  # r = 1..k+1
+        slope = flops[k] - flops[k - 1]  # per step from r = k on
+        tail_mass = 1.0 - sum(head)
+        tail_mean_minus_k = self.expected_recurrences - sum(j * p for j, p in enumerate(head, 1)) - k * tail_mass
+        return sum(f * p for f, p in zip(flops, head)) + tail_mass * flops[k - 1] + slope * tail_mean_minus_k
+
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
-        """Stored parameters (a tied weight once) and training FLOPs/token at E[r]."""
+        """Stored parameters (a tied weight once) and training FLOPs/token, the expectation
+        over the depth distribution (`expected_train_flops_per_token`): torchtitan fixes this
+        at start-up, and it is the long-run value of the logged per-interval mean."""
         nparams = sum(p.numel() for p in model.parameters())
-        return nparams, int(self.train_flops_per_token(seq_len))
+        return nparams, int(self.expected_train_flops_per_token(seq_len))
 
     def replace(self, **changes) -> "GRTModelArgs":
         return dataclasses.replace(self, **changes)

@@ -40,7 +40,6 @@ from .state_dict_adapter import GRTStateDictAdapter, optional_native_keys
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-EOT_ID = 50256  # <|endoftext|> of the GPT-2 tokenizer
 
 
 class CheckpointError(ValueError):
@@ -92,9 +91,13 @@ def model_args_dict(args: GRTModelArgs) -> dict[str, Any]:
 HF_PARTS = ("injection", "update", "initial_state", "step_adapter", "objective", "router")
 
 
-def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
+def hf_config_kwargs(args: GRTModelArgs, eos_id: int | None = None) -> dict[str, Any]:
     """The HF GRTConfig fields for `args` (architecture, recurrence parts, default inference
-    depth). A dense model has no recurrence: its config keeps the parts' defaults."""
+    depth). A dense model has no recurrence: its config keeps the parts' defaults.
+
+    `eos_id`: the tokenizer's `<|endoftext|>` id (`GPT2Tokenizer.eos_id`), written as BOS and
+    EOS as HF's GPT-2 does; None (no tokenizer, or one whose id the vocabulary lacks): none.
+    """
     recurrent = args.is_recurrent
     if recurrent:
         depth = args.eval_depth
@@ -107,6 +110,7 @@ def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
             exit_threshold=args.exit_threshold,  # Ouro's Q-exit threshold q
             router_capacity=args.router_capacity,
             router_scale=args.router_scale,
+            router_update=args.router_update,  # MoR: the update it was trained with
             # MoR: the exported model routes causally by default (generation); a full forward
             # may ask for top_k (docs/hf_export.md). The run's own eval rule is in training_settings.
             router_inference="threshold",
@@ -136,9 +140,8 @@ def hf_config_kwargs(args: GRTModelArgs) -> dict[str, Any]:
         tie_word_embeddings=args.tie_embeddings,
         # Everything torchtitan needs to rebuild the exact args on import.
         training_settings={"grt_model_args": model_args_dict(args)},
-        # <|endoftext|> of the GPT-2 tokenizer; none for a smaller (tokenizer-less) vocabulary.
-        bos_token_id=EOT_ID if args.vocab_size > EOT_ID else None,
-        eos_token_id=EOT_ID if args.vocab_size > EOT_ID else None,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
     )
 
 
@@ -170,7 +173,7 @@ def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
         overrides.update({name: config.get(name, GRT_PARTS[name]) for name in HF_PARTS})
         for key, field in (("initial_state_std",) * 2, ("initial_state_seed", "depth_seed"), ("lora_rank",) * 2,
                            ("lora_scale",) * 2, ("exit_threshold",) * 2, ("router_capacity",) * 2,
-                           ("router_scale",) * 2):
+                           ("router_scale",) * 2, ("router_update",) * 2):
             if key in config:
                 overrides[field] = config[key]
         if overrides["step_adapter"] == "lora" and not saved:

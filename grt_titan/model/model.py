@@ -130,9 +130,8 @@ class GRTModel(ModelProtocol):
             return self.exit_readout(h, num_recurrences)
         aux_loss_sum = None
         if self.recurrence is not None:
-            h = self.recurrence(h, self.freqs_cis, num_recurrences)
-            if isinstance(h, tuple):  # MoR: (state, router auxiliary loss)
-                h, aux_loss_sum = h
+            out = self.recurrence(h, self.freqs_cis, num_recurrences)
+            h, aux_loss_sum = out.state, out.aux_loss_sum  # aux: MoR's router loss (training)
         elif num_recurrences:
             raise ValueError(f"num_recurrences = {num_recurrences} given to a dense model (no core)")
         logits = self.logits_from_state(h)
@@ -155,7 +154,7 @@ class GRTModel(ModelProtocol):
     def exit_readout(self, h_pre: torch.Tensor, num_recurrences: int | None) -> torch.Tensor | TrainingOutput:
         """Ouro: every step's state read out and weighed by the exit gate (exit_distribution.py).
         Eval with exit_threshold = 1 never comes here: the last step is the plain forward."""
-        states = self.recurrence(h_pre, self.freqs_cis, num_recurrences, all_states=True)
+        states = self.recurrence(h_pre, self.freqs_cis, num_recurrences, all_states=True).step_states
         if not states:  # r = 0: the prelude-only readout, no step to exit at
             return self.logits_from_state(h_pre)
         return exit_forward(self, states)

@@ -23,7 +23,6 @@ build one graph that every step and every sampled depth reuses.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -37,19 +36,9 @@ from torchtitan.models.utils import trunc_normal_
 from .adapters import StepAdapters
 from .args import GRTModelArgs
 from .blocks import BlockStack
+from .depth_law import heavy_tail_depth
 from .routing import ExpertChoiceRouter, RoutedStep
 from .token_choice import TokenChoiceRouter
-
-
-def heavy_tail_depth(rng: np.random.Generator, mean: float, sigma: float = 0.5) -> int:
-    """Geiping et al. 2025 (arXiv 2502.05171, sec. 3.3): r = Poisson(tau) + 1 with
-    tau ~ LogNormal(log(mean - 1) - sigma^2 / 2, sigma), so E[r] = mean, r >= 1, and the
-    tail is heavy (mean 5.5: P(r > 2 mean) ~ 7%)."""
-    rate_mean = mean - 1.0
-    if rate_mean <= 0:
-        return 1
-    rate = rng.lognormal(math.log(rate_mean) - sigma * sigma / 2, sigma)
-    return int(rng.poisson(rate)) + 1
 
 
 class DepthSampler(nn.Module):
@@ -148,6 +137,19 @@ class StepRecord:
     new_state: torch.Tensor  # h after the step
     gate: torch.Tensor | None  # g; None for update = overwrite (g = 0 everywhere)
     proposal: torch.Tensor  # o = core(h_tilde)
+
+
+@dataclass
+class RecurrenceOutput:
+    """What `Recurrence.forward` returns, on every path (plain loop, routed, per-step readout),
+    so that the model reads fields instead of testing types. A dataclass: FSDP2 finds the
+    tensors of its fields for its pre-backward hooks (the recurrence is one FSDP unit)."""
+
+    state: torch.Tensor  # h_r, the state after the last step (h_0 for r = 0)
+    # h_1..h_r, only when asked (Ouro's per-step readouts); None otherwise.
+    step_states: list[torch.Tensor] | None = None
+    # MoR's router auxiliary loss, a sum over tokens; None without a router, in eval mode, or at weight 0.
+    aux_loss_sum: torch.Tensor | None = None
 
 
 class RecurrenceStep(nn.Module):
@@ -299,11 +301,10 @@ class Recurrence(nn.Module):
         freqs_cis: torch.Tensor | None,
         num_recurrences: int | None = None,
         all_states: bool = False,
-    ) -> torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, torch.Tensor | None]:
-        """The state after r steps. With `all_states`, the list of the states after steps
-        1..r (Ouro's per-step readouts; a returned list, not an argument to fill: FSDP's
-        hooks copy the containers a module is called with). With a router (MoR), the pair
-        (h, the router's auxiliary loss sum)."""
+    ) -> RecurrenceOutput:
+        """The state after r steps; with `all_states`, also the states after steps 1..r
+        (Ouro's per-step readouts; returned, not an argument to fill: FSDP's hooks copy the
+        containers a module is called with). With a router (MoR), its auxiliary loss."""
         depth = self.resolve_depth(num_recurrences)
         if self.router is not None:
             # A distinct tensor, not h_pre itself: a compiled step guards on input aliasing.
@@ -312,7 +313,7 @@ class Recurrence(nn.Module):
         h = self.initial_state(h_pre, generator)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
         grad_enabled = torch.is_grad_enabled()
-        states: list[torch.Tensor] = []
+        states: list[torch.Tensor] | None = [] if all_states else None
         for index in range(depth):
             noise = (
                 self._noise(h, self.state_noise_std, generator),
@@ -335,21 +336,21 @@ class Recurrence(nn.Module):
                 )
             if self.observer is not None:
                 self.observer(StepRecord(index + 1, depth, h, new_h, gate, proposal))
-            if all_states:
+            if states is not None:
                 states.append(new_h)
             h = new_h
-        return states if all_states else h
+        return RecurrenceOutput(h, step_states=states)
 
-    def _routed_forward(
-        self, h: torch.Tensor, freqs_cis: torch.Tensor | None, depth: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """MoR: `depth` routed steps (no noise, no W_proj, no gate); see routing.py."""
+    def _routed_forward(self, h: torch.Tensor, freqs_cis: torch.Tensor | None, depth: int) -> RecurrenceOutput:
+        """MoR: `depth` routed steps (no noise, no W_proj, no gate); see routing.py. MoR's
+        objective is the final state's CE (validated), so no per-step states."""
         observer = self.observer
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
-        return self.router(
+        h, aux_loss_sum = self.router(
             self.step, h, freqs_cis, depth, grad_from=first_tracked,
             observer=None if observer is None else (lambda *parts: observer(StepRecord(*parts))),
         )
+        return RecurrenceOutput(h, aux_loss_sum=aux_loss_sum)
 
     def init_weights(self) -> None:
         self.step.init_weights()

@@ -6,11 +6,14 @@ recurrence steps (`router = "expert_choice"`, docs/architecture.md "Mixture-of-R
         keep  = top-k_i of logit, in causal order k_i = max(1, int(capacity_i * S))
         g     = sigmoid(logit[keep]) * alpha      alpha = router_scale (0.1)
         o     = core(h[keep])                     the shared core, causal attention among `keep`
-        h[keep] <- h[keep] + g * (o - h[keep])    the router-weighted block delta, added once
+        h[keep] <- h[keep] + g * (o - h[keep])    router_update = "delta": the block delta, added once
+        h[keep] <- h[keep] + g * o                router_update = "block": the released code's update
     aux = router_aux_weight * sum_i BCE(logit, 1[keep]), each step's mean over its candidates
 
 The released code adds `g * Block(x)` to `x`, and its `Block` already holds the residual, so a
-selected token's state is scaled by (1 + g); we add the delta once (the paper's H + g f(H)).
+selected token's state becomes (1 + g) h + g f(h): `router_update = "block"`, what the MoR rows
+of train_configs/paper/ train. `"delta"` (the default, every run before the option) adds the
+block delta once, the paper's H + g f(H) (docs/architecture.md says why the rows use "block").
 Top-k over the sequence is not causal (a token's selection depends on later tokens). In eval
 mode `router_inference = "threshold"` replaces it by MoR's causal rule (the paper's BCE-trained
 router predicts the top-k selection): a token goes on to step i if it was active at step i-1 and
@@ -36,22 +39,28 @@ from .blocks import BlockStack
 
 
 class RoutedStep(nn.Module):
-    """The shared core on the routed tokens, with the router-weighted delta update. No RNG."""
+    """The shared core on the routed tokens, with the router-weighted update
+    (`router_update`: delta or block). No RNG."""
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
         # MoR has no W_proj and no gate (injection = none, update = overwrite): the router's
         # weight g takes the gate's place, and only selected tokens are updated.
         self.core = BlockStack(args, args.n_core_layers, first_layer_id=args.n_prelude_layers)
+        self.add_block = args.router_update == "block"  # token choice: always delta (validated)
 
     def forward(
         self, h_sel: torch.Tensor, weight: torch.Tensor, freqs_cis: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(updated h_sel, core output o) for h_sel [B, k, d] (the kept tokens in causal
-        order) and the router weight g [B, k, 1]. o is kept for backward anyway; returning it
-        always keeps one compiled graph whether an observer looks or not."""
-        proposal = self.core(h_sel, freqs_cis)
-        return h_sel + weight * (proposal - h_sel), proposal
+        """(updated h_sel, proposal o) for h_sel [B, k, d] (the kept tokens in causal order)
+        and the router weight g [B, k, 1]. o is the proposal of the GRT's convention
+        h <- (1 - g) h + g o that the step metrics read: the core output for delta, h + the
+        core output for block (whose update h + g core(h) is that with o = h + core(h)).
+        Returning it always keeps one compiled graph whether an observer looks or not."""
+        out = self.core(h_sel, freqs_cis)
+        if self.add_block:
+            return h_sel + weight * out, h_sel + out
+        return h_sel + weight * (out - h_sel), out
 
     def init_weights(self) -> None:
         self.core.init_weights()

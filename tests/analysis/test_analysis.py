@@ -7,13 +7,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from components_helpers import ByteTokenizer, check_analysis_output, hand_step_stats, make_dataset, tiny_model
 
 from grt_titan.analysis.diagnostics import DepthAnalysis, gate_heatmap
 from grt_titan.analysis.report import analyze
 from grt_titan.cli import main as cli_main
 from grt_titan.data.config import DataConfig
 from grt_titan.data.loader import TokenSequenceDataset, open_dataset_split
+
+from components_helpers import ByteTokenizer, check_analysis_output, hand_step_stats, make_dataset, tiny_model
 
 
 def test_depth_analysis_equals_independent_forwards():

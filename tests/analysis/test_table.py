@@ -6,28 +6,32 @@ import csv
 import dataclasses
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
-from grt_test_helpers import REPO, parse_config
 
 from grt_titan.analysis import table
-from grt_titan.analysis.runs import LOSS_TAG, load_run
+from grt_titan.analysis.runs import LOSS_TAG, find_run_dirs, load_run
 from grt_titan.cli import main as cli_main
 from grt_titan.model import grt_flavors
 from grt_titan.run_record import RECORD_NAME, build_run_record, write_run_record
 
+from grt_test_helpers import REPO, parse_config
+
 V, S = 50257, 1024  # GPT-2 vocabulary, the paper's sequence length
 
 
-def make_run(root, name, flavor, losses, *, seed=0, recurrences=None, timestamps=("20260101-0000",)):
+def make_run(root, name, flavor, losses, *, seed=0, recurrences=None, timestamps=("20260101-0000",), extra=()):
     """A run folder as training leaves it: grt_run.json (from a real JobConfig of `flavor` at
-    S = 1024) and TensorBoard events, `losses` {step: validation loss} split over `timestamps`
-    folders (a resumed run starts a new one); a training-loss scalar beside them."""
+    S = 1024, plus the command-line overrides `extra`) and TensorBoard events, `losses`
+    {step: validation loss} split over `timestamps` folders (a resumed run starts a new one);
+    a training-loss scalar beside them."""
     from torch.utils.tensorboard import SummaryWriter
 
     run = root / name
     overrides = ["--job.dump_folder", str(run), "--model.flavor", flavor, "--training.seq_len", str(S),
-                 "--debug.seed", str(seed), "--grt.num_recurrences", str(recurrences or 4)]
+                 "--debug.seed", str(seed), "--grt.num_recurrences", str(recurrences or 4), *extra]
     jc = parse_config(*overrides)
     args = dataclasses.replace(grt_flavors[flavor])
     args.update_from_config(jc)
@@ -162,3 +166,78 @@ def test_record_keys_unknown_and_missing(runs, tmp_path, capsys):
     assert run.args.gate_override is None
     assert f"{older / RECORD_NAME}: model_args has no 'gate_override' (an older record); using the default None" \
         in capsys.readouterr().err
+
+
+def test_a_folder_of_runs_is_searched_below(runs, tmp_path, capsys):
+    """`grt-titan table outputs/`: every folder below that holds grt_run.json, at any depth,
+    in path order, each run once; a folder without any is an error naming it."""
+    outputs = tmp_path / "outputs"
+    dense = shutil.copytree(runs["dense"], outputs / "paper" / "small_dense_s0")
+    seed0 = shutil.copytree(runs["grt_a"], outputs / "paper" / "seeds" / "small_grt_s0")
+    seed1 = shutil.copytree(runs["grt_b"], outputs / "paper" / "seeds" / "small_grt_s1")
+    (outputs / "scratch" / "tb").mkdir(parents=True)  # no run below: skipped
+    assert find_run_dirs([outputs]) == [seed0, seed1, dense]
+    assert find_run_dirs([dense, outputs / "paper", seed1]) == [dense, seed0, seed1]  # each once, first mention
+
+    assert cli_main(["table", str(outputs)]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert len(lines) == 2 + 2, out  # header, rule, GRT (2 seeds), dense
+    assert "| GRT | 1+1x10+1 | 3 | 12 | 0.3438 | 63.6M | 3.1000 ± 0.1414 | 30 | 2 |" in lines[2]
+    assert lines[3].startswith("| dense | 12L |")
+
+    for empty in (outputs / "scratch", tmp_path / "nothing_here"):
+        empty.mkdir(exist_ok=True)
+        assert cli_main(["table", str(empty)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {empty} has no {RECORD_NAME}, nor any folder below it" in err, err
+    assert cli_main(["table", str(tmp_path / "missing")]) == 2
+    assert f"{tmp_path / 'missing'} is not a folder" in capsys.readouterr().err
+
+
+POISSON = ("--grt.injection", "proj", "--grt.update", "overwrite", "--grt.initial_state", "random",
+           "--grt.depth_sampling", "poisson_lognormal", "--grt.state_noise_std", "0", "--grt.gate_noise_std", "0")
+
+
+def test_rows_of_one_method_show_the_settings_they_differ_in(module_tmp, runs, tmp_path, capsys):
+    """Rows of one method that differ in a method setting (Poisson's mean depth and k, a GRT
+    sweep, a token budget) name the differing keys only; other methods and rows differing in
+    R or size only get none."""
+    root = module_tmp("settings")
+    made = [
+        make_run(root, "poisson_m3", "small", {10: 3.6}, recurrences=10, extra=(*POISSON, "--grt.depth_mean", "3")),
+        make_run(root, "poisson_m5", "small", {10: 3.5}, recurrences=10, extra=(*POISSON, "--grt.depth_mean", "5")),
+        make_run(root, "poisson_m5_k4", "small", {10: 3.4}, recurrences=10,
+                 extra=(*POISSON, "--grt.depth_mean", "5", "--grt.backprop_recurrences", "4")),
+        make_run(root, "grt_tau2", "small", {10: 3.3}, recurrences=10, extra=("--grt.gate_temperature", "2.0")),
+        make_run(root, "grt_tau2_long", "small", {10: 3.3}, recurrences=10,
+                 extra=("--grt.gate_temperature", "2.0", "--training.steps", "40")),
+    ]
+    rows = table.build_rows([load_run(r) for r in (runs["grt_a"], runs["grt_b"], runs["no_val"], runs["dense"], *made)])
+    titles = [r.title for r in rows]
+    # The debug TOML's training.steps (make_run keeps it) beside the one run at 40 steps.
+    steps = load_run(runs["grt_a"]).record["training_steps"]
+    assert steps != 40
+    grt = ("GRT (gate_temperature=1.0, training_steps={})", "GRT (gate_temperature=2.0, training_steps={})")
+    assert titles == [
+        grt[0].format(steps),  # seeds 0 and 1
+        grt[0].format(steps),  # R = 6: the layout tells it apart, no setting
+        "dense",
+        "Heavy-tail Poisson (backprop_recurrences=None, depth_mean=3.0)",
+        "Heavy-tail Poisson (backprop_recurrences=None, depth_mean=5.0)",
+        "Heavy-tail Poisson (backprop_recurrences=4, depth_mean=5.0)",
+        grt[1].format(steps),
+        grt[1].format(40),
+    ]
+    assert [r.method for r in rows][3:6] == ["Heavy-tail Poisson"] * 3  # the label itself is unchanged
+    assert rows[0].settings == {"gate_temperature": 1.0, "training_steps": steps}
+
+    out_csv = tmp_path / "t.csv"
+    assert cli_main(["table", str(root), "--csv", str(out_csv)]) == 0
+    out = capsys.readouterr().out
+    assert "| Heavy-tail Poisson (backprop_recurrences=4, depth_mean=5.0) | 1+1x10+1 |" in out
+    assert "| GRT (training_steps=40) | 1+1x10+1 |" in out  # among these runs only the budget differs
+    by_run = {Path(r["runs"]).name: r for r in csv.DictReader(out_csv.open())}
+    assert by_run["poisson_m3"]["method"] == "Heavy-tail Poisson"
+    assert by_run["poisson_m3"]["settings"] == "backprop_recurrences=None, depth_mean=3.0"
+    assert by_run["grt_tau2"]["settings"] == f"training_steps={steps}"

@@ -1,5 +1,6 @@
 """Mixture-of-Recursions in the Hugging Face export (docs/hf_export.md, "Mixture-of-Recursions"):
-the routers and the routed update, threshold routing (causal) with recursion-wise KV caching
+the routers and the routed update (delta, and the released code's block update; exports without
+the field run delta), threshold routing (causal) with recursion-wise KV caching
 for generation, top_k routing for a full forward; each against the torchtitan model."""
 
 import importlib
@@ -8,12 +9,13 @@ import json
 import pytest
 import torch
 
-from grt_test_helpers import MOR_PARTS
 from grt_titan.cli import main as cli
 from grt_titan.hf.configuration_grt import GRTConfig
 from grt_titan.hf.convert import write_hf_folder
-from grt_titan.model.checkpoint import load_checkpoint, model_args_from_hf_config
 from grt_titan.model import GRTModel
+from grt_titan.model.checkpoint import load_checkpoint, model_args_from_hf_config
+
+from grt_test_helpers import MOR_PARTS
 from hf_helpers import ATOL, assert_left_padded_rows_generate_alone, greedy, load_hf, prompt, small_args
 
 
@@ -112,12 +114,63 @@ def test_export_import_round_trip(mor, tmp_path):
     assert all(torch.equal(v, expected[k]) for k, v in state.items() if k in expected)
 
 
+def test_released_update_exports_and_matches_torchtitan(module_tmp):
+    """router_update = "block" (the released code's h + g core(h)): config.json says so, the HF
+    model computes it under both rules and with the cache, and import gives it back."""
+    args = small_args("gpt2").replace(**MOR_PARTS, router_update="block")
+    torch.manual_seed(3)
+    native = GRTModel(args)
+    with torch.no_grad():
+        native.init_weights()
+        for p in native.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    native.eval()
+    folder = write_hf_folder(module_tmp("mor_block") / "hf", native.state_dict(), args, write_tokenizer=False,
+                             verify=True)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["router_update"] == "block"
+    assert model_args_from_hf_config(config) == args
+    hf = load_hf(folder)
+    x = prompt(batch=2, seq=24, seed=3)
+    with torch.no_grad():
+        for rule, kwargs in (("threshold", {}), ("top_k", {"router_inference": "top_k"})):
+            diff = hf(x, **kwargs).logits - routed(native, rule)(x)
+            assert diff.abs().max().item() < ATOL, rule
+        cache = mor_cache(hf)
+        steps = [hf(x[:1, :12], past_key_values=cache).logits[:, -1]]
+        for t in range(12, 16):
+            steps.append(hf(x[:1, t:t + 1], past_key_values=cache).logits[:, -1])
+        assert (torch.stack(steps, 1) - routed(native, "threshold")(x[:1, :16])[:, 11:]).abs().max().item() < ATOL
+
+
+def test_an_export_without_router_update_runs_the_delta_update(mor, tmp_path):
+    """Exports made before the field existed have no `router_update` anywhere: they load with the
+    update they were trained with (delta), in the HF model and on import."""
+    native, folder, hf = mor
+    config = json.loads((folder / "config.json").read_text())
+    assert config["router_update"] == "delta"
+    del config["router_update"]
+    del config["training_settings"]["grt_model_args"]["router_update"]
+    assert GRTConfig(**config).router_update == "delta"
+    assert model_args_from_hf_config(config).router_update == "delta"
+    old = tmp_path / "old"
+    old.mkdir()
+    for path in folder.iterdir():
+        (old / path.name).write_bytes(path.read_bytes())
+    (old / "config.json").write_text(json.dumps(config))
+    x = prompt(batch=2, seq=24, seed=3)
+    with torch.no_grad():
+        assert torch.equal(load_hf(old)(x).logits, hf(x).logits)
+
+
 def test_what_is_refused_is_named(mor):
     _, _, hf = mor
     x = prompt(seq=8)
     kwargs = {k: v for k, v in hf.config.to_dict().items() if k in ("train_recurrences", "injection", "update")}
     with pytest.raises(ValueError, match=r"router_inference = 'greedy' is invalid; allowed: \('threshold', 'top_k'\)"):
         GRTConfig(router="expert_choice", router_inference="greedy", **kwargs)
+    with pytest.raises(ValueError, match=r"router_update = 'residual' is invalid; allowed: \('delta', 'block'\)"):
+        GRTConfig(router="expert_choice", router_update="residual", **kwargs)
     with pytest.raises(ValueError, match=r"router_inference = 'greedy' is invalid"):
         hf(x, router_inference="greedy")
     with pytest.raises(ValueError, match=r"router_inference = 'top_k' ranks the whole sequence"):

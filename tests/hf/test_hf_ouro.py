@@ -7,15 +7,25 @@ import json
 
 import pytest
 import torch
+from test_hf_parts import debug_twin
 
-from grt_test_helpers import build_model
 from grt_titan.cli import main as cli
 from grt_titan.hf.configuration_grt import GRTConfig
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
 from grt_titan.model.checkpoint import load_checkpoint, model_args_from_hf_config, model_from_state
 from grt_titan.model.exit_distribution import q_exit_steps
-from hf_helpers import ATOL, assert_left_padded_rows_generate_alone, cache_class, decode_logits, greedy, perturb, prompt, static_decode_logits
-from test_hf_parts import debug_twin
+
+from grt_test_helpers import build_model
+from hf_helpers import (
+    ATOL,
+    assert_left_padded_rows_generate_alone,
+    cache_class,
+    decode_logits,
+    greedy,
+    perturb,
+    prompt,
+    static_decode_logits,
+)
 
 # Q-exit threshold below 1: with the perturbed gate (lambda ~ 0.5 +- 0.15) tokens exit
 # anywhere between step 1 and the last (checked in the test, not assumed).
@@ -40,7 +50,7 @@ def ouro(module_tmp):
 def torchtitan_exit_steps(native, tokens, depth):
     """Each token's 0-based Q-exit step, from the torchtitan model's own readouts."""
     h_pre = native.prelude(native.embed(tokens), native.freqs_cis)
-    states = native.recurrence(h_pre, native.freqs_cis, depth, all_states=True)
+    states = native.recurrence(h_pre, native.freqs_cis, depth, all_states=True).step_states
     hidden = torch.stack([native.final_hidden(h) for h in states])
     return q_exit_steps(native.exit_gate(hidden), native.model_args.exit_threshold)
 

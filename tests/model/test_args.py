@@ -4,9 +4,10 @@
 import pytest
 import torch
 
-from grt_test_helpers import LADDER_PARTS, POISSON_PARTS, RRT_PARTS, build_model, matmul_flops
 from grt_titan.model import DepthSampler, grt_flavors
 from grt_titan.model.model import build_meta_model
+
+from grt_test_helpers import LADDER_PARTS, POISSON_PARTS, RRT_PARTS, build_model, matmul_flops
 
 
 def nparams(args) -> int:

@@ -7,11 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grt_test_helpers import build_model, matmul_flops
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import grt_flavors
 from grt_titan.model.exit_distribution import exit_entropy, exit_log_probs, q_exit_steps
 from grt_titan.model.output import TrainingOutput
+
+from grt_test_helpers import build_model, matmul_flops
 
 VOCAB = 50257
 # Ouro's parts on the debug layout (docs/architecture.md, "Ouro").
@@ -38,7 +39,7 @@ def reference_readouts(model, x, steps):
     """hidden_t = norm(coda(h_t)) for h_t = the state after t steps, computed by separate
     calls of the recurrence at depth t (no noise: deterministic), and lambda_t per token."""
     h_pre = model.prelude(model.embed(x), model.freqs_cis)
-    hidden = [model.norm(model.coda(model.recurrence(h_pre, model.freqs_cis, t), model.freqs_cis))
+    hidden = [model.norm(model.coda(model.recurrence(h_pre, model.freqs_cis, t).state, model.freqs_cis))
               for t in range(1, steps + 1)]
     z = [F.linear(h, model.exit_gate.weight, model.exit_gate.bias)[..., 0] for h in hidden]
     return hidden, z
@@ -143,11 +144,11 @@ def test_threshold_one_is_the_last_step_even_for_a_saturated_gate():
         model.exit_gate.bias.fill_(60.0)  # lambda = 1.0 in float32: CDF(1) = 1 already
     x = tokens()
     h_pre = model.prelude(model.embed(x), model.freqs_cis)
-    last = model.logits_from_state(model.recurrence(h_pre, model.freqs_cis, 4))
+    last = model.logits_from_state(model.recurrence(h_pre, model.freqs_cis, 4).state)
     torch.testing.assert_close(model(x), last, rtol=0, atol=0)
     assert q_exit_steps(torch.full((4, 1), 60.0), 1.0).item() == 3
     model.model_args.exit_threshold = 0.99
-    first = model.logits_from_state(model.recurrence(h_pre, model.freqs_cis, 1))
+    first = model.logits_from_state(model.recurrence(h_pre, model.freqs_cis, 1).state)
     torch.testing.assert_close(model(x), first, rtol=1e-5, atol=1e-5)
 
 

@@ -70,7 +70,7 @@ def test_gate_one_keeps_prelude_state_for_any_depth():
     x = tokens()
     h_pre = prelude_output(model, x)
     for r in (1, 2, 5):
-        h = model.recurrence(h_pre, model.freqs_cis, r)
+        h = model.recurrence(h_pre, model.freqs_cis, r).state
         torch.testing.assert_close(h, h_pre, rtol=0, atol=0)
 
 
@@ -80,7 +80,7 @@ def test_gate_zero_writes_core_output():
     h_pre = prelude_output(model, x)
     step = model.recurrence.step
     expected = step.core(step.proj(torch.cat([h_pre, h_pre], -1)), None)
-    torch.testing.assert_close(model.recurrence(h_pre, None, 1), expected, rtol=0, atol=0)
+    torch.testing.assert_close(model.recurrence(h_pre, None, 1).state, expected, rtol=0, atol=0)
 
 
 def test_depth_zero_is_prelude_only_and_negative_is_rejected():
@@ -193,3 +193,31 @@ def test_observer_sees_every_step():
     assert records[0].state.equal(prelude_output(model, x))
     model.recurrence.observer = None
     assert model(x, num_recurrences=3).equal(logits)
+
+
+@pytest.mark.parametrize("parts", ["grt", "ouro", "mor", "token_choice"])
+def test_recurrence_returns_one_type_on_every_path(parts):
+    """`RecurrenceOutput` from the plain loop, the per-step readout and both routers, in
+    training and eval mode: the model reads fields, never tests types."""
+    from grt_titan.model.recurrence import RecurrenceOutput
+
+    from grt_test_helpers import MOR_PARTS, OURO_PARTS
+
+    changes = {"grt": {}, "ouro": OURO_PARTS, "mor": MOR_PARTS,
+               "token_choice": dict(MOR_PARTS, router="token_choice")}[parts]
+    model = build_model(**changes)
+    routed = model.model_args.router != "none"
+    for training in (True, False):
+        model.train(training)
+        h_pre = prelude_output(model, tokens(seq=16))
+        for depth, all_states in ((0, False), (3, False), (3, True)):
+            out = model.recurrence(h_pre, model.freqs_cis, depth, all_states=all_states)
+            assert type(out) is RecurrenceOutput and out.state.shape == h_pre.shape
+            assert out.step_states is None if routed or not all_states else len(out.step_states) == depth
+            if out.step_states:
+                assert out.step_states[-1] is out.state
+            # The router's auxiliary loss: training forwards only (at r = 0, 0 or None).
+            if not (routed and training):
+                assert out.aux_loss_sum is None
+            elif depth:
+                assert out.aux_loss_sum.ndim == 0 and out.aux_loss_sum > 0

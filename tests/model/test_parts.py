@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grt_test_helpers import LADDER_PARTS, MOR_PARTS, POISSON_PARTS, RRT_PARTS, build_model
 from grt_titan.model import grt_flavors
 from grt_titan.model.recurrence import DepthSampler, eval_initial_state
+
+from grt_test_helpers import LADDER_PARTS, MOR_PARTS, POISSON_PARTS, RRT_PARTS, build_model
 
 VOCAB = 50257
 LADDER, POISSON, RRT = LADDER_PARTS, POISSON_PARTS, RRT_PARTS
@@ -204,3 +205,47 @@ def test_truncated_backprop_training_flops_skip_the_untracked_backward():
     # r = 5: all 5 steps forward (in 3 F), only the last 2 backward: 3 untracked steps x 2 F_step less.
     assert args.train_flops_per_token(S, 5) == 3 * args.forward_flops_per_token(S, 5) - 2 * 3 * core_step
     assert args.train_flops_per_token(S, 2) == 3 * args.forward_flops_per_token(S, 2)  # r <= k: full backward
+
+
+def _eq1_train_by_hand(r, k, p=1, n=2, c=1, d=128, S=64, V=VOCAB, proj=True):
+    """3 x eq. 1 (+ LM head) at depth r without the gate, less the backward (2x forward) of
+    the r - k untracked steps."""
+    per_block = 24 * d * d + 4 * S * d
+    step = n * per_block + (4 * d * d if proj else 0)
+    forward = (p + c) * per_block + r * step + 2 * d * V
+    return 3 * forward - 2 * max(r - k, 0) * step
+
+
+def test_start_up_training_flops_are_the_expectation_over_the_sampled_depths():
+    """torchtitan's start-up FLOPs (get_nparams_and_flops) are E_r[train(r)], what the logged
+    MFU averages over the sampled depths: not train(E[r]), which truncated backprop bends."""
+    from grt_titan.model.model import build_meta_model
+
+    S = 64
+    # Uniform r in 1..4 with k = 2, the ladder's parts (no W_proj, no gate): the mean of 4 counts.
+    uniform = grt_flavors["debug"].replace(**LADDER, backprop_recurrences=2)
+    by_hand = sum(_eq1_train_by_hand(r, 2, proj=False) for r in (1, 2, 3, 4)) / 4
+    assert uniform.expected_train_flops_per_token(S) == pytest.approx(by_hand, rel=1e-12)
+    assert uniform.get_nparams_and_flops(build_meta_model(uniform), S)[1] == int(by_hand)
+    assert uniform.train_flops_per_token(S) > by_hand  # at E[r] = 2.5: overstated
+    # Without truncation the count is linear in r: the expectation is the count at E[r].
+    plain = uniform.replace(backprop_recurrences=None)
+    assert plain.expected_train_flops_per_token(S) == pytest.approx(plain.train_flops_per_token(S), rel=1e-12)
+
+    # Heavy-tail Poisson, E[r] = 2.5, k = 2: E[(r - 2)+] = E[r] - 2 + P(r = 1), and P(r = 1) =
+    # E[exp(-tau)] over tau ~ LogNormal(log 1.5 - 1/8, 1/2), integrated by hand (midpoint rule in log tau).
+    poisson = grt_flavors["debug"].replace(**POISSON, depth_mean=2.5, backprop_recurrences=2)
+    mu, sigma = np.log(1.5) - 0.125, 0.5
+    z = np.linspace(-12, 12, 240_001)
+    z = (z[1:] + z[:-1]) / 2
+    density = np.exp(-z * z / 2) / np.sqrt(2 * np.pi) * (24 / 240_000)
+    p1 = float(np.sum(density * np.exp(-np.exp(mu + sigma * z))))
+    step = 2 * (24 * 128**2 + 4 * S * 128) + 4 * 128**2
+    by_hand = _eq1_train_by_hand(2.5, k=float("inf")) - 2 * step * (2.5 - 2 + p1)  # 3 F(E[r]) less E[untracked]
+    assert poisson.expected_train_flops_per_token(S) == pytest.approx(by_hand, rel=1e-9)
+    assert poisson.get_nparams_and_flops(build_meta_model(poisson), S)[1] == int(by_hand)
+    # What the metrics average: the count over the sampler's own draws tends to it.
+    sampler = DepthSampler(poisson)
+    drawn = np.mean([poisson.train_flops_per_token(S, sampler.depth_at(i)) for i in range(20000)])
+    assert drawn == pytest.approx(by_hand, rel=5e-3)
+    assert poisson.train_flops_per_token(S) - by_hand == pytest.approx(2 * step * p1, rel=1e-9)  # at E[r]: overstated

@@ -1,5 +1,6 @@
 """Mixture-of-Recursions (router = expert_choice) against a hand-written loop over tokens:
-hierarchical expert-choice top-k, the router-weighted delta update, the BCE auxiliary loss."""
+hierarchical expert-choice top-k, the router-weighted delta update, the BCE auxiliary loss;
+the released code's update (router_update = "block") against its layer written out in torch."""
 
 import math
 
@@ -7,13 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grt_test_helpers import MOR_PARTS, build_model, matmul_flops
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import grt_flavors
 from grt_titan.model.output import TrainingOutput
 
+from grt_test_helpers import MOR_PARTS, build_model, matmul_flops
+
 VOCAB = 512
-MOR = dict(MOR_PARTS, vocab_size=VOCAB)
+# The references below write out the delta update h + g (o - h): set it explicitly.
+MOR = dict(MOR_PARTS, vocab_size=VOCAB, router_update="delta")
 
 
 def tokens(batch=2, seq=16, seed=1):
@@ -205,10 +208,11 @@ def test_router_weights_have_hugging_face_checkpoint_names():
 # ---- eval-time routing: router_inference = "threshold" (causal) ---------------------------------
 
 
-def reference_threshold_recurrence(model, h_pre, depth):
+def reference_threshold_recurrence(model, h_pre, depth, add_block=False):
     """One sequence, one token at a time: token t goes on to step i while it was active at
     step i-1 and sigmoid(w_i . h_t) > 0.5; the core attends among the step's active tokens.
-    Also returns, per sequence, the number of steps each token took."""
+    Also returns, per sequence, the number of steps each token took. `add_block`: the update
+    h + g o (router_update = "block") instead of h + g (o - h)."""
     args, router, core = model.model_args, model.recurrence.router, model.recurrence.step.core
     seq_len = h_pre.shape[1]
     out, steps_taken = [], []
@@ -224,7 +228,8 @@ def reference_threshold_recurrence(model, h_pre, depth):
                 break
             o = core(torch.stack([h[t] for t in active])[None], None)[0]
             for j, t in enumerate(active):
-                h[t] = h[t] + torch.sigmoid(logit[t]) * args.router_scale * (o[j] - h[t])
+                g = torch.sigmoid(logit[t]) * args.router_scale
+                h[t] = h[t] + g * o[j] if add_block else h[t] + g * (o[j] - h[t])
                 taken[t] += 1
         out.append(torch.stack(h))
         steps_taken.append(taken)
@@ -279,3 +284,63 @@ def test_router_inference_applies_in_eval_only_and_defaults_to_top_k():
 def test_bad_router_inference_names_the_key(changes, pattern):
     with pytest.raises(ValueError, match=pattern):
         grt_flavors["debug"].replace(**changes).validate()
+
+
+# ---- router_update = "block": the released code's update ----------------------------------------
+
+
+def released_code_recurrence(model, h_pre, depth):
+    """The released MoR code's expert-choice layer (MoRLlamaDecoderLayer.forward, its steps 1-5)
+    written out: top-k of sigmoid(logit) x alpha among the previous step's tokens, sorted into
+    causal order; the block on the gathered tokens (its residual inside, as our core's);
+    `total_x = scatter_add(total_x, selected, Block(x) * weights)`."""
+    args, router, core = model.model_args, model.recurrence.router, model.recurrence.step.core
+    _, seq_len, d = h_pre.shape
+    total_x, prev = h_pre, None
+    for i in range(depth):
+        x = total_x if prev is None else torch.gather(total_x, 1, prev.expand(-1, -1, d))
+        probs = torch.sigmoid(router.steps[i](x)) * args.router_scale  # [B, m, 1]
+        k = max(1, int(args.router_capacities[i] * seq_len))
+        weights, selected = torch.topk(probs, k, dim=1, sorted=False)
+        selected, index = torch.sort(selected, dim=1)
+        weights = torch.gather(weights, 1, index)
+        top_k_tokens = torch.gather(x, 1, selected.expand(-1, -1, d))
+        if prev is not None:
+            selected = torch.gather(prev, 1, selected)
+        processed = core(top_k_tokens, None)
+        total_x = torch.scatter_add(total_x, 1, selected.expand(-1, -1, d), processed * weights)
+        prev = selected
+    return total_x
+
+
+@pytest.mark.parametrize("capacity,depth", [(None, 4), ([0.75, 0.5, 0.25, 0.125], 3)])
+def test_block_update_matches_the_released_code(capacity, depth):
+    """router_update = "block": h + g core(h) = (1 + g) h + g f(h) on routed tokens, the released
+    code's update, in training and in eval under both routing rules."""
+    block = build_model(router_capacity=capacity, **{**MOR, "router_update": "block"})
+    x = tokens()
+    out = block(x, num_recurrences=depth)
+    h_pre = block.prelude(block.embed(x), None)
+    expected = block.output(block.norm(block.coda(released_code_recurrence(block, h_pre, depth), None)))
+    torch.testing.assert_close(out.logits, expected, rtol=1e-5, atol=1e-5)
+    # The same weights under delta: other states, other logits (the option is not a no-op).
+    delta = build_model(router_capacity=capacity, **MOR)
+    delta.load_state_dict(block.state_dict())
+    assert (delta(x, num_recurrences=depth).logits - out.logits).abs().max().item() > 1e-3
+    # Eval mode, both rules: threshold against the per-token rule with the block update.
+    block.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(block(x, num_recurrences=depth), expected, rtol=1e-5, atol=1e-5)
+        block.recurrence.router.inference = "threshold"
+        h, _ = reference_threshold_recurrence(block, h_pre, depth, add_block=True)
+        torch.testing.assert_close(block(x, num_recurrences=depth),
+                                   block.output(block.norm(block.coda(h, None))), rtol=1e-5, atol=1e-5)
+
+
+def test_router_update_is_an_expert_choice_setting():
+    assert grt_flavors["debug"].replace(**MOR_PARTS).router_update == "delta"  # every older run's
+    for changes in ({}, {**MOR_PARTS, "router": "token_choice"}):
+        with pytest.raises(ValueError, match="router_update = 'block' is invalid; is used by router = 'expert_choice'"):
+            grt_flavors["debug"].replace(**changes, router_update="block").validate()
+    with pytest.raises(ValueError, match="router_update = 'residual' is invalid; allowed: 'delta', 'block'"):
+        grt_flavors["debug"].replace(**{**MOR, "router_update": "residual"}).validate()

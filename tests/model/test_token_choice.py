@@ -9,10 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grt_test_helpers import MOR_PARTS, build_model, matmul_flops, parse_config
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import grt_flavors
 from grt_titan.model.output import TrainingOutput
+
+from grt_test_helpers import MOR_PARTS, build_model, matmul_flops, parse_config, parts_overrides
 
 VOCAB = 512
 TOKEN_CHOICE = dict(MOR_PARTS, router="token_choice", vocab_size=VOCAB)
@@ -189,7 +190,7 @@ def test_tensor_parallel_and_hf_export_are_refused_by_name():
 
     from grt_titan.hf.convert import ExportError, check_exportable
 
-    overrides = [item for key, value in TOKEN_CHOICE.items() if key != "vocab_size" for item in (f"--grt.{key}", str(value))]
+    overrides = parts_overrides({key: value for key, value in TOKEN_CHOICE.items() if key != "vocab_size"})
     config = parse_config(*overrides, "--parallelism.tensor_parallel_degree", "2")
     args = get_train_spec("grt").model_args[config.model.flavor].replace()
     with pytest.raises(ValueError) as info:
@@ -205,7 +206,7 @@ def test_compile_with_step_checkpointing_passes_start_up():
     at step 4 (refused with compile); token choice has no capacities."""
     from torchtitan.protocols.train_spec import get_train_spec
 
-    overrides = [item for key, value in TOKEN_CHOICE.items() if key != "vocab_size" for item in (f"--grt.{key}", str(value))]
+    overrides = parts_overrides({key: value for key, value in TOKEN_CHOICE.items() if key != "vocab_size"})
     config = parse_config(*overrides, "--compile.enable", "--activation_checkpoint.mode", "full",
                           "--grt.recurrence_checkpoint", "step", "--training.seq_len", "4", "--validation.no-enable")
     args = get_train_spec("grt").model_args[config.model.flavor].replace()

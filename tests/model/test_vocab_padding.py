@@ -5,10 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grt_test_helpers import REPO, build_model, matmul_flops
 from grt_titan.model import GRTModel, grt_flavors
 from grt_titan.model.args import CONFIGURABLE_FIELDS
 from grt_titan.model.model import build_meta_model
+
+from grt_test_helpers import REPO, build_model, matmul_flops
 
 DEBUG_TOML = REPO / "train_configs" / "grt_debug.toml"
 VOCAB = 500  # small true vocabulary: 128 pads it to 512
