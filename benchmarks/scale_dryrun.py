@@ -37,11 +37,11 @@ def worker(config: str, world: int, shard: int, replicate: int, tp: int, seq_len
     from grt_titan.cpu_support import enable_cpu_training
 
     enable_cpu_training()
-    import grt_titan  # noqa: F401
     import torch
     from torchtitan.config import ConfigManager
     from torchtitan.train import Trainer
 
+    import grt_titan  # noqa: F401
     from grt_titan.infra.comm_stats import CollectiveCounter
 
     argv = [

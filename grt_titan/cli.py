@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"grt-titan: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    # transformers imports torchao, which prints CUDA-library and deprecation noise first.
+    from grt_titan.quiet_imports import quiet_torchao_import
+
+    quiet_torchao_import()
     module = importlib.import_module(COMMANDS[command][0])
     return int(module.main(rest) or 0)
 

@@ -10,7 +10,9 @@ torchtitan to CPU/gloo (grt_titan/cpu_support.py), for tests, CI and laptops:
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import warnings
 
 # torchrun exports TORCH_NCCL_ASYNC_ERROR_HANDLING=1 to every worker unless it is set;
@@ -34,17 +36,72 @@ def quiet_torchrun_defaults() -> None:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
 
 
-def main() -> None:
+# Set to 1 to keep every rank's INFO logs (by default only rank 0 logs below WARNING).
+LOG_ALL_RANKS_ENV = "GRT_LOG_ALL_RANKS"
+
+
+def quiet_other_ranks() -> None:
+    """Keep INFO logging on rank 0 only; other ranks log WARNING and above.
+
+    torchrun hands every rank the same console, so each of torchtitan's INFO lines would
+    print once per rank; rank 0's are the run's. Other ranks' warnings and errors still
+    show. Call after torchtitan's `init_logger`, which sets the root logger and its stdout
+    handler to INFO. `GRT_LOG_ALL_RANKS=1` leaves every rank at INFO.
+    """
+    if int(os.environ.get("RANK", "0")) == 0 or os.environ.get(LOG_ALL_RANKS_ENV, "0") not in ("", "0"):
+        return
+    root = logging.getLogger()  # torchtitan's `logger`
+    root.setLevel(logging.WARNING)
+    for handler in root.handlers:  # child loggers with their own INFO level propagate here
+        handler.setLevel(max(handler.level, logging.WARNING))
+
+
+def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
+    """torchtitan.train.main (0.2.2) with `GRTTrainer` (or a subclass) and the arguments
+    `argv`, by default this process's command line as it is now. torchtitan's main parses
+    `ConfigManager().parse_args()`, whose default `sys.argv[1:]` is bound when torchtitan is
+    imported, so a process that imported it first (a launcher that forks jobs) could not
+    pass a job its arguments; here they are passed explicitly. The rest is torchtitan's."""
     from grt_titan.cpu_support import enable_cpu_training
 
     quiet_torchrun_defaults()
     enable_cpu_training()
-    import grt_titan  # noqa: F401  registers the `grt` train spec
-    from torchtitan.train import main as torchtitan_main
+    import torch
+    import torchtitan
+    from torchtitan.config import ConfigManager
+    from torchtitan.tools.logging import init_logger, logger
 
+    import grt_titan  # noqa: F401  registers the `grt` train spec
     from grt_titan.components.trainer import GRTTrainer
 
-    torchtitan_main(GRTTrainer)
+    init_logger()
+    quiet_other_ranks()
+    logger.info("torchtitan version: %s (0.0.0 means __version__ is not defined correctly).",
+                torchtitan.__version__)
+    config = ConfigManager().parse_args(sys.argv[1:] if argv is None else list(argv))
+    trainer = None
+    try:
+        trainer = (trainer_class or GRTTrainer)(config)
+        if config.comm.mode == "local_tensor":  # torchtitan: the model is not initialised there
+            logger.info("Local tensor mode enabled - skipping training execution")
+            return
+        if config.checkpoint.create_seed_checkpoint:
+            assert int(os.environ["WORLD_SIZE"]) == 1, \
+                "Must create seed checkpoint using a single device, to disable sharding."
+            assert config.checkpoint.enable, "Must enable checkpointing when creating a seed checkpoint."
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
+    except Exception:
+        if trainer:
+            trainer.close()
+        raise
+    else:
+        trainer.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        logger.info("Process group destroyed")
 
 
 if __name__ == "__main__":

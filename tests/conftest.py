@@ -8,7 +8,7 @@ import pytest
 
 from grt_test_helpers import REPO, torchrun
 
-# Tests reuse the benchmark scripts' case definitions (benchmarks/parallel_matrix.py).
+# `tests.launcher`, `tests.cases` and the job modules (`tests.<folder>.<worker>`) import from here.
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -4,7 +4,6 @@ step lines and config, a small model."""
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,6 +12,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `tests.launcher`, `tests.<folder>.<worker>` job modules
+    sys.path.insert(0, str(REPO))
+
+from tests.launcher import free_port, job_env, launch, rank_environment  # noqa: E402
+
 DEBUG_TOML = REPO / "train_configs" / "grt_debug.toml"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.naninf]+)\s+grad_norm:\s*([0-9.naninf]+)")
@@ -33,13 +37,6 @@ def torchrun_command(nproc: int, args: list[str], module: str = "grt_titan.train
     if max_restarts is not None:
         cmd.append(f"--max-restarts={max_restarts}")
     return [*cmd, "-m", module, *args]
-
-
-def torchrun_env(env: dict | None = None, max_restarts: int | None = None) -> dict:
-    """The environment of a torchrun job: one thread per rank, unbuffered output, RESTART_ENV
-    with restarts, then `env`."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            **(RESTART_ENV if max_restarts else {}), **(env or {})}
 
 
 # Relative tolerance between the grad norms that torchtitan logs for two layouts (or 1 and 2
@@ -63,19 +60,23 @@ SHORT_DEBUG_RUN = [
 ]
 
 
-# Mixture-of-Recursions' parts (docs/architecture.md): routed steps, no re-injection, no gate,
-# no noise, fixed depth R. As model-arg changes and as `[grt]` command-line overrides.
-# The baselines' and ladder's parts at debug size (docs/architecture.md, "Methods as parts").
-LADDER_PARTS = dict(injection="none", update="overwrite", state_noise_std=0.0, gate_noise_std=0.0)
-POISSON_PARTS = dict(injection="proj", update="overwrite", initial_state="random",
-                     depth_sampling="poisson_lognormal", state_noise_std=0.0, gate_noise_std=0.0)
-RRT_PARTS = dict(injection="none", update="overwrite", depth_sampling="fixed", state_noise_std=0.0,
-                 gate_noise_std=0.0, step_adapter="lora", lora_rank=3)
-MOR_PARTS = dict(router="expert_choice", injection="none", update="overwrite", depth_sampling="fixed",
-                 state_noise_std=0.0, gate_noise_std=0.0)
-MOR_OVERRIDES = [item for key, value in MOR_PARTS.items() for item in (f"--grt.{key}", str(value))]
-OURO_PARTS = dict(objective="exit_distribution", injection="none", update="overwrite", depth_sampling="fixed",
-                  state_noise_std=0.0, gate_noise_std=0.0)
+def parts_overrides(parts: dict) -> list[str]:
+    """A parts dict as `[grt]` command-line overrides (`--grt.key value ...`)."""
+    return [item for key, value in parts.items() for item in (f"--grt.{key}", str(value))]
+
+
+# The baselines' and ladder's parts at debug size: their rows' parts in the table of methods
+# (grt_titan/model/methods.py; docs/architecture.md, "Methods as parts"), without the rows' paper
+# settings (no truncated backprop for Poisson, MoR's default delta update), RRT at LoRA rank 3.
+from grt_titan.model import methods  # noqa: E402
+
+LADDER_PARTS = dict(methods.paper_method("ladder_3_prelude_coda").parts)
+POISSON_PARTS = dict(methods.POISSON.parts)
+RRT_PARTS = dict(methods.RRT.parts, lora_rank=3)
+# Mixture-of-Recursions: routed steps, no re-injection, no gate, no noise, fixed depth R.
+MOR_PARTS = dict(methods.MOR.parts)
+MOR_OVERRIDES = parts_overrides(MOR_PARTS)
+OURO_PARTS = dict(methods.OURO.parts)
 
 
 # A gloo rank of a finished job can abort (SIGABRT) while the process tears down, after
@@ -99,11 +100,9 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
     tmp_path / log_name. Repeated once after a TEARDOWN_ABORT, from a copy of the dump folder
     as it was before (a resumed run resumes from the same checkpoint again).
 
-    The ranks are forked from an interpreter that imported torch and torchtitan once
-    (tests/forked_torchrun.py, run by this process's launch server, `launch`; same ranks,
-    environment and output, a fraction of the CPU of a small run on CI). With `max_restarts`,
-    torchrun's real agent, which restarts need."""
-    real_agent = max_restarts is not None
+    The ranks are forked by tests/launcher.py (same ranks, environment and output as torchrun,
+    a fraction of the CPU of a small run on CI); with `max_restarts`, torchrun's real agent,
+    which restarts need (RESTART_ENV set)."""
     dump = _dump_folder(args)
     backup = None
     if dump is not None and dump.exists():
@@ -111,12 +110,12 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
         shutil.copytree(dump, backup)
     tmp_path.mkdir(parents=True, exist_ok=True)
     for attempt in (1, 2):
-        if real_agent:
+        if max_restarts is not None:
             proc = subprocess.run(torchrun_command(nproc, args, module, max_restarts), cwd=REPO,
-                                  env=torchrun_env(env, max_restarts), capture_output=True, text=True,
+                                  env=job_env({**RESTART_ENV, **(env or {})}), capture_output=True, text=True,
                                   timeout=timeout)
         else:
-            proc = launch(module, args, torchrun_env(env), timeout, nproc=nproc)
+            proc = launch(module, args, job_env(env), timeout, nproc=nproc)
         output = proc.stdout + proc.stderr
         with open(tmp_path / log_name, "a") as f:
             f.write(output)
@@ -133,44 +132,11 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
     return proc
 
 
-_LAUNCH_CLIENT = None
-
-
-def launch(module: str, args: list[str], env: dict, timeout: float, nproc: int | None = None,
-           cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """`python -m module args` (nproc None) or its `nproc` forked gloo ranks, with environment
-    `env`, output captured: through this test process's launch server (tests/launch_server.py),
-    which saves each job the interpreter start. A real subprocess when the job sets an
-    import-time variable the server cannot (TORCH_LOGS, TORCHINDUCTOR_*, ...) or when
-    GRT_TEST_LAUNCH_SERVER=0."""
-    global _LAUNCH_CLIENT
-    proc = None
-    if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") != "0":
-        from tests.launch_server import LaunchClient
-
-        if _LAUNCH_CLIENT is None:
-            _LAUNCH_CLIENT = LaunchClient(str(REPO))
-        proc = _LAUNCH_CLIENT.run(module, args, env, timeout, nproc=nproc, cwd=str(cwd))
-    if proc is None:
-        from tests.forked_torchrun import job_command
-
-        proc = subprocess.run(job_command(module, args, nproc), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    return proc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_process(args: list[str], env: dict | None = None, timeout: int = 120,
-                module: str = "grt_titan.train") -> subprocess.CompletedProcess:
+               module: str = "grt_titan.train") -> subprocess.CompletedProcess:
     """`python -m module args` from the repo root as rank 0 of a one-process job, no torchrun
     (`env` may set NGPU and WORLD_SIZE for a fake-backend world)."""
-    full_env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1", **(env or {})}
-    return launch(module, args, full_env, timeout)
+    return launch(module, args, job_env({**rank_environment(0, 1, free_port()), **(env or {})}), timeout)
 
 
 def step_losses(output: str) -> dict[int, float]:

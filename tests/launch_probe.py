@@ -1,4 +1,4 @@
-"""A job for tests/test_launch_server.py: prints what it was started with, then exits.
+"""A job for tests/test_launcher.py: prints what it was started with, then exits.
 
     python -m tests.launch_probe [--sleep S] [--exit N] [--fail-rank R] [ARGS...]
 """
@@ -26,7 +26,6 @@ if __name__ == "__main__":
         "argv": sys.argv, "cwd": os.getcwd(), "path": [p for p in sys.path[:3] if "site-packages" not in p],
         "rank": rank, "world_size": os.environ.get("WORLD_SIZE"), "torch_seed": __import__("torch").initial_seed(),
         "probe": os.environ.get("GRT_PROBE"), "stdin": sys.stdin.read(),
-        "parse_args_default": __import__("torchtitan.config.manager", fromlist=["x"]).ConfigManager.parse_args.__defaults__[0],
     }), flush=True)
     time.sleep(options.get("--sleep", 0))
     if options.get("--fail-rank") == rank:

@@ -17,9 +17,10 @@ import torch.distributed.checkpoint as dcp
 from torchtitan.protocols.train_spec import get_train_spec
 
 import grt_titan  # noqa: F401  registers the spec
-from grt_test_helpers import DEBUG_TOML, MOR_OVERRIDES, REGISTERED_CONVERTERS, REPO, parse_config
 from grt_titan.config_checks import Flavors, UnknownFlavorError, check_job_config
 from grt_titan.model import grt_flavors
+
+from grt_test_helpers import DEBUG_TOML, MOR_OVERRIDES, REGISTERED_CONVERTERS, REPO, parse_config
 
 
 def start_up(config, **arg_changes):

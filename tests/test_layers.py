@@ -16,8 +16,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "grt_titan"
 
 # Modules that import no other part of the package except other leaves.
 LEAVES = {
-    "grt_titan.atomic_dir", "grt_titan.cpu_support", "grt_titan.data.config", "grt_titan.field_checks",
-    "grt_titan.job_config", "grt_titan.model.args", "grt_titan.plots", "grt_titan.run_record",
+    "grt_titan.atomic_dir", "grt_titan.cpu_support", "grt_titan.data.config", "grt_titan.fake_backend",
+    "grt_titan.field_checks", "grt_titan.quiet_imports",
+    "grt_titan.job_config", "grt_titan.model.args", "grt_titan.model.depth_law", "grt_titan.model.methods", "grt_titan.plots", "grt_titan.run_record",
     "grt_titan.tokenizer",
 }
 ENTRY = {"grt_titan", "grt_titan.spec", "grt_titan.train", "grt_titan.cli"}

@@ -16,6 +16,9 @@ which is recorded too, so restarts stop at start-up instead of replaying it agai
 
 The median's history is saved in the checkpoint (`train_state.loss_history`), so a
 resumed run checks from its first step.
+
+On torchtitan's fake backend (a dry run: no collective moves data, so the loss is not real)
+there is no monitor: a dry run never rewinds (grt_titan/fake_backend.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import torch
 import torch.distributed as dist
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
+
+from grt_titan.fake_backend import is_fake_backend
 
 LOG_NAME = "loss_spikes.json"
 
@@ -57,6 +62,14 @@ def _write_log(path: str, log: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def build_loss_spike_monitor(trainer, job_config) -> LossSpikeMonitor | None:
+    """The trainer's monitor: None unless `[loss_spike] enable`, and on the fake backend."""
+    config = getattr(job_config, "loss_spike", None)
+    if config is None or not config.enable or is_fake_backend(job_config):
+        return None
+    return LossSpikeMonitor(trainer, config)
 
 
 class LossSpikeMonitor:

@@ -1,8 +1,9 @@
 """Metrics processor of the `grt` spec: r-aware FLOPs and what the recurrence does.
 
-torchtitan fixes `num_flops_per_token` at start-up; for the GRT it depends on r. Before
-each log this processor sets it to eq. 1 at the mean depth sampled since the last log
-(so MFU and TFLOPS are right), and logs `grt/r_mean` and `grt/r_last`.
+torchtitan fixes `num_flops_per_token` at start-up (the expectation over the depth
+distribution, `GRTModelArgs.get_nparams_and_flops`); for the GRT it depends on r. Before
+each log this processor sets it to the mean training count over the depths sampled since
+the last log (so MFU and TFLOPS are right), and logs `grt/r_mean` and `grt/r_last`.
 
 With `[grt_metrics] enable = true` (the default) it also logs, for the step being logged,
 the sampled depth `grt/r` and per recurrence step i (paper appendix E, figure 10):
@@ -25,7 +26,9 @@ Its builder also writes the run record `<dump_folder>/grt_run.json` on rank 0
 (grt_titan/run_record.py; read by `grt-titan table`).
 On CPU there is no peak FLOP rate to compare with (the CPU shim's peak is NaN, where
 torchtitan would use an A100's): this processor prints `mfu: n/a (CPU)` and leaves
-`mfu(%)` out of TensorBoard; `tflops` and `tps` are measured as on GPU.
+`mfu(%)` out of TensorBoard; `tflops` and `tps` are measured as on GPU. On torchtitan's fake
+backend (a dry run: no collective moves data) MFU is not real either: `mfu: n/a (fake
+backend)`, no `mfu(%)`; the builder logs grt_titan/fake_backend.py's one-line notice.
 """
 
 import logging
@@ -40,6 +43,8 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools import utils as tt_utils
 from torchtitan.tools.logging import logger
 
+from grt_titan.fake_backend import NOTICE as FAKE_BACKEND_NOTICE
+from grt_titan.fake_backend import is_fake_backend
 from grt_titan.job_config import GRTMetricsConfig
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.recurrence import DepthSampler, Recurrence, StepRecord, find_recurrence
@@ -135,12 +140,18 @@ def _rewriting_log(rewrite: Callable[[logging.LogRecord], bool] | None):
 
 _MFU_TEXT = re.compile(r"mfu: [^%\x1b]*%")
 MFU_NOT_APPLICABLE = "mfu: n/a (CPU)"
+MFU_FAKE_BACKEND = "mfu: n/a (fake backend)"
 
 
-def _mfu_not_applicable(record: logging.LogRecord) -> bool:
-    if isinstance(record.msg, str) and "mfu: " in record.msg:
-        record.msg = _MFU_TEXT.sub(MFU_NOT_APPLICABLE, record.msg)
-    return True
+def _mfu_replaced_by(text: str) -> Callable[[logging.LogRecord], bool]:
+    """A log rewrite that prints `text` in place of torchtitan's `mfu: X%`."""
+
+    def rewrite(record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "mfu: " in record.msg:
+            record.msg = _MFU_TEXT.sub(text, record.msg)
+        return True
+
+    return rewrite
 
 
 class _WithoutKeys:
@@ -170,8 +181,12 @@ class GRTMetricsProcessor(MetricsProcessor):
         self._recurrence: Recurrence | None = None
         self._hooks: list[Any] = []
         self.on_cpu = tt_utils.device_type == "cpu"
+        self.fake_backend = is_fake_backend(job_config)
+        # What the console prints instead of MFU, if MFU means nothing here (None: it does).
+        self.mfu_text = (MFU_FAKE_BACKEND if self.fake_backend else MFU_NOT_APPLICABLE if self.on_cpu
+                         else None)
         super().__init__(job_config, parallel_dims, tag)
-        if self.on_cpu:
+        if self.mfu_text is not None:
             self.logger = _WithoutKeys(self.logger, ("mfu(%)",))
         self.model_args = model_args
         self.config = metrics_config(job_config)
@@ -284,7 +299,7 @@ class GRTMetricsProcessor(MetricsProcessor):
             sampler.history.clear()
         grt = self.recurrence_metrics() if self.config.enable and self._recurrence is not None else {}
         extra_metrics.update(grt)
-        with _rewriting_log(_mfu_not_applicable if self.on_cpu else None):
+        with _rewriting_log(_mfu_replaced_by(self.mfu_text) if self.mfu_text is not None else None):
             super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
         if grt:
             logger.info(console_line(grt))
@@ -320,6 +335,8 @@ def build_grt_metrics_processor(job_config, parallel_dims, model_args=None, tag=
     torchtitan's Trainer calls this right after `model_args.update_from_config`: the first
     hook that sees the args with the `[grt]` overrides applied, on every start of a job.
     """
+    if is_fake_backend(job_config):  # once per start, before any number is logged
+        logger.info(FAKE_BACKEND_NOTICE)
     if model_args is not None and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
         batch_degree = parallel_dims.dp_replicate * parallel_dims.dp_shard
         record = build_run_record(job_config, model_args, parallel_dims.world_size, batch_degree)

@@ -19,6 +19,10 @@ clip's norm), one scalar all-reduce and one host sync.
 - `skip`: drop every gradient (`grad = None`), so the optimizer neither moves a parameter
   nor touches its state (AdamW's moments and step count, weight decay); warn naming the
   step. The learning-rate schedule still advances.
+
+Under torchtitan's fake backend (`--comm.mode fake_backend`, a dry run) no collective moves
+data, so gradients can be NaN/inf without anything being wrong: the guard is not installed
+there and a dry run never stops for a non-finite value (grt_titan/fake_backend.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torchtitan.components.optimizer import OptimizersContainer, build_optimizers
 from torchtitan.tools.logging import logger
+
+from grt_titan.fake_backend import is_fake_backend
 
 NonFinitePolicy = Literal["stop", "skip"]
 
@@ -120,8 +126,11 @@ class NonFiniteGuard:
 
 
 def build_grt_optimizers(model_parts, optimizer_config, parallel_dims, ft_manager=None):
-    """The spec's build_optimizers_fn: torchtitan's container plus the non-finite guard."""
+    """The spec's build_optimizers_fn: torchtitan's container plus the non-finite guard
+    (none on the fake backend, whose gradients are not real; its start-up line says so)."""
     optimizers = build_optimizers(model_parts, optimizer_config, parallel_dims, ft_manager)
+    if is_fake_backend():
+        return optimizers
     policy = getattr(optimizer_config, "on_nonfinite", "stop")
     if optimizer_config.early_step_in_backward:
         # Each parameter steps inside backward, before any norm exists: nothing to guard.

@@ -6,7 +6,8 @@ step of torchtitan's loop; it only
   fallback, the dataloader's state format chosen by the checkpoint), and
 - with `[loss_spike] enable`, checks each step's loss before clipping and the optimizer
   step (`LossSpikeMonitor`), exits for a rewind at a spike, and gives the dataloader the
-  windows of batches skipped at earlier spikes.
+  windows of batches skipped at earlier spikes. On torchtitan's fake backend (a dry run,
+  grt_titan/fake_backend.py) the losses are not real and the rewind is off.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from torchtitan.train import Trainer
 
 from grt_titan.components.checkpoint import GRTCheckpointManager
-from grt_titan.components.loss_spike import LossSpikeMonitor
+from grt_titan.components.loss_spike import build_loss_spike_monitor
 
 
 class GRTTrainer(Trainer):
@@ -37,8 +38,7 @@ class GRTTrainer(Trainer):
             base_folder=job_config.job.dump_folder,
             checksums=getattr(job_config.checkpoint, "checksums", True),
         )
-        spike = getattr(job_config, "loss_spike", None)
-        self.loss_spike = (LossSpikeMonitor(self, spike) if spike is not None and spike.enable else None)
+        self.loss_spike = build_loss_spike_monitor(self, job_config)
 
     def forward_backward_step(self, *args, **kwargs):
         loss = super().forward_backward_step(*args, **kwargs)

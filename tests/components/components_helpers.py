@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grt_test_helpers import build_model, write_token_dataset
 from grt_titan.components.metrics import GRTMetricsConfig
 from grt_titan.data.config import DataConfig
 from grt_titan.model import GRTModel
 from grt_titan.model.args import GRTModelArgs
+
+from grt_test_helpers import build_model, write_token_dataset
 
 VOCAB = 256
 

@@ -8,8 +8,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from components_helpers import hand_step_stats, replay_steps, tiny_model
 from grt_titan.components.metrics import RecurrenceStats
+
+from components_helpers import hand_step_stats, replay_steps, tiny_model
 
 
 def batch(rank: int) -> torch.Tensor:

@@ -13,7 +13,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from grt_test_helpers import flip_byte
 from grt_titan.components.checkpoint import (
     CHECKSUM_FILE,
     ChecksumFileSystemWriter,
@@ -21,6 +20,8 @@ from grt_titan.components.checkpoint import (
     GRTCheckpointManager,
     verify_checkpoint,
 )
+
+from grt_test_helpers import flip_byte
 
 
 def save(path, checksums: bool = True, seed: int = 0):

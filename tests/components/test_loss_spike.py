@@ -79,3 +79,17 @@ def test_a_spike_is_logged_with_its_window_then_the_next_gives_up(tmp_path):
     with pytest.raises(LossSpikeGaveUp, match=r"gave up at a loss spike at step 7 after 1 rewind.*max_rewinds"):
         LossSpikeMonitor(trainer(tmp_path), CONFIG)  # later restarts stop at start-up
     LossSpikeMonitor(trainer(tmp_path), LossSpikeConfig(enable=True, max_rewinds=2))  # unless allowed more
+
+
+@pytest.mark.parametrize("mode, enable, built", [
+    ("default", True, True),
+    ("default", False, False),
+    ("fake_backend", True, False),  # a dry run's losses are not real: never rewind
+])
+def test_monitor_only_when_enabled_and_not_on_the_fake_backend(tmp_path, mode, enable, built):
+    from grt_titan.components.loss_spike import build_loss_spike_monitor
+
+    t = trainer(tmp_path)
+    job_config = SimpleNamespace(comm=SimpleNamespace(mode=mode), loss_spike=LossSpikeConfig(enable=enable))
+    monitor = build_loss_spike_monitor(t, job_config)
+    assert isinstance(monitor, LossSpikeMonitor) if built else monitor is None

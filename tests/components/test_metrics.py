@@ -2,8 +2,6 @@
 
 import pytest
 import torch
-from components_helpers import hand_step_stats, job_config, replay_steps, tiny_model
-from grt_test_helpers import one_rank_dims, parse_config
 
 from grt_titan.components.metrics import (
     GRTMetricsConfig,
@@ -13,6 +11,9 @@ from grt_titan.components.metrics import (
     find_recurrence,
     metrics_config,
 )
+
+from components_helpers import hand_step_stats, job_config, replay_steps, tiny_model
+from grt_test_helpers import one_rank_dims, parse_config
 
 # float64 sums of float32 tensors vs float64 recomputation: agreement to ~1e-7 relative;
 # 1e-5 leaves room for summation order.
@@ -213,4 +214,45 @@ def test_mfu_on_cpu_is_not_applicable(tmp_path, caplog):
     assert len(console) == 1 and "mfu: n/a (CPU)" in console[0] and "nan" not in console[0], console
     assert "mfu(%)" not in written[0] and "tflops" in written[0]
     assert not [r for r in caplog.records if "Peak flops" in r.getMessage() or "lspci" in r.getMessage()]
+    processor.close()
+
+
+def test_fake_backend_says_once_that_its_numbers_are_not_real(tmp_path, caplog):
+    """`--comm.mode fake_backend`: one start-up line, `mfu: n/a (fake backend)` and no `mfu(%)`."""
+    from torchtitan.components.optimizer import build_optimizers
+
+    from grt_titan.components.metrics import MFU_FAKE_BACKEND, build_grt_metrics_processor
+    from grt_titan.cpu_support import enable_cpu_training
+    from grt_titan.fake_backend import NOTICE
+
+    enable_cpu_training()
+    caplog.set_level("INFO")
+    jc = job_config(str(tmp_path), log_freq=1)
+    jc.comm.mode = "fake_backend"
+    jc.job.dump_folder = str(tmp_path / "run")
+    dims = one_rank_dims()
+    model = tiny_model().train()
+    processor = build_grt_metrics_processor(jc, dims, model.model_args)
+    assert [r.getMessage() for r in caplog.records].count(NOTICE) == 1
+    assert NOTICE.startswith("fake backend: collectives move no data;")
+    processor.num_flops_per_token = 1
+    processor.model_parts = [model]
+    processor.optimizers = build_optimizers([model], jc.optimizer, dims)
+    written = []
+    processor.logger.inner.log = lambda metrics, step: written.append(dict(metrics))
+    _train(processor, model, 2, [])
+    console = [r.getMessage() for r in caplog.records if "tflops" in r.getMessage()]
+    assert len(console) == 2 and all(MFU_FAKE_BACKEND in line for line in console), console
+    assert "mfu(%)" not in written[0] and "tflops" in written[0]
+    assert [r.getMessage() for r in caplog.records].count(NOTICE) == 1  # at start-up only
+    processor.close()
+
+
+def test_no_notice_without_the_fake_backend(tmp_path, caplog):
+    from grt_titan.components.metrics import build_grt_metrics_processor
+    from grt_titan.fake_backend import NOTICE
+
+    caplog.set_level("INFO")
+    processor = build_grt_metrics_processor(job_config(str(tmp_path)), one_rank_dims())
+    assert NOTICE not in [r.getMessage() for r in caplog.records] and not processor.fake_backend
     processor.close()

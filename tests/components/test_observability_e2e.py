@@ -1,29 +1,34 @@
-"""End to end: a short grt_debug run through torchtitan's Trainer (1 CPU rank) logs the
-recurrence metrics and the depth-wise validation and writes its run record; `grt-titan
-analyze` reads its checkpoint and `grt-titan table` its record and events (here, not in
-tests/analysis/, so that one training run serves all)."""
+"""End to end: a short grt_debug run through torchtitan's Trainer on 2 CPU ranks (FSDP 2,
+gloo) trains, logs torchtitan's and the recurrence's metrics and the depth-wise validation
+and writes its run record; `grt-titan analyze` reads its sharded checkpoint and `grt-titan
+table` its record and events (here, not in tests/analysis/, so that one training run serves
+all). The README's own 2-rank command runs in tests/docs."""
 
 import json
 import math
 
 import pytest
-from components_helpers import check_analysis_output
 
 from grt_titan.cli import main as cli_main
+
+from components_helpers import check_analysis_output
+from grt_test_helpers import step_losses
 
 CONFIG = "train_configs/grt_debug.toml"
 
 
 @pytest.fixture(scope="module")
 def trained_run(module_tmp):
-    """20 steps of grt_debug, logs every 5, validation at steps 1 and 20, model-only checkpoint."""
+    """20 steps of grt_debug on 2 ranks (global batch 8), logs every 5, validation at steps 1
+    and 20, model-only checkpoint."""
     from grt_test_helpers import torchrun
 
     tmp = module_tmp("grt_debug_run")
-    proc = torchrun(1, [
+    proc = torchrun(2, [
         "--job.config_file", CONFIG,
         "--job.dump_folder", str(tmp / "run"),
         "--training.steps", "20",
+        "--training.local_batch_size", "4",
         "--validation.freq", "20",
         "--validation.steps", "2",
         "--checkpoint.enable",
@@ -40,14 +45,26 @@ def test_training_logs_recurrence_metrics_and_depthwise_validation(trained_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run, output = trained_run
+    assert "Applied FSDP to the GRT" in output
     assert "grt  r: " in output and "loss by depth r: 0: " in output
-    (events,) = list((run / "tb").rglob("events.out.tfevents.*"))
+    losses = step_losses(output)
+    assert sorted(losses) == [1, 5, 10, 15, 20]
+    # From ln(50257) = 10.8 at init towards the unigram plateau (~6.6) in 20 steps.
+    assert losses[1] > 10.5 and losses[20] < losses[1] - 3.0
+    (events,) = list((run / "tb").rglob("events.out.tfevents.*"))  # rank 0's only
     acc = EventAccumulator(str(events.parent), size_guidance={"scalars": 0, "images": 0})
     acc.Reload()
     scalars = set(acc.Tags()["scalars"])
 
     def values(tag):
         return {e.step: e.value for e in acc.Scalars(tag)} if tag in scalars else {}
+
+    for tag in ("loss_metrics/global_avg_loss", "tflops", "throughput(tps)", "grt/r_mean"):
+        assert tag in scalars, tag
+    assert "mfu(%)" not in scalars  # no peak FLOP rate on CPU (docs/training.md)
+    # The depth is drawn per step, the same on both ranks (tests/infra/test_train_cpu.py).
+    r_means = values("grt/r_mean")
+    assert all(1 <= v <= 4 for v in r_means.values()) and len(set(r_means.values())) > 1
 
     # Recurrence metrics exactly on the log steps, for the steps each logged forward ran.
     r = values("grt/r")
@@ -74,7 +91,7 @@ def test_the_run_record_and_the_table_of_a_trained_run(trained_run, capsys):
     record = json.loads((run / "grt_run.json").read_text())
     assert (record["label"], record["flavor"], record["config_file"]) == ("GRT", "debug", CONFIG)
     assert record["model_args"]["num_recurrences"] == 4 and record["model_args"]["dim"] == 128
-    assert (record["seq_len"], record["global_batch_size"], record["world_size"]) == (128, 8, 1)
+    assert (record["seq_len"], record["global_batch_size"], record["world_size"]) == (128, 8, 2)
     assert record["job_config"]["training"]["steps"] == 20
     assert not list(run.glob(".grt_run.json.tmp*"))
 

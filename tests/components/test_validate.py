@@ -5,11 +5,12 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
-from components_helpers import ByteTokenizer, job_config, make_dataset, tiny_args, tiny_model
-from grt_test_helpers import MOR_PARTS, RRT_PARTS, build_model, one_rank_dims
 
 from grt_titan.components.validate import GRTValidator, validation_depths
 from grt_titan.data.loader import build_validation_dataloader
+
+from components_helpers import ByteTokenizer, job_config, make_dataset, tiny_args, tiny_model
+from grt_test_helpers import MOR_PARTS, RRT_PARTS, build_model, one_rank_dims
 
 
 class RecordingMetrics:
@@ -28,6 +29,7 @@ class RecordingMetrics:
 
 def _validator(tmp_path, metrics, **cfg):
     from torchtitan.components.loss import build_cross_entropy_loss
+
     from grt_titan.cpu_support import enable_cpu_training
 
     enable_cpu_training()

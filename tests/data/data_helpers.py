@@ -5,8 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-from grt_test_helpers import write_token_dataset
 from grt_titan.data.config import DataConfig
+
+from grt_test_helpers import write_token_dataset
 
 DOCS = [
     "It is a truth universally acknowledged, that a single man in possession\n"

@@ -58,7 +58,7 @@ def test_deterministic_and_independent_of_workers(tmp_path):
     kw = dict(val_fraction=0.1, shard_tokens=500, progress=False)
     a = prepare([src], tmp_path / "a", workers=1, **kw)
     b = prepare([src], tmp_path / "b", workers=2, **kw)
-    assert len(a["splits"]["train"]["shards"]) > 1
+    assert len(a["splits"]["train"]["shards"]) > 1 and b == a  # the same manifest, returned
     assert _sha(tmp_path / "a") == _sha(tmp_path / "b")  # shards and manifest, byte for byte
 
 

@@ -25,9 +25,10 @@ import re
 import shlex
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import tomllib
 
 from grt_test_helpers import REPO
 
@@ -43,8 +44,9 @@ SETUP_MODULES = ("venv", "pip")
 
 
 def doc_files() -> list[Path]:
-    """README.md, then docs/*.md in name order: the order the run test follows."""
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    """README.md, then docs/*.md in name order (the order the run test follows), then
+    tests/README.md."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "tests" / "README.md"]
 
 
 @dataclass

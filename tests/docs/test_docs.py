@@ -18,6 +18,7 @@ import sys
 import time
 
 import pytest
+
 from docs_helpers import (
     SHELL_LANGS,
     Block,
@@ -28,7 +29,7 @@ from docs_helpers import (
     runnable_script,
     sys_executable_dir,
 )
-from grt_test_helpers import REPO, TEARDOWN_ABORT, torchrun_env
+from grt_test_helpers import REPO, TEARDOWN_ABORT, job_env
 
 # What a user's console must not show from the trainer or analyze (docs/training.md lists
 # what was removed and why).
@@ -99,6 +100,19 @@ def test_a_broken_block_fails(text, expected, tmp_path, monkeypatch):
     assert any(expected in p for p in problems), problems
 
 
+def test_paper_suite_static_table_is_every_paper_tomls_row():
+    """docs/paper_suite.md's table of every row (`paper_suite.py --static --rows '*'`) is that
+    command's output now: one line per TOML of train_configs/paper/, none missing, none stale."""
+    from tests.cases import paper_configs, static_table
+
+    text = (REPO / "docs" / "paper_suite.md").read_text()
+    start = text.index("| row | method | layout |")
+    documented = text[start:text.index("\n\n", start)]
+    rows = [line.split(" | ")[0].removeprefix("| ") for line in documented.splitlines()[2:]]
+    assert rows == [p.stem for p in paper_configs()], "rows of the table != the TOMLs of train_configs/paper/"
+    assert documented == static_table(paper_configs())
+
+
 def _scratch(tmp_path):
     """A folder where the docs' relative paths resolve: the repository's files linked in,
     everything the commands write (outputs/, exports/, analysis/) created fresh."""
@@ -112,7 +126,7 @@ def _scratch(tmp_path):
 def _env() -> dict:
     """The user's environment: grt_titan importable, console scripts on PATH, no hub; torchrun's
     rendezvous on a free port (PET_* are torchrun's own environment defaults)."""
-    return torchrun_env({
+    return job_env({
         "PATH": sys_executable_dir() + os.pathsep + os.environ.get("PATH", ""),
         "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

@@ -1,8 +1,8 @@
 """Fixtures of the Hugging Face export tests: seeded GRT models and exported folders."""
 
-from hf_helpers import REPO, load_hf, seeded_model, small_args  # noqa: F401  (sets offline env first)
-
 import pytest
+
+from hf_helpers import REPO, load_hf, seeded_model, small_args  # noqa: F401  (sets offline env first)
 
 
 @pytest.fixture(scope="session")

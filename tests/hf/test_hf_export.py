@@ -1,15 +1,19 @@
 """`grt-titan export-hf` / `import-hf`: folder contents, round trips, sharding, bad input."""
 
 import ast
+import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from grt_titan.cli import main as cli
-from grt_titan.model.checkpoint import load_checkpoint, save_checkpoint
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
+from grt_titan.model.checkpoint import load_checkpoint, save_checkpoint
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS
+
 from hf_helpers import load_hf, seeded_model, small_args
 
 EXPECTED_FILES = {
@@ -30,6 +34,10 @@ def test_export_folder(debug_export, debug_checkpoint):
     assert config["architectures"] == ["GRTForCausalLM"]
     assert (config["num_prelude_layers"], config["num_core_layers"], config["num_coda_layers"]) == (1, 2, 1)
     assert config["num_recurrences"] == 4 and config["tie_word_embeddings"] is True
+    # BOS / EOS / pad: the tokenizer's <|endoftext|> (GPT-2's: 50256).
+    generation = json.loads((debug_export / "generation_config.json").read_text())
+    assert config["bos_token_id"] == config["eos_token_id"] == 50256
+    assert generation["bos_token_id"] == generation["eos_token_id"] == generation["pad_token_id"] == 50256
     for name in ("configuration_grt.py", "modeling_grt.py"):  # self-contained remote code
         tree = ast.parse((debug_export / name).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -77,6 +85,30 @@ def test_export_import_export_round_trip(debug_export, debug_checkpoint, debug_c
     assert cli(["export-hf", "--checkpoint", str(ckpt), "--config", str(debug_config),
                 "--out", str(again)]) == 0
     assert (again / SINGLE_FILE).read_bytes() == (debug_export / SINGLE_FILE).read_bytes()
+
+
+def test_eos_is_the_export_tokenizers(tmp_path):
+    """A `.tiktoken` of N ranks has `<|endoftext|>` = N: config.json, generation_config.json and
+    the tokenizer files all say N (not GPT-2's 50256); a vocabulary without the id gets none."""
+    from transformers import AutoTokenizer
+
+    from grt_titan.model import grt_flavors
+    from grt_titan.tokenizer import GPT2_TIKTOKEN_PATH
+
+    ranks = tmp_path / "small.tiktoken"  # GPT-2's first 1000 ranks: a byte-level BPE of its own
+    ranks.write_bytes(b"".join(GPT2_TIKTOKEN_PATH.read_bytes().splitlines(keepends=True)[:1000]))
+    args = grt_flavors["debug"].replace(vocab_size=1001)
+    out = write_hf_folder(tmp_path / "small", seeded_model(args).state_dict(), args, tokenizer_path=ranks)
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert config["bos_token_id"] == config["eos_token_id"] == 1000
+    assert generation["bos_token_id"] == generation["eos_token_id"] == generation["pad_token_id"] == 1000
+    assert AutoTokenizer.from_pretrained(str(out)).eos_token_id == 1000
+
+    small = small_args("gpt2")  # 512 ids: no <|endoftext|> of the shipped tokenizer
+    out = write_hf_folder(tmp_path / "none", seeded_model(small).state_dict(), small, write_tokenizer=False)
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] is None
+    assert "eos_token_id" not in json.loads((out / "generation_config.json").read_text())
 
 
 def test_model_only_checkpoint_and_hf_format_checkpoint(debug_checkpoint, debug_config, tmp_path):
@@ -139,6 +171,31 @@ def test_bfloat16_export(native_models, tmp_path):
 
 def _assert_nothing_written(parent):
     assert [p.name for p in parent.iterdir()] == []
+
+
+# What torchao's import (by transformers, when the export is verified) printed on a CPU torch
+# before grt_titan/quiet_imports.py: CUDA libraries that cannot load, enum deprecations.
+TORCHAO_IMPORT_NOISE = ("Failed to load", "_C_mxfp8", "_C_cutlass_90a", "register_constant()")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao prints nothing if absent")
+def test_export_console_shows_only_the_commands_output(debug_checkpoint, debug_config, tmp_path):
+    """A new user's `grt-titan export-hf`, in a fresh interpreter: torchao is imported (by
+    transformers) yet none of its import messages reach the console."""
+    folder, _ = debug_checkpoint
+    from hf_helpers import REPO
+
+    out = tmp_path / "export"
+    proc = subprocess.run(
+        [sys.executable, "-m", "grt_titan.cli", "export-hf", "--checkpoint", str(folder),
+         "--config", str(debug_config), "--out", str(out)],
+        cwd=REPO, capture_output=True,
+        text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"exported {folder} -> {out}"
+    for text in TORCHAO_IMPORT_NOISE:
+        assert text not in proc.stderr, proc.stderr
 
 
 def test_checkpoint_that_does_not_match_the_config(debug_checkpoint, tmp_path, capsys):
@@ -247,6 +304,7 @@ def test_mixture_of_recursions_is_exported():
     """modeling_grt.py routes MoR (tests/hf/test_hf_mor.py): the export's check lets it through."""
     from grt_titan.hf.convert import build_hf_config
     from grt_titan.model.checkpoint import load_model_args
+
     from grt_test_helpers import REPO
 
     args, _ = load_model_args(REPO / "train_configs" / "paper" / "small_mor.toml")

@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from hf_helpers import SMALL_VOCAB, assert_left_padded_rows_generate_alone, cache_class, decode_logits, greedy, prompt, static_decode_logits
+from hf_helpers import (
+    SMALL_VOCAB,
+    assert_left_padded_rows_generate_alone,
+    cache_class,
+    decode_logits,
+    greedy,
+    prompt,
+    static_decode_logits,
+)
 
 STRATEGIES = ("per_step", "first", "last", "average")
 

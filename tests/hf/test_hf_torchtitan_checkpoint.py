@@ -5,9 +5,10 @@ import json
 import pytest
 from safetensors import safe_open
 
-from grt_test_helpers import SHORT_DEBUG_RUN, step_losses
 from grt_titan.model import grt_flavors
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
+
+from grt_test_helpers import SHORT_DEBUG_RUN, step_losses
 
 COMMON = [*SHORT_DEBUG_RUN, "--checkpoint.enable"]
 

@@ -19,6 +19,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
 from grt_titan.infra.parallelize import apply_fsdp
+
 from tests.grt_test_helpers import build_model  # run as tests.infra.float8_cast_worker from the repo root
 
 CASTS: Counter = Counter()

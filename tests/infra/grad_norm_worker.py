@@ -15,11 +15,12 @@ from grt_titan.cpu_support import enable_cpu_training
 
 enable_cpu_training()
 
-import grt_titan  # noqa: E402,F401
 import torchtitan.distributed.utils as dist_utils  # noqa: E402
 from torchtitan.config import ConfigManager  # noqa: E402
 from torchtitan.tools.logging import init_logger  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
+
+import grt_titan  # noqa: E402,F401
 
 
 def main(out_path: str, argv: list[str]) -> None:

@@ -6,8 +6,9 @@ from torchtitan.config.job_config import ActivationCheckpoint
 
 from grt_titan.infra.memory_stats import saved_activation_bytes
 from grt_titan.infra.parallelize import apply_recurrence_ac
-from grt_test_helpers import MOR_PARTS, build_model
 from grt_titan.model import grt_flavors
+
+from grt_test_helpers import MOR_PARTS, build_model
 
 VOCAB = 512
 

@@ -4,9 +4,10 @@ import pytest
 from torchtitan.protocols.train_spec import get_train_spec
 
 import grt_titan  # noqa: F401  registers the spec
-from grt_test_helpers import REPO, parse_config
 from grt_titan.model import GRTModel
 from grt_titan.model.model import build_meta_model
+
+from grt_test_helpers import REPO, parse_config
 
 CONFIGS = sorted((REPO / "train_configs").glob("*.toml"))
 

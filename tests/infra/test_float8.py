@@ -1,14 +1,15 @@
 """Float8 through torchtitan's converter (torchao, emulated on CPU)."""
 
 import pytest
-from torch import nn
 import torchtitan.components.quantization  # noqa: F401  registers the float8 converter
+from torch import nn
 from torchtitan.protocols.model_converter import build_model_converters
 
 import grt_titan  # noqa: F401
-from grt_test_helpers import one_process, one_rank_dims, parse_config, step_losses
 from grt_titan.model import grt_flavors
 from grt_titan.model.model import build_meta_model
+
+from grt_test_helpers import one_process, one_rank_dims, parse_config, step_losses
 
 
 def converted_fqns(*overrides) -> tuple[set[str], set[str]]:

@@ -4,8 +4,9 @@ tolerances of test_parallel_parity.py; a module of its own so CI spreads the run
 
 import pytest
 
-from grt_test_helpers import LOGGED_GRAD_NORM_REL, MOR_PARTS
-from infra.test_parallel_parity import ONE_RANK, STEPS, layout_args, make_seed_checkpoint, scalars, train
+from grt_test_helpers import LOGGED_GRAD_NORM_REL, MOR_PARTS, parts_overrides
+from infra.test_parallel_parity import STEPS, layout_args, make_seed_checkpoint, scalars, train
+from tests.cases import ONE_RANK
 
 # The baselines' parts (docs/architecture.md, "Methods as parts"). Heavy-tail Poisson's random
 # initial state is drawn per rank like the training noise, so, like the noise, it is off here;
@@ -26,7 +27,11 @@ def test_method_parts_compiled_fsdp_with_ac_match_one_rank_without_recompiles(me
     ref_losses, _ = train(run_torchrun, tmp_path, seed, "one_rank", 1, {**ONE_RANK, "args": parts})
     assert ref_losses[-1] < ref_losses[0]
     run_dir = tmp_path / "fsdp2_compile_ac"
-    args = layout_args(run_dir, seed, 2, {"args": [*parts, "--compile.enable", "--activation_checkpoint.mode",
+    # aot_eager_decomp_partition: dynamo's graphs and guards (what a recompile is), AOTAutograd,
+    # decompositions and the partitioner as inductor has them, without inductor's C++ code
+    # generation; inductor compiles the GRT step in test_parallel_parity.py and MoR's below.
+    args = layout_args(run_dir, seed, 2, {"args": [*parts, "--compile.enable", "--compile.backend",
+                                                   "aot_eager_decomp_partition", "--activation_checkpoint.mode",
                                                    "selective", "--activation_checkpoint.selective_ac_option", "op"]})
     proc = run_torchrun(2, args, tmp_path / "compile-log", env={"TORCH_LOGS": "recompiles"})
     output = proc.stdout + proc.stderr
@@ -46,8 +51,7 @@ def test_method_parts_compiled_fsdp_with_ac_match_one_rank_without_recompiles(me
 # functions (measured: grad norms 1e-3 apart), so it is off here; its per-token z-loss, like
 # expert choice's per-row BCE, sums over tokens the same on any layout, and is on.
 TOKEN_CHOICE = {"router_balance_weight": 0.0, "router_z_loss_weight": 0.01}
-ROUTERS = {router: [item for key, value in {**MOR_PARTS, "router": router, **extra}.items()
-                    for item in (f"--grt.{key}", str(value))]
+ROUTERS = {router: parts_overrides({**MOR_PARTS, "router": router, **extra})
            for router, extra in (("expert_choice", {}), ("token_choice", TOKEN_CHOICE))}
 
 

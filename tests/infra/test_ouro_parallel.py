@@ -4,7 +4,8 @@ One short run per layout serves every assertion."""
 
 import pytest
 
-from infra.test_parallel_parity import LAYOUTS, ONE_RANK, layout_args, make_seed_checkpoint, scalars
+from infra.test_parallel_parity import layout_args, make_seed_checkpoint, scalars
+from tests.cases import ONE_RANK, PARITY_LAYOUTS
 
 OURO = ["--grt.objective", "exit_distribution", "--grt.injection", "none", "--grt.update", "overwrite",
         "--grt.depth_sampling", "fixed"]
@@ -13,7 +14,7 @@ OURO = ["--grt.objective", "exit_distribution", "--grt.injection", "none", "--gr
 @pytest.mark.slow
 def test_ouro_fsdp_compile_and_tp_match_one_rank(run_torchrun, tmp_path):
     seed = make_seed_checkpoint(tmp_path / "seed", OURO)
-    tp_nproc, tp = LAYOUTS["tp2"]
+    tp_nproc, tp = PARITY_LAYOUTS["tp2"]
     runs = {}
     for name, nproc, extra in (("one_rank", 1, {**ONE_RANK, "args": OURO}),
                                ("fsdp2_compile", 2, {"dp": 2, "args": [*OURO, "--compile.enable"]}),

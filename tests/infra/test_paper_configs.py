@@ -5,16 +5,14 @@ distinct set of parts trains on 2 CPU ranks from its TOML at debug size."""
 import pytest
 import tomli
 
-from benchmarks.paper_suite import PAPER_CONFIGS, cpu_scale_overrides, paper_configs
-from grt_test_helpers import REPO, step_losses
 from grt_titan.model.checkpoint import load_model_args
+from grt_titan.model.methods import LADDER, TABLE_1, paper_method
 from grt_titan.model.model import build_meta_model
 
+from grt_test_helpers import REPO, step_losses
+from tests.cases import PAPER_CONFIGS, cpu_scale_overrides, paper_configs
+
 CONFIGS = paper_configs()
-METHOD = {"dense": "dense", "grt": "GRT", "poisson": "Heavy-tail Poisson", "rrt": "RRT",
-          "ouro": "Ouro", "mor": "MoR"}
-LADDER = {1: "dense", 2: "recurrence", 3: "recurrence + prelude/coda",
-          4: "recurrence + prelude/coda + noise", 5: "recurrence + prelude/coda + noise + re-injection", 6: "GRT"}
 
 
 def model_args(path):
@@ -30,11 +28,13 @@ def base_preset(path):
 
 def test_every_row_and_rung_has_a_toml():
     names = {p.stem for p in CONFIGS}
+    rows = [row.config for row in TABLE_1 if row.config is not None]  # all but MoR token choice
+    assert sorted(rows) == ["dense", "grt", "mor", "ouro", "poisson", "rrt"]
     for size in ("small", "medium", "large"):
-        assert {f"{size}_{row}" for row in ("dense", "mor", "poisson", "ouro", "rrt", "grt")} <= names
+        assert {f"{size}_{row}" for row in rows} <= names
     # table 1's isoParams rows: MoR, heavy-tail Poisson and GRT at medium and large
     assert {f"{size}_isoparams_{row}" for size in ("medium", "large") for row in ("mor", "poisson", "grt")} <= names
-    assert sorted(n for n in names if n.startswith("ladder_")) == [
+    assert sorted(n for n in names if n.startswith("ladder_")) == [rung.config for rung in LADDER] == [
         "ladder_1_dense", "ladder_2_recurrence", "ladder_3_prelude_coda", "ladder_4_noise",
         "ladder_5_reinjection", "ladder_6_gate"]
 
@@ -42,6 +42,8 @@ def test_every_row_and_rung_has_a_toml():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_row_is_its_presets_recipe_with_only_the_parts_changed(path):
     row, preset = tomli.loads(path.read_text()), tomli.loads(base_preset(path).read_text())
+    # Every row dumps into its own folder under outputs/paper/ (docs/paper_suite.md), named for the row.
+    assert row["job"]["dump_folder"] == f"./outputs/paper/{path.stem}"
     for toml in (row, preset):
         toml["job"].pop("dump_folder"), toml["job"].pop("description")
         toml["model"].pop("flavor")
@@ -52,11 +54,12 @@ def test_row_is_its_presets_recipe_with_only_the_parts_changed(path):
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_row_builds_and_is_the_method_it_names(path):
     args = model_args(path)
-    if path.stem.startswith("ladder_"):
-        expected = LADDER[int(path.stem.split("_")[1])]
-    else:
-        expected = METHOD[path.stem.rsplit("_", 1)[1]]
-    assert args.method_name == expected
+    row = paper_method(path.stem)  # the row of grt_titan/model/methods.py this TOML trains
+    assert args.method_name == row.name
+    # The TOML sets its row's parts and the paper's settings of the row.
+    assert {k: getattr(args, k) for k in {**row.parts, **row.settings}} == {**row.parts, **row.settings}
+    if args.router == "expert_choice":  # MoR rows: the released code's update (docs/architecture.md)
+        assert args.router_update == "block"
     # Every row has the dense twin's number of block applications (table 1's isoFLOP sense).
     dense = {"small": 12, "medium": 24, "large": 36}
     size = "small" if path.stem.startswith("ladder_") else path.stem.split("_")[0]
@@ -77,10 +80,13 @@ def test_ladder_rungs_add_one_component_each():
     assert all(r.depth_sampling == "uniform" for r in rungs)  # only the named component changes
 
 
-# One run per distinct set of parts not trained from a TOML elsewhere in the tests (GRT and
-# dense are).
-TRAINED_ROWS = ["ladder_2_recurrence", "ladder_3_prelude_coda", "ladder_4_noise", "ladder_5_reinjection",
-                "small_poisson", "small_rrt", "small_ouro", "small_mor"]
+# Rows whose parts train nowhere else on 2 ranks: the core-only layout (no prelude or coda) and
+# MoR's released update (`router_update = "block"`, set only by the MoR TOMLs). Every other
+# row's parts train on 2 ranks from the same [grt] values: GRT (grt_debug.toml, everywhere),
+# dense (dense_debug), Poisson and RRT (test_method_parity.py), Ouro (test_ouro_parallel.py),
+# and ladder rungs 3-5 are GRT's parts less the gate (Poisson's overwrite update) or less
+# re-injection (RRT's); test_row_builds_and_is_the_method_it_names ties each TOML to its parts.
+TRAINED_ROWS = ["ladder_2_recurrence", "small_mor"]
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grt_test_helpers import LOGGED_GRAD_NORM_REL, SHORT_DEBUG_RUN
+from tests.cases import ONE_RANK, PARITY_LAYOUTS
 
 STEPS = 5
 COMMON = [
@@ -76,20 +77,6 @@ def grad_norms(run_torchrun, tmp_path, seed, name, nproc, extra) -> dict[str, fl
     return json.loads(out.read_text())
 
 
-ONE_RANK = {"dp": 1, "data_parallel_shard_degree": 1}
-LAYOUTS = {
-    "fsdp2": (2, {}),
-    "tp2": (2, {"dp": 1, "data_parallel_shard_degree": 1, "tensor_parallel_degree": 2}),
-    "fsdp2_tp2": (4, {"dp": 2, "data_parallel_shard_degree": 2, "tensor_parallel_degree": 2}),
-    "ddp2": (2, {"dp": 2, "data_parallel_shard_degree": 1, "data_parallel_replicate_degree": 2}),
-    # Checkpointing each recurrence step must not change a single loss.
-    "fsdp2_ac_per_step": (2, {"args": ["--activation_checkpoint.mode", "full",
-                                       "--grt.recurrence_checkpoint", "step"]}),
-    "fsdp2_ac_op_sac": (2, {"args": ["--activation_checkpoint.mode", "selective",
-                                     "--activation_checkpoint.selective_ac_option", "op"]}),
-}
-
-
 @pytest.fixture(scope="module")
 def reference(seed_checkpoint, module_tmp):
     from grt_test_helpers import torchrun
@@ -106,9 +93,9 @@ def reference_grads(seed_checkpoint, module_tmp):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("layout", sorted(PARITY_LAYOUTS))
 def test_layout_matches_one_rank(layout, reference, seed_checkpoint, run_torchrun, tmp_path):
-    nproc, extra = LAYOUTS[layout]
+    nproc, extra = PARITY_LAYOUTS[layout]
     extra = {"dp": nproc, **extra}
     losses, logged_norms = train(run_torchrun, tmp_path, seed_checkpoint, layout, nproc, extra)
     ref_losses, ref_norms = reference
@@ -124,7 +111,7 @@ def test_layout_matches_one_rank(layout, reference, seed_checkpoint, run_torchru
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["fsdp2", "tp2", "fsdp2_tp2"])
 def test_layout_gradients_match_one_rank(layout, reference_grads, seed_checkpoint, run_torchrun, tmp_path):
-    nproc, extra = LAYOUTS[layout]
+    nproc, extra = PARITY_LAYOUTS[layout]
     norms = grad_norms(run_torchrun, tmp_path, seed_checkpoint, layout, nproc, extra)
     assert norms.keys() == reference_grads.keys()
     total = sum(v * v for v in norms.values()) ** 0.5
@@ -163,7 +150,7 @@ def test_llama_blocks_tensor_parallel_match_one_rank(run_torchrun, tmp_path):
     ref_losses, _ = train(run_torchrun, tmp_path, seed, "one_rank", 1, {**ONE_RANK, "args": LLAMA})
     assert ref_losses[-1] < ref_losses[0]
     for layout in ("tp2", "fsdp2_tp2"):
-        nproc, extra = LAYOUTS[layout]
+        nproc, extra = PARITY_LAYOUTS[layout]
         losses, _ = train(run_torchrun, tmp_path, seed, layout, nproc, {**extra, "args": LLAMA})
         assert losses == pytest.approx(ref_losses, rel=1e-5), layout
 

@@ -1,7 +1,7 @@
 """Each workaround in grt_titan/infra/torch_workarounds.py: the defect still shows without it
 (when this starts failing, torch has fixed it and the workaround can go) and is gone with it.
 
-Each case runs in a process of its own (a fork of the tests' launch server, which has only
+Each case runs in a process of its own (a job of tests/launcher.py, forked from a server that has only
 imported): the workarounds change process-wide torch state.
 """
 
@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from grt_test_helpers import REPO, launch
 from grt_titan.infra.torch_workarounds import install_rng_state_order_fix, saves_opaque_objects
+
+from grt_test_helpers import REPO, launch
 
 WORKER = "tests.infra.torch_workarounds_worker"
 

@@ -1,12 +1,11 @@
-"""End to end through torchtitan's Trainer on CPU/gloo, 2 ranks.
-
-The ranks are forked with torchrun's environment (tests/forked_torchrun.py); the user's own
-command, through torchrun's agent, runs in tests/docs (README.md's CPU run)."""
+"""The CPU launch: depths agree across gloo ranks, and what grt_titan.train sets up before
+torchtitan's trainer (torchrun's defaults, per-rank logging). A 2-rank training run is
+tests/components/test_observability_e2e.py; the user's own command, through torchrun's
+agent, runs in tests/docs (README.md's CPU run)."""
 
 import json
 
 import pytest
-from grt_test_helpers import step_losses
 
 
 @pytest.mark.slow
@@ -16,40 +15,6 @@ def test_depth_is_identical_on_every_rank(run_torchrun, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rank0, rank1 = json.loads(out.read_text())
     assert rank0 == rank1 and len(set(rank0)) == 8
-
-
-@pytest.mark.slow
-def test_grt_debug_trains_on_two_cpu_ranks(run_torchrun, tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    proc = run_torchrun(
-        2,
-        [
-            "--job.config_file", "train_configs/grt_debug.toml",
-            "--job.dump_folder", str(tmp_path / "run"),
-            "--training.steps", "30",
-            "--validation.freq", "30",
-        ],
-        tmp_path,
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-4000:]
-    assert "Applied FSDP to the GRT" in output
-    losses = step_losses(output)
-    assert sorted(losses) == [1, 5, 10, 15, 20, 25, 30]
-    # From ln(50257) = 10.8 at init to the unigram plateau (~6.6) in 30 steps.
-    assert losses[1] > 10.5 and losses[30] < losses[1] - 3.0
-
-    events = list((tmp_path / "run" / "tb").rglob("events.out.tfevents.*"))
-    assert len(events) == 1
-    acc = EventAccumulator(str(events[0].parent))
-    acc.Reload()
-    scalars = acc.Tags()["scalars"]
-    for tag in ("loss_metrics/global_avg_loss", "tflops", "throughput(tps)", "grt/r_mean", "validation_metrics/loss"):
-        assert tag in scalars
-    assert "mfu(%)" not in scalars  # no peak FLOP rate on CPU (docs/training.md)
-    r_means = [e.value for e in acc.Scalars("grt/r_mean")]
-    assert all(1 <= r <= 4 for r in r_means) and len(set(r_means)) > 1
 
 
 def test_torchruns_nccl_default_is_left_to_torchtitan(monkeypatch):
@@ -65,3 +30,41 @@ def test_torchruns_nccl_default_is_left_to_torchtitan(monkeypatch):
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
     quiet_torchrun_defaults()
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+
+
+@pytest.fixture
+def titan_logger(monkeypatch):
+    """torchtitan's init_logger as grt_titan.train calls it; the root logger is restored after."""
+    import logging
+
+    from torchtitan.tools.logging import init_logger
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)  # init_logger sets it
+    monkeypatch.delenv("GRT_LOG_ALL_RANKS", raising=False)
+    init_logger()
+    (handler,) = root.handlers
+    yield root, handler
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.parametrize("rank, env, level", [
+    ("0", None, "INFO"),  # rank 0 logs the run
+    ("1", None, "WARNING"),  # other ranks: warnings and errors only, not every line twice
+    ("1", "1", "INFO"),  # GRT_LOG_ALL_RANKS=1: every rank logs
+])
+def test_only_rank_0_logs_info(titan_logger, monkeypatch, rank, env, level):
+    import logging
+
+    from grt_titan.train import quiet_other_ranks
+
+    root, handler = titan_logger
+    monkeypatch.setenv("RANK", rank)
+    if env is not None:
+        monkeypatch.setenv("GRT_LOG_ALL_RANKS", env)
+    quiet_other_ranks()
+    assert root.getEffectiveLevel() == logging.getLevelName(level)
+    assert handler.level == logging.getLevelName(level)  # also for child loggers set to INFO
+    assert root.isEnabledFor(logging.WARNING)

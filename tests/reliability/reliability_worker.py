@@ -123,10 +123,8 @@ def _install_record() -> None:
 
 def main() -> None:
     enable_cpu_training()
-    import grt_titan  # noqa: F401  registers the spec
-    from torchtitan.train import main as torchtitan_main
-
     from grt_titan.components.trainer import GRTTrainer
+    from grt_titan.train import main as grt_main
 
     stop_after = _env_int("GRT_TEST_STOP_AFTER")
     spike_step = _env_int("GRT_TEST_SPIKE_STEP") if _attempt() == 0 else None
@@ -158,7 +156,7 @@ def main() -> None:
     _install_poison()
     _install_kill_in_save()
     _install_record()
-    torchtitan_main(ReliabilityTrainer)
+    grt_main(trainer_class=ReliabilityTrainer)
 
 
 if __name__ == "__main__":

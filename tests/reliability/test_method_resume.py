@@ -7,27 +7,23 @@ statistics) and the final model tensors.
 
 Two runs per method: the uninterrupted run writes the step-3 checkpoint and is the
 reference; a fresh dump folder holding only that checkpoint is resumed to step 6. One rank
-(torchtitan's gloo process group of world size 1), each run a process forked from one
-interpreter that has imported torchtitan once (forked_runs.py; the import is half of a
-run's CPU time on CI's 2 cores). The methods' parallel behaviour is tested in
+(torchtitan's gloo process group of world size 1), two methods at a time through the tests'
+launcher (tests/launcher.py). The methods' parallel behaviour is tested in
 tests/infra/test_method_parity.py and tests/infra/test_ouro_parallel.py, and the GRT's
 2-rank resume in test_resume.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
+import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from grt_test_helpers import MOR_PARTS, OURO_PARTS, POISSON_PARTS, REPO, RRT_PARTS, build_model, torchrun_env
-from reliability_helpers import COMMON, STEPS, checkpoint_state, model_tensors, scalars
+from grt_test_helpers import MOR_PARTS, OURO_PARTS, POISSON_PARTS, RRT_PARTS, build_model, parts_overrides, torchrun
+from reliability_helpers import COMMON, STEPS, WORKER, checkpoint_state, model_tensors, scalars
 
 STOP = 3
 # Poisson with truncated backprop as in its paper config (there k = 8 of a mean depth of 32;
@@ -43,47 +39,29 @@ METHODS = {
 UNTIMED = ("memory/", "time_metrics/", "tflops", "throughput")
 
 
-def overrides(parts: dict) -> list[str]:
-    return [item for key, value in parts.items() for item in (f"--grt.{key}", str(value))]
-
-
-def method_plan(method: str, root: Path) -> list[dict]:
+def method_runs_of(method: str, root: Path) -> dict:
     """The uninterrupted run (checkpoints at steps 3 and 6), then a run resumed from a copy of
     its step-3 checkpoint in a fresh dump folder."""
-    args = [*COMMON, *overrides(METHODS[method]), "--checkpoint.interval", str(STOP)]
+    args = [*COMMON, *parts_overrides(METHODS[method]), "--checkpoint.interval", str(STOP)]
     reference, resumed = root / f"{method}-uninterrupted", root / f"{method}-resumed"
-    checkpoint = f"checkpoint/step-{STOP}"
-    return [{"args": [*args, "--job.dump_folder", str(reference)], "log": str(root / f"{reference.name}.log")},
-            {"args": [*args, "--job.dump_folder", str(resumed)], "log": str(root / f"{resumed.name}.log"),
-             "copy": [str(reference / checkpoint), str(resumed / checkpoint)]}]
+    outputs = []
+    for run in (reference, resumed):
+        if run is resumed:
+            checkpoint = f"checkpoint/step-{STOP}"
+            shutil.copytree(reference / checkpoint, resumed / checkpoint)
+        proc = torchrun(1, [*args, "--job.dump_folder", str(run)], root, module=WORKER, log_name=f"{run.name}.log")
+        outputs.append(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            return {"failed": f"{run.name}: exit code {proc.returncode}\n{outputs[-1][-3000:]}"}
+    return {"reference": reference, "resumed": resumed, "output": outputs[1], "failed": None}
 
 
 @pytest.fixture(scope="module")
 def method_runs(module_tmp) -> dict[str, dict]:
-    """Every method's two runs, two methods at a time, forked from one interpreter
-    (forked_runs.py)."""
+    """Every method's two runs, two methods at a time."""
     root = module_tmp("method_resume")
-    plan = {"parallel": 2, "result": str(root / "result.json"),
-            "pipelines": [method_plan(method, root) for method in METHODS]}
-    (root / "plan.json").write_text(json.dumps(plan))
-    # A session of its own: a timeout ends the forked runs too, not only their parent.
-    proc = subprocess.Popen([sys.executable, "-m", "tests.reliability.forked_runs", str(root / "plan.json")],
-                            cwd=REPO, env=torchrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    assert proc.returncode == 0, out[-3000:]
-    runs = {}
-    for method, codes in zip(METHODS, json.loads((root / "result.json").read_text())):
-        logs = [(root / f"{method}-{name}.log") for name in ("uninterrupted", "resumed")]
-        failed = None if codes == [0, 0] else f"exit codes {codes}\n" + "".join(
-            log.read_text()[-3000:] for log in logs if log.exists())
-        runs[method] = {"reference": root / f"{method}-uninterrupted", "resumed": root / f"{method}-resumed",
-                        "output": logs[1].read_text() if logs[1].exists() else "", "failed": failed}
-    return runs
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(METHODS, pool.map(lambda method: method_runs_of(method, root), METHODS)))
 
 
 def saved_tensors(folder: Path, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from torchtitan.components.checkpoint import CheckpointManager
 
-from grt_test_helpers import REPO, torchrun_command, torchrun_env
+from grt_test_helpers import REPO, RESTART_ENV, job_env, torchrun_command
 from reliability_helpers import (
     COMMON,
     NOISE_OFF,
@@ -60,7 +60,7 @@ def test_sigkilled_rank_restarts_and_matches_the_uninterrupted_run(uninterrupted
     run, pids = tmp_path / "killed", tmp_path / "pids"
     args = [*COMMON, *NOISE_OFF, "--job.dump_folder", str(run)]
     # 1 s per step leaves the kill time to land inside step 3, after checkpoint step-2.
-    env = torchrun_env({"GRT_TEST_PID_DIR": str(pids), "GRT_TEST_STEP_SLEEP": "1"}, max_restarts=1)
+    env = job_env({**RESTART_ENV, "GRT_TEST_PID_DIR": str(pids), "GRT_TEST_STEP_SLEEP": "1"})
     proc = subprocess.Popen(torchrun_command(2, args, WORKER, max_restarts=1), cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killed = {}

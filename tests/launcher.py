@@ -1,0 +1,395 @@
+"""The one way tests start a job: `launch(module, args, env, timeout, nproc)`.
+
+A job is `python -m MODULE ARGS` (nproc None), or `nproc` gloo ranks of it as
+`torchrun --nproc_per_node=nproc --local-ranks-filter=0 -m MODULE ARGS` would run them: each
+rank gets torchrun's environment, rank 0's output is the job's, the job fails if any rank
+fails (the others are then stopped and the failed rank's last output is printed).
+
+Why forking: on CI's 2 cores an interpreter start that imports torch, torchtitan and
+grt_titan costs about 9 s of CPU, as much as a small run, and torchrun's agent imports torch
+once more. So each pytest process starts one server (`python -m tests.launcher serve SOCKET`)
+that imports them once and forks every job, and a job forks its ranks. Nothing but imports
+happened before a fork (no model, process group, thread pool or RNG use), each job seeds its
+random generators from the OS as a new interpreter does, and the job modules read their
+arguments when they run (grt_titan.train.main parses `sys.argv[1:]` then, not torchtitan's
+default bound at import). What a fork cannot give is an environment read at import time
+(inductor's TORCHINDUCTOR_* settings, OMP threads): a job whose environment differs from the
+server's in one of those runs in a fresh interpreter (`python -m tests.launcher run NPROC
+MODULE ARGS`), as does every job when GRT_TEST_LAUNCH_SERVER=0. Jobs that restart ranks
+(`--max-restarts`) and the docs' commands use torchrun itself (grt_test_helpers.torchrun).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import re
+import runpy
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Callable, NoReturn
+
+REPO = Path(__file__).resolve().parents[1]
+PRELOADED = ("torchtitan.train", "grt_titan", "grt_titan.components.trainer")
+# Environment variables that torch, inductor, OpenMP or MKL read when they are imported or
+# first used in a process: a job that changes one of them needs an interpreter of its own...
+IMPORT_TIME_ENV = re.compile(r"^(TORCH|PYTORCH|OMP_|MKL_|KMP_|TRITON|CUDA|GOMP_)")
+# ... except these: the cache folders are read when inductor first compiles, and a job re-reads
+# torch's log settings (`_init_logs`, what `import torch` runs) when it sets them.
+PER_JOB_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_LOGS", "TORCH_LOGS_OUT"}
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STOP_GRACE_S = 5.0  # torchrun's agent also gives the surviving ranks a few seconds on SIGTERM
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a test job: one thread per rank, unbuffered output, then `env`."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
+def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
+    """What torchrun exports to rank `rank` of a single-node job of `nproc` ranks."""
+    return dict(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+        GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc), ROLE_NAME="default",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="forked",
+    )
+
+
+def needs_fresh_interpreter(env: dict[str, str], server_env: dict[str, str]) -> list[str]:
+    """The import-time variables in which `env` differs from the server's (empty: the server can
+    run the job)."""
+    keys = {k for k in (*env, *server_env) if IMPORT_TIME_ENV.match(k) and k not in PER_JOB_ENV}
+    return sorted(k for k in keys if env.get(k) != server_env.get(k))
+
+
+def job_command(module: str, args: list[str], nproc: int | None = None) -> list[str]:
+    """The fresh-interpreter command line of a job."""
+    return [sys.executable, "-m", "tests.launcher", "run", str(nproc or 0), module, *args]
+
+
+# ---- inside a job ------------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """This process gets SIGKILL when its parent dies (a test's timeout kills the job), as
+    torchrun's workers would not."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _exit_forked_child(body: Callable[[], int | None]) -> NoReturn:
+    """End a forked child with `body()`'s exit code (None: 0; an exception: 1, its traceback
+    printed), flushed, and without the parent's atexit handlers or finalizers."""
+    code = 1
+    try:
+        code = body() or 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _run_module_as_main(module: str) -> int:
+    """`python -m module` in this process (sys.argv set); its exit code as the interpreter
+    would report it."""
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return 0
+    except SystemExit as e:  # sys.exit(n) inside the job
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+
+
+def _describe(status: int) -> tuple[int, str]:
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        name = signal.Signals(-code).name
+        return code, f"exit code {code} (signal {-code}, {name})"
+    return code, f"exit code {code}"
+
+
+def _run_ranks(nproc: int, module: str) -> int:
+    """Fork ranks 0..nproc-1 of `python -m module` (sys.argv set) and wait for them: 0 if every
+    rank exits 0; when one fails, the others are stopped and its last output is printed."""
+    port = free_port()
+    logs = tempfile.mkdtemp(prefix="grt-ranks-")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children: dict[int, int] = {}  # pid -> rank
+    for rank in range(nproc):
+        pid = os.fork()
+        if pid == 0:
+            def body(rank: int = rank) -> int:
+                _die_with_parent()
+                if rank != 0:  # shown only if the rank fails
+                    fd = os.open(os.path.join(logs, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                    os.dup2(fd, 1)
+                    os.dup2(fd, 2)
+                os.environ.update(rank_environment(rank, nproc, port))
+                return _run_module_as_main(module)
+
+            _exit_forked_child(body)
+        children[pid] = rank
+    failed: list[tuple[int, str]] = []
+    deadline = None
+    while children:
+        if deadline is None:
+            pid, status = os.wait()
+        else:  # a rank failed: the others get a grace period, then SIGKILL
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                if time.monotonic() > deadline:
+                    for other in children:
+                        os.kill(other, signal.SIGKILL)
+                    deadline = float("inf")
+                time.sleep(0.1)
+                continue
+        rank = children.pop(pid)
+        code, text = _describe(status)
+        if code != 0:
+            failed.append((rank, text))
+            if deadline is None:
+                for other in children:
+                    os.kill(other, signal.SIGTERM)
+                deadline = time.monotonic() + STOP_GRACE_S
+    for rank, text in failed:
+        print(f"[launcher] rank {rank} failed: {text}", file=sys.stderr)
+        log = os.path.join(logs, f"rank{rank}.log")
+        if os.path.exists(log):
+            with open(log, errors="replace") as f:
+                print(f"[launcher] rank {rank}'s last output:\n{f.read()[-8000:]}", file=sys.stderr)
+    for name in os.listdir(logs):
+        os.unlink(os.path.join(logs, name))
+    os.rmdir(logs)
+    return 1 if failed else 0
+
+
+def _run_job(module: str, args: list[str], nproc: int) -> int:
+    sys.argv = [module, *args]  # as `python -m MODULE ARGS` sets it
+    if nproc:
+        return _run_ranks(nproc, module)
+    return _run_module_as_main(module)
+
+
+# ---- the server --------------------------------------------------------------------------
+
+def _serve_job(request: dict) -> NoReturn:
+    """The body of one forked job."""
+    def body() -> int:
+        os.setpgid(0, 0)  # the client kills the job's process group on a timeout
+        _die_with_parent()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        sys.stdout.reconfigure(line_buffering=True)  # as PYTHONUNBUFFERED would
+        os.chdir(request["cwd"])
+        # sys.path as `python -m` builds it: the working directory, then PYTHONPATH's entries.
+        sys.path[0] = os.getcwd()
+        extra = [path for path in request["env"].get("PYTHONPATH", "").split(os.pathsep) if path]
+        sys.path[1:1] = [path for path in extra if path not in sys.path]
+        logs_before = {k: os.environ.get(k) for k in ("TORCH_LOGS", "TORCH_LOGS_OUT")}
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if any(os.environ.get(k) != v for k, v in logs_before.items()):
+            import torch._logging._internal
+
+            torch._logging._internal._init_logs()
+        _fresh_random_state()
+        return _run_job(request["module"], request["args"], request["nproc"] or 0)
+
+    _exit_forked_child(body)
+
+
+def _fresh_random_state() -> None:
+    """Random generators seeded as in a fresh interpreter (each from the OS): a fork would
+    otherwise hand every job the server's state. (Python's hash seed stays the server's.)"""
+    import random
+
+    import torch
+
+    random.seed()
+    torch.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError("client closed the connection before its request ended")
+        data += chunk
+    return data
+
+
+def serve(path: str) -> None:
+    """One job per connection: the client sends {"module", "args", "env", "cwd", "nproc",
+    "stdout", "stderr"} as a JSON line; the server forks the job (its own process group),
+    answers {"pid": ...} at once and {"code": ...} when it ends. Single-threaded, so nothing
+    holds a lock when it forks."""
+    _die_with_parent()
+    for name in PRELOADED:
+        importlib.import_module(name)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+    print("ready", flush=True)
+    jobs: dict[int, socket.socket] = {}
+    while True:
+        readable, _, _ = select.select([server], [], [], 0.05)
+        if readable:
+            conn, _ = server.accept()
+            try:
+                request = json.loads(_read_line(conn))
+            except (ConnectionError, ValueError):
+                conn.close()
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                server.close()
+                _serve_job(request)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            jobs[pid] = conn
+        while jobs:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = jobs.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+                except OSError:  # the client gave up (timeout) and closed its end
+                    pass
+                conn.close()
+
+
+class _Server:
+    """The test process's side: starts the server on first use and runs jobs through it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # tests may launch from several threads (test_presets)
+        self.process: subprocess.Popen | None = None
+        self.env: dict[str, str] = {}
+
+    def _start(self) -> None:
+        import atexit
+        import shutil
+
+        self.folder = tempfile.mkdtemp(prefix="grt-launch-")
+        atexit.register(shutil.rmtree, self.folder, ignore_errors=True)  # socket, server log, job output
+        self.path = os.path.join(self.folder, "socket")
+        self.env = job_env()
+        log = open(os.path.join(self.folder, "server.log"), "w")
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.launcher", "serve", self.path], cwd=REPO,
+                                        env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=log, text=True)
+        if self.process.stdout.readline().strip() != "ready":
+            with open(os.path.join(self.folder, "server.log")) as f:
+                raise RuntimeError(f"tests.launcher did not start:\n{f.read()[-4000:]}")
+
+    def run(self, module: str, args: list[str], env: dict[str, str], timeout: float, nproc: int | None,
+            cwd: Path) -> subprocess.CompletedProcess | None:
+        """As subprocess.run(capture_output=True, text=True) of the job; None when the job
+        needs an interpreter of its own (needs_fresh_interpreter)."""
+        with self.lock:
+            if self.process is None or self.process.poll() is not None:
+                self._start()
+        if needs_fresh_interpreter(env, self.env):
+            return None
+        command = job_command(module, args, nproc)
+        out, err = (os.path.join(self.folder, f"job-{uuid.uuid4().hex}.{n}") for n in ("out", "err"))
+        request = dict(module=module, args=list(args), env=dict(env), cwd=str(cwd), nproc=nproc,
+                       stdout=out, stderr=err)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.path)
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            conn.settimeout(timeout)
+            reply = conn.makefile("rb")
+            pid = json.loads(reply.readline())["pid"]
+            try:
+                line = reply.readline()
+            except TimeoutError:
+                line = b""
+            if not line:  # timed out (or the server died): the job's whole process group goes
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                raise subprocess.TimeoutExpired(command, timeout, output=_read(out), stderr=_read(err))
+            return subprocess.CompletedProcess(command, json.loads(line)["code"], _read(out), _read(err))
+        finally:
+            conn.close()
+            for path in (out, err):
+                if os.path.exists(path):
+                    os.unlink(path)
+
+
+def _read(path: str) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+_SERVER = _Server()
+
+
+def launch(module: str, args: list[str], env: dict[str, str] | None = None, timeout: float = 600,
+           nproc: int | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Run a job (module docstring) with environment `env` (default: job_env()), output
+    captured; raises subprocess.TimeoutExpired after `timeout` s, its processes killed."""
+    env = job_env() if env is None else env
+    if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") != "0":
+        proc = _SERVER.run(module, args, env, timeout, nproc, cwd)
+        if proc is not None:
+            return proc
+    return subprocess.run(job_command(module, args, nproc), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout, start_new_session=True)
+
+
+def fake_backend_env(world_size: int) -> dict[str, str]:
+    """Rank 0 of `world_size` on torchtitan's fake backend (`--comm.mode fake_backend`)."""
+    return job_env({"NGPU": str(world_size), "LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": str(world_size)})
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["serve"] and len(argv) == 2:
+        serve(argv[1])
+        return 0
+    if argv[:1] == ["run"] and len(argv) >= 3 and argv[1].isdigit():
+        _die_with_parent()
+        for name in PRELOADED:
+            importlib.import_module(name)
+        return _run_job(argv[2], argv[3:], int(argv[1]))
+    print("usage: python -m tests.launcher serve SOCKET | run NPROC MODULE [ARGS...] (NPROC 0: no ranks)",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,97 @@
+"""The tests' launcher (tests/launcher.py) runs a served job as `python -m MODULE ARGS` or its
+fresh-interpreter form would: same arguments, working directory, environment, closed stdin,
+exit code and output; ranks as torchrun's; a timeout kills the job; an import-time variable
+sends the job to a fresh interpreter."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.launcher import _SERVER, REPO, job_env, launch, needs_fresh_interpreter
+
+
+class Client:
+    """The server's side of `launch`: `run` returns None where launch would start a fresh interpreter."""
+
+    @staticmethod
+    def run(module, args, env, timeout, nproc=None, cwd=REPO):
+        return _SERVER.run(module, args, env, timeout, nproc, cwd)
+
+
+@pytest.fixture(scope="module")
+def client():
+    return Client()
+
+
+def probe_lines(proc):
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_a_job_sees_what_python_dash_m_would(client, tmp_path):
+    env = {**job_env(), "GRT_PROBE": "one", "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path / "extra")])}
+    served = client.run("tests.launch_probe", ["--exit", "7", "a", "b"], env, timeout=60, cwd=str(tmp_path))
+    fresh = subprocess.run([sys.executable, "-m", "tests.launch_probe", "--exit", "7", "a", "b"], cwd=tmp_path,
+                           env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert served.returncode == fresh.returncode == 7
+    (got,), (expected,) = probe_lines(served), probe_lines(fresh)
+    got["argv"][0] = expected["argv"][0] = "(module path)"
+    first_seed = got.pop("torch_seed")
+    assert first_seed != expected.pop("torch_seed")  # random per interpreter
+    assert got == expected
+    assert got["argv"][1:] == ["--exit", "7", "a", "b"] and got["probe"] == "one"
+    # The next job gets its own arguments and environment, not the last one's.
+    again = client.run("tests.launch_probe", ["c"], {**env, "GRT_PROBE": "two"}, timeout=60)
+    (second,) = probe_lines(again)
+    assert again.returncode == 0 and second["argv"][1:] == ["c"] and second["probe"] == "two"
+    assert second["cwd"] == str(REPO)
+    # Each job's generators are seeded afresh, not inherited from the server.
+    assert second["torch_seed"] != first_seed
+
+
+def test_forked_ranks_through_the_server(client):
+    proc = client.run("tests.launch_probe", ["--fail-rank", "1", "x"], job_env(), timeout=60, nproc=2)
+    assert proc.returncode == 1
+    (rank0,) = probe_lines(proc)  # rank 0's output only, as --local-ranks-filter=0
+    assert rank0["rank"] == 0 and rank0["world_size"] == "2" and rank0["argv"][1:] == ["--fail-rank", "1", "x"]
+    assert "[launcher] rank 1 failed: exit code 3" in proc.stderr and "rank 1 fails" in proc.stderr
+
+
+def test_a_timeout_kills_the_job(client):
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as error:
+        client.run("tests.launch_probe", ["--sleep", "600"], job_env(), timeout=3, nproc=2)
+    assert time.monotonic() - start < 30
+    assert '"rank": 0' in error.value.output
+    time.sleep(1)
+    leftover = subprocess.run(["pgrep", "-f", "launch_probe --sleep 600"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""
+    # The server goes on serving.
+    assert client.run("tests.launch_probe", [], job_env(), timeout=60).returncode == 0
+
+
+def test_import_time_variables_need_a_fresh_interpreter(client):
+    base = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1"}
+    assert needs_fresh_interpreter({**base, "GRT_PROBE": "x", "RANK": "1"}, base) == []
+    assert needs_fresh_interpreter({**base, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, base) == ["TORCHINDUCTOR_FX_GRAPH_CACHE"]
+    assert needs_fresh_interpreter({"PATH": "/usr/bin"}, base) == ["OMP_NUM_THREADS"]
+    # Read per job: cache folders, log settings.
+    assert needs_fresh_interpreter({**base, "TORCHINDUCTOR_CACHE_DIR": "/tmp/c", "TORCH_LOGS": "+dynamo"}, base) == []
+    env = {**job_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    assert client.run("tests.launch_probe", [], env, timeout=60) is None
+    # launch runs such a job in a fresh interpreter instead.
+    proc = launch("tests.launch_probe", ["--exit", "2"], env, timeout=120)
+    assert proc.returncode == 2 and probe_lines(proc)[0]["argv"][1:] == ["--exit", "2"]
+
+
+def test_a_job_sets_torch_logs(client):
+    """TORCH_LOGS is read when torch is imported; a served job re-reads it."""
+    env = {**job_env(), "TORCH_LOGS": "recompiles"}
+    proc = client.run("tests.launch_probe", ["--torch-logs"], env, timeout=60)
+    (line,) = probe_lines(proc)
+    assert line["recompiles_log_level"] == 10  # logging.DEBUG: the recompiles artifact is on
+    proc = client.run("tests.launch_probe", ["--torch-logs"], job_env(), timeout=60)
+    assert probe_lines(proc)[0]["recompiles_log_level"] != 10
