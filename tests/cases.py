@@ -56,7 +56,7 @@ MATRIX_CASES = {
 EMULATION_LIMIT = "GPU only: torchtitan's float8 emulation is eager-only"
 
 
-def matrix_case_args(name: str, dump_folder: str) -> list[str]:
+def matrix_case_args(name: str, dump_folder: str, compile_backend: str = "inductor") -> list[str]:
     """grt_debug (d = 128, 4 heads) at sequence 64, one bf16 step, in the case's layout."""
     tp, compiled, ac, float8 = MATRIX_CASES[name]
     args = [
@@ -70,7 +70,7 @@ def matrix_case_args(name: str, dump_folder: str) -> list[str]:
         *AC_ARGS[ac],
     ]
     if compiled:
-        args += ["--compile.enable", "--compile.components", "model,loss"]
+        args += ["--compile.enable", "--compile.components", "model,loss", "--compile.backend", compile_backend]
     if float8:
         args += FLOAT8_ARGS
     return args

@@ -29,8 +29,10 @@ def test_matrix_is_the_full_product():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CORNERS)
 def test_matrix_corner_steps(name, tmp_path):
-    proc = launch("grt_titan.train", matrix_case_args(name, str(tmp_path / name)),
-                  fake_backend_env(MATRIX_WORLD_SIZE), timeout=900)
+    # The benchmark compiles with inductor; here the path before its C++ code generation
+    # (tests/infra/test_tp_compile_ac.py says why that path holds the plans' defects).
+    args = matrix_case_args(name, str(tmp_path / name), compile_backend="aot_eager_decomp_partition")
+    proc = launch("grt_titan.train", args, fake_backend_env(MATRIX_WORLD_SIZE), timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert list(step_losses(output)) == [1], output[-2000:]
