@@ -1,4 +1,4 @@
-"""Drop-in for `python -m torchtitan.train` (same CLI, torchtitan's own main and train loop).
+"""Drop-in for `python -m torchtitan.train` (same CLI, torchtitan 0.2.2's main and train loop).
 
 It runs torchtitan's Trainer as `GRTTrainer` (grt_titan/components/trainer.py), which adds
 checksummed checkpoints, layout-independent data resume of old checkpoints and the
