@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from grt_titan.model import methods
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `tests.launcher`, `tests.<folder>.<worker>` job modules
     sys.path.insert(0, str(REPO))
@@ -20,6 +22,7 @@ from tests.launcher import free_port, job_env, launch, rank_environment  # noqa:
 DEBUG_TOML = REPO / "train_configs" / "grt_debug.toml"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.naninf]+)\s+grad_norm:\s*([0-9.naninf]+)")
+MESH_LINE = re.compile(r"Building device mesh with parallelism: .*")  # torchtitan's ParallelDims
 # torchtitan's registered model converters, as a config error lists them ("allowed: ...").
 REGISTERED_CONVERTERS = "quantize.grouped_mm.float8, quantize.grouped_mm.mx, quantize.linear.float8, quantize.linear.mx"
 
@@ -68,8 +71,6 @@ def parts_overrides(parts: dict) -> list[str]:
 # The baselines' and ladder's parts at debug size: their rows' parts in the table of methods
 # (grt_titan/model/methods.py; docs/architecture.md, "Methods as parts"), without the rows' paper
 # settings (no truncated backprop for Poisson, MoR's default delta update), RRT at LoRA rank 3.
-from grt_titan.model import methods  # noqa: E402
-
 LADDER_PARTS = dict(methods.paper_method("ladder_3_prelude_coda").parts)
 POISSON_PARTS = dict(methods.POISSON.parts)
 RRT_PARTS = dict(methods.RRT.parts, lora_rank=3)
@@ -137,6 +138,13 @@ def one_process(args: list[str], env: dict | None = None, timeout: int = 120,
     """`python -m module args` from the repo root as rank 0 of a one-process job, no torchrun
     (`env` may set NGPU and WORLD_SIZE for a fake-backend world)."""
     return launch(module, args, job_env({**rank_environment(0, 1, free_port()), **(env or {})}), timeout)
+
+
+def mesh_degrees(output: str) -> dict[str, int] | None:
+    """The parallel degrees torchtitan built its device mesh with (pp, dp_replicate, dp_shard,
+    cp, tp, ep, etp), from a job's output; None if it logged no mesh."""
+    mesh = MESH_LINE.search(output)
+    return None if mesh is None else {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", mesh.group(0))}
 
 
 def step_losses(output: str) -> dict[int, float]:

@@ -22,12 +22,11 @@ import tomli
 from grt_titan.model.checkpoint import load_model_args
 from grt_titan.model.model import build_meta_model
 
-from grt_test_helpers import ANSI, step_losses
+from grt_test_helpers import ANSI, mesh_degrees, step_losses
 from tests.launcher import fake_backend_env, launch
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "train_configs").glob("*.toml"))
 _WORDS = {"one": 1, "two": 2}
-MESH_LINE = re.compile(r"Building device mesh with parallelism: .*")
 
 
 def intended_world_size(path: Path) -> int:
@@ -91,9 +90,8 @@ def test_preset_starts_at_its_layout(path, preset_runs):
     expected = sum(p.numel() for p in build_meta_model(args).parameters())
     assert f"size: {expected:,} total parameters" in ANSI.sub("", output)
     # The layout that ran is the preset's: its degrees multiply to the intended world size.
-    mesh = MESH_LINE.search(output)
-    assert mesh, output[-2000:]
-    degrees = {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", mesh.group(0))}
+    degrees = mesh_degrees(output)
+    assert degrees, output[-2000:]
     assert degrees["dp_replicate"] * degrees["dp_shard"] * degrees["tp"] == intended_world_size(path)
     toml = tomli.loads(path.read_text())
     assert degrees["tp"] == toml.get("parallelism", {}).get("tensor_parallel_degree", 1)
