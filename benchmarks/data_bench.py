@@ -55,8 +55,12 @@ def bench_prepare(tmp: Path, repeat: int, cores: int, tokenizer: GPT2Tokenizer) 
     tk, pr = [tiktoken_run()], [prepare_run(0)]
     tk.append(tiktoken_run())
     pr.append(prepare_run(1))
-    return {"text_mb": src.stat().st_size / 1e6, "tiktoken_tok_s": max(tk),
-            "prepare_tok_s": max(pr), "ratio": max(pr) / max(tk)}
+    return {
+        "text_mb": src.stat().st_size / 1e6,
+        "tiktoken_tok_s": max(tk),
+        "prepare_tok_s": max(pr),
+        "ratio": max(pr) / max(tk),
+    }
 
 
 def bench_loader(tmp: Path, batches: int, tokenizer: GPT2Tokenizer) -> dict:
@@ -98,9 +102,12 @@ def bench_step() -> dict:
         times.append(time.perf_counter() - t0)
         model.zero_grad(set_to_none=True)
         del logits, loss
-    return {"step_ms": 1e3 * min(times[1:]), "flavor": "debug",
-            "layout": f"{args.n_prelude_layers}+{args.n_core_layers}x{args.num_recurrences}"
-                      f"+{args.n_coda_layers}, d={args.dim}"}
+    return {
+        "step_ms": 1e3 * min(times[1:]),
+        "flavor": "debug",
+        "layout": f"{args.n_prelude_layers}+{args.n_core_layers}x{args.num_recurrences}"
+        f"+{args.n_coda_layers}, d={args.dim}",
+    }
 
 
 def main() -> None:
@@ -115,16 +122,22 @@ def main() -> None:
     try:
         pr = bench_prepare(tmp, a.repeat, cores, tokenizer)
         print(f"cores: {cores}")
-        print(f"prepare: {pr['text_mb']:.1f} MB jsonl; tiktoken encode_ordinary_batch "
-              f"{pr['tiktoken_tok_s'] / 1e6:.2f} M tok/s; prepare {pr['prepare_tok_s'] / 1e6:.2f}"
-              f" M tok/s; ratio {pr['ratio']:.2f} (target >= 0.8)")
+        print(
+            f"prepare: {pr['text_mb']:.1f} MB jsonl; tiktoken encode_ordinary_batch "
+            f"{pr['tiktoken_tok_s'] / 1e6:.2f} M tok/s; prepare {pr['prepare_tok_s'] / 1e6:.2f}"
+            f" M tok/s; ratio {pr['ratio']:.2f} (target >= 0.8)"
+        )
         ld = bench_loader(tmp, a.batches, tokenizer)
-        print(f"loader: 8 x 1024 batch, num_workers=0: mean {ld['mean_ms']:.3f} ms, "
-              f"max {ld['max_ms']:.3f} ms over {a.batches} batches")
+        print(
+            f"loader: 8 x 1024 batch, num_workers=0: mean {ld['mean_ms']:.3f} ms, "
+            f"max {ld['max_ms']:.3f} ms over {a.batches} batches"
+        )
         st = bench_step()
-        print(f"step: forward+backward of {st['flavor']} ({st['layout']}) at 8 x 1024, r = 1: "
-              f"{st['step_ms']:.0f} ms; loader/step = {100 * ld['mean_ms'] / st['step_ms']:.3f} %"
-              " (target < 1 %)")
+        print(
+            f"step: forward+backward of {st['flavor']} ({st['layout']}) at 8 x 1024, r = 1: "
+            f"{st['step_ms']:.0f} ms; loader/step = {100 * ld['mean_ms'] / st['step_ms']:.3f} %"
+            " (target < 1 %)"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

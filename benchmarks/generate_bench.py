@@ -67,8 +67,17 @@ def sync(device: str) -> None:
 class Generator:
     """Greedy decoding with a GRTCache; eager (growing cache) or compiled (static cache)."""
 
-    def __init__(self, model, strategy: str, compiled: bool, batch: int, prompt: int, new_tokens: int,
-                 device: str, backend: str = "inductor"):
+    def __init__(
+        self,
+        model,
+        strategy: str,
+        compiled: bool,
+        batch: int,
+        prompt: int,
+        new_tokens: int,
+        device: str,
+        backend: str = "inductor",
+    ):
         self.model, self.device = model, device
         self.prompt, self.new_tokens = prompt, new_tokens
         total = prompt + new_tokens
@@ -90,14 +99,16 @@ class Generator:
             self.cache = GRTCache(self.model.config, self.strategy)
         sync(self.device)
         start = time.perf_counter()
-        out = self.model(ids, past_key_values=self.cache, cache_slots=torch.arange(self.prompt, device=self.device),
-                         logits_to_keep=1)
+        out = self.model(
+            ids, past_key_values=self.cache, cache_slots=torch.arange(self.prompt, device=self.device), logits_to_keep=1
+        )
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens = [token]
         for i in range(self.new_tokens - 1):
             t = self.prompt + i
-            logits = self.step(token, past_key_values=self.cache, cache_slots=self.slots[t],
-                               position_ids=self.positions[t]).logits
+            logits = self.step(
+                token, past_key_values=self.cache, cache_slots=self.slots[t], position_ids=self.positions[t]
+            ).logits
             token = logits[:, -1].argmax(-1, keepdim=True)
             if self.compiled:
                 token = token.clone()  # CUDA graphs reuse their output buffers
@@ -107,13 +118,22 @@ class Generator:
 
 
 def measure(model, strategy, compiled, opts, batch) -> dict:
-    ids = torch.randint(0, model.config.vocab_size, (batch, opts.prompt),
-                        generator=torch.Generator().manual_seed(0)).to(opts.device)
+    ids = torch.randint(
+        0, model.config.vocab_size, (batch, opts.prompt), generator=torch.Generator().manual_seed(0)
+    ).to(opts.device)
     cuda = opts.device.startswith("cuda")
     # Memory held before this run (every model's weights, earlier CUDA graph pools) is not its own.
     held = torch.cuda.memory_allocated() if cuda else 0
-    gen = Generator(model, strategy, compiled, batch, opts.prompt, opts.new_tokens, opts.device,
-                    getattr(opts, "compile_backend", "inductor"))
+    gen = Generator(
+        model,
+        strategy,
+        compiled,
+        batch,
+        opts.prompt,
+        opts.new_tokens,
+        opts.device,
+        getattr(opts, "compile_backend", "inductor"),
+    )
     warmup_start = time.perf_counter()
     for _ in range(opts.warmup + (1 if compiled else 0)):
         gen.run(ids)
@@ -157,16 +177,20 @@ PAPER_PAIRS = (("small", "dense_small"), ("medium", "dense_medium"), ("large", "
 
 
 def print_predicted_memory(batch: int, tokens: int, strategies) -> None:
-    print(f"\nPredicted decoding memory of the paper's models (bf16 weights + KV, batch {batch}, "
-          f"{tokens} cached tokens; formula checked against measured caches in tests/hf):\n")
+    print(
+        f"\nPredicted decoding memory of the paper's models (bf16 weights + KV, batch {batch}, "
+        f"{tokens} cached tokens; formula checked against measured caches in tests/hf):\n"
+    )
     print("| GRT | KV strategy | GRT GiB | dense twin GiB | GRT / dense |")
     print("|---|---|---|---|---|")
     for grt, dense in PAPER_PAIRS:
         d_w, d_kv = predicted_bytes(grt_flavors[dense], "per_step", batch, tokens, 2)
         for strategy in strategies:
             g_w, g_kv = predicted_bytes(grt_flavors[grt], strategy, batch, tokens, 2)
-            print(f"| {grt} ({layout(grt_flavors[grt])}) | {strategy} | {(g_w + g_kv) / 2**30:.2f} | "
-                  f"{(d_w + d_kv) / 2**30:.2f} | {(g_w + g_kv) / (d_w + d_kv):.2f}x |")
+            print(
+                f"| {grt} ({layout(grt_flavors[grt])}) | {strategy} | {(g_w + g_kv) / 2**30:.2f} | "
+                f"{(d_w + d_kv) / 2**30:.2f} | {(g_w + g_kv) / (d_w + d_kv):.2f}x |"
+            )
 
 
 def layout(args: GRTModelArgs) -> str:
@@ -191,8 +215,12 @@ def main(argv=None) -> int:
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--modes", default="eager,compiled")
     p.add_argument("--memory-batch", type=int, default=32, help="batch of the memory table (0: skip)")
-    p.add_argument("--predict-tokens", type=int, default=256 + 64 - 1,
-                   help="cached tokens of the predicted-memory table (default: prompt 256 + 64 new)")
+    p.add_argument(
+        "--predict-tokens",
+        type=int,
+        default=256 + 64 - 1,
+        help="cached tokens of the predicted-memory table (default: prompt 256 + 64 new)",
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads on CPU")
@@ -209,20 +237,25 @@ def main(argv=None) -> int:
     for a in (grt_args, dense_args):
         if a.block_style == "gpt2" and max_len > a.max_seq_len:
             raise SystemExit(f"prompt + new tokens = {max_len} > max_seq_len {a.max_seq_len}")
-    device_name = torch.cuda.get_device_name() if opts.device.startswith("cuda") else (
-        f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+    device_name = (
+        torch.cuda.get_device_name()
+        if opts.device.startswith("cuda")
+        else (f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+    )
     print(f"# generate_bench {datetime.date.today()} | {device_name} | torch {torch.__version__} | {dtype}")
     print(f"# command: python benchmarks/generate_bench.py {' '.join(sys.argv[1:] if argv is None else argv)}")
-    print(f"# GRT {opts.grt} ({layout(grt_args)}, d={grt_args.dim}) vs {opts.dense} "
-          f"({layout(dense_args)}, d={dense_args.dim}); batch {opts.batch}, prompt {opts.prompt}, "
-          f"{opts.new_tokens} new tokens, greedy")
+    print(
+        f"# GRT {opts.grt} ({layout(grt_args)}, d={grt_args.dim}) vs {opts.dense} "
+        f"({layout(dense_args)}, d={dense_args.dim}); batch {opts.batch}, prompt {opts.prompt}, "
+        f"{opts.new_tokens} new tokens, greedy"
+    )
 
     rows = []
     models = {"dense": build_model(dense_args, dtype, opts.device), "grt": build_model(grt_args, dtype, opts.device)}
     for mode in modes:
         compiled = mode == "compiled"
         for name, model in models.items():
-            for strategy in (strategies if name == "grt" else ["per_step"]):
+            for strategy in strategies if name == "grt" else ["per_step"]:
                 r = measure(model, strategy, compiled, opts, opts.batch)
                 r.update(model=name, strategy=strategy if name == "grt" else "-", mode=mode)
                 rows.append(r)
@@ -231,32 +264,41 @@ def main(argv=None) -> int:
     eager_tokens = {(r["model"], r["strategy"]): r["tokens"] for r in rows if r["mode"] == "eager"}
     for r in rows:
         ref = eager_tokens.get((r["model"], r["strategy"]))
-        r["same_tokens_as_eager"] = "-" if ref is None or r["mode"] == "eager" else (
-            "yes" if torch.equal(ref, r["tokens"]) else "no")
-    header = ("| model | KV strategy | mode | latency (s) | ms/token | vs dense | weights MiB | KV MiB |"
-              " = eager tokens |")
+        r["same_tokens_as_eager"] = (
+            "-" if ref is None or r["mode"] == "eager" else ("yes" if torch.equal(ref, r["tokens"]) else "no")
+        )
+    header = (
+        "| model | KV strategy | mode | latency (s) | ms/token | vs dense | weights MiB | KV MiB | = eager tokens |"
+    )
     header += " peak MiB |" if opts.device.startswith("cuda") else ""
     print(f"\nLatency (batch {opts.batch}; min of {opts.repeats} runs):\n")
     print(header)
     print("|" + "|".join("---" for _ in range(header.count("|") - 1)) + "|")
     for r in rows:
-        line = (f"| {r['model']} | {r['strategy']} | {r['mode']} | {r['latency_s']:.3f} | {r['ms_per_token']:.2f} | "
-                f"{r['latency_s'] / dense_latency[r['mode']]:.2f}x | {mib(r['weights_bytes'])} | {mib(r['kv_bytes'])} | "
-                f"{r['same_tokens_as_eager']} |")
+        line = (
+            f"| {r['model']} | {r['strategy']} | {r['mode']} | {r['latency_s']:.3f} | {r['ms_per_token']:.2f} | "
+            f"{r['latency_s'] / dense_latency[r['mode']]:.2f}x | {mib(r['weights_bytes'])} | {mib(r['kv_bytes'])} | "
+            f"{r['same_tokens_as_eager']} |"
+        )
         if opts.device.startswith("cuda"):
             line += f" {mib(r.get('peak_bytes'))} |"
         print(line)
     compile_rows = [r for r in rows if r["mode"] == "compiled"]
     if compile_rows:
-        print("\n(compiled warm-up incl. compilation: "
-              + ", ".join(f"{r['model']}/{r['strategy']} {r['warmup_s']:.0f}s" for r in compile_rows) + ")")
+        print(
+            "\n(compiled warm-up incl. compilation: "
+            + ", ".join(f"{r['model']}/{r['strategy']} {r['warmup_s']:.0f}s" for r in compile_rows)
+            + ")"
+        )
 
     memory = []
     if opts.memory_batch:
+
         class MemOpts:  # one eager run at the memory batch
             device, prompt, new_tokens, warmup, repeats = opts.device, opts.prompt, opts.new_tokens, 0, 1
+
         for name, model in models.items():
-            for strategy in (strategies if name == "grt" else ["per_step"]):
+            for strategy in strategies if name == "grt" else ["per_step"]:
                 r = measure(model, strategy, False, MemOpts, opts.memory_batch)
                 r.update(model=name, strategy=strategy if name == "grt" else "-")
                 r["total_bytes"] = r["weights_bytes"] + r["kv_bytes"]
@@ -269,8 +311,10 @@ def main(argv=None) -> int:
         print(head)
         print("|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|")
         for r in memory:
-            line = (f"| {r['model']} | {r['strategy']} | {mib(r['weights_bytes'])} | {mib(r['kv_bytes'])} | "
-                    f"{mib(r['total_bytes'])} | {r['total_bytes'] / dense_total:.2f}x |")
+            line = (
+                f"| {r['model']} | {r['strategy']} | {mib(r['weights_bytes'])} | {mib(r['kv_bytes'])} | "
+                f"{mib(r['total_bytes'])} | {r['total_bytes'] / dense_total:.2f}x |"
+            )
             if dense_peak:
                 line += f" {mib(r['peak_bytes'])} | {r['peak_bytes'] / dense_peak:.2f}x |"
             print(line)

@@ -114,10 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     kinds = ["baseline", "off", "on"]
     times = {k: [] for k in kinds}
     observed = {True: [], False: []}
-    run_block(make_processor("baseline", jc, dims, model, optimizers), model, optimizers, batches[:3], 2, sync)  # warm-up
+    run_block(
+        make_processor("baseline", jc, dims, model, optimizers), model, optimizers, batches[:3], 2, sync
+    )  # warm-up
     step = 1
     for rnd in range(a.rounds):
-        for kind in kinds[rnd % 3:] + kinds[: rnd % 3]:
+        for kind in kinds[rnd % 3 :] + kinds[: rnd % 3]:
             proc = make_processor(kind, jc, dims, model, optimizers)
             t, logged = run_block(proc, model, optimizers, batches, step, sync)
             getattr(proc, "remove_hooks", lambda: None)()  # the next block's processor hooks itself
@@ -128,18 +130,24 @@ def main(argv: list[str] | None = None) -> None:
             step += a.steps  # blocks continue the step count, so log steps rotate
     base = statistics.mean(times["baseline"])
     base_median = statistics.median(times["baseline"])
-    print(f"flavor {a.flavor}, batch {a.batch} x seq {a.seq_len}, device {a.device}, log_freq {a.log_freq}, "
-          f"{a.rounds} rounds x {a.steps} steps per configuration, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"flavor {a.flavor}, batch {a.batch} x seq {a.seq_len}, device {a.device}, log_freq {a.log_freq}, "
+        f"{a.rounds} rounds x {a.steps} steps per configuration, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
     for kind in kinds:
         m, med = statistics.mean(times[kind]), statistics.median(times[kind])
-        print(f"  {kind:8s} mean step {1000 * m:8.2f} ms  median {1000 * med:8.2f} ms"
-              f"  ratio to baseline: mean {m / base:.3f}, median {med / base_median:.3f}")
+        print(
+            f"  {kind:8s} mean step {1000 * m:8.2f} ms  median {1000 * med:8.2f} ms"
+            f"  ratio to baseline: mean {m / base:.3f}, median {med / base_median:.3f}"
+        )
     if observed[True] and observed[False]:
-        print(f"  on: observed (logged) steps {1000 * statistics.mean(observed[True]):.2f} ms vs other steps "
-              f"{1000 * statistics.mean(observed[False]):.2f} ms "
-              f"(ratio {statistics.mean(observed[True]) / statistics.mean(observed[False]):.3f}, "
-              f"includes the log call)")
+        print(
+            f"  on: observed (logged) steps {1000 * statistics.mean(observed[True]):.2f} ms vs other steps "
+            f"{1000 * statistics.mean(observed[False]):.2f} ms "
+            f"(ratio {statistics.mean(observed[True]) / statistics.mean(observed[False]):.3f}, "
+            f"includes the log call)"
+        )
 
 
 if __name__ == "__main__":

@@ -32,9 +32,18 @@ from tests.cases import PAPER_CONFIGS, cpu_scale_overrides, paper_configs, stati
 
 def train_row(path: Path, steps: int, out: Path, seed: int = 0, nproc: int = 2) -> tuple[int, float, str]:
     """(exit code, seconds, output tail) of one row's training run."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--local-ranks-filter=0",
-           "-m", "grt_titan.train", *cpu_scale_overrides(path, steps, out / path.stem, seed)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=localhost:0",
+        "--local-ranks-filter=0",
+        "-m",
+        "grt_titan.train",
+        *cpu_scale_overrides(path, steps, out / path.stem, seed),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
@@ -47,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="run folders (default: a temp dir)")
-    parser.add_argument("--static", action="store_true",
-                        help="print the rows' architecture columns at paper scale (no training)")
+    parser.add_argument(
+        "--static", action="store_true", help="print the rows' architecture columns at paper scale (no training)"
+    )
     args = parser.parse_args(argv)
     if args.static:
         print(static_table(sorted({p for pattern in args.rows for p in paper_configs(pattern)})))
@@ -69,13 +79,20 @@ def main(argv: list[str] | None = None) -> int:
     # Table 1's rows, then figure 5's ladder in rung order (a table of its own, and the PNG).
     for name, runs, extra in (
         ("table1", [p for p in trained if not p.stem.startswith("ladder_")], ["--csv", str(out / "table1.csv")]),
-        ("ladder", [p for p in trained if p.stem.startswith("ladder_")],
-         ["--csv", str(out / "ladder.csv"), "--ladder-png", str(out / "ladder.png")]),
+        (
+            "ladder",
+            [p for p in trained if p.stem.startswith("ladder_")],
+            ["--csv", str(out / "ladder.csv"), "--ladder-png", str(out / "ladder.png")],
+        ),
     ):
         if not runs:
             continue
-        table = subprocess.run([sys.executable, "-m", "grt_titan.cli", "table", *(str(out / p.stem) for p in runs),
-                                *extra], cwd=REPO, capture_output=True, text=True)
+        table = subprocess.run(
+            [sys.executable, "-m", "grt_titan.cli", "table", *(str(out / p.stem) for p in runs), *extra],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         print(f"\n{name}:\n{table.stdout}{table.stderr}")
         codes.append(table.returncode)
     return 1 if failed or any(codes) else 0

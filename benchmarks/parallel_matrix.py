@@ -37,17 +37,20 @@ STEP_LINE = re.compile(r"step:\s*1\s+loss:\s*([0-9.]+)")
 def run_case(name: str, dump_folder: str) -> dict:
     """One combination: its step-1 loss, or the last line of its error."""
     if not runnable_here(name):
-        return {"name": name, "returncode": None, "loss": None, "seconds": 0.0, "error": EMULATION_LIMIT,
-                "output": ""}
+        return {"name": name, "returncode": None, "loss": None, "seconds": 0.0, "error": EMULATION_LIMIT, "output": ""}
     start = time.perf_counter()
-    proc = launch("grt_titan.train", matrix_case_args(name, dump_folder), fake_backend_env(MATRIX_WORLD_SIZE),
-                  timeout=900)
+    proc = launch(
+        "grt_titan.train", matrix_case_args(name, dump_folder), fake_backend_env(MATRIX_WORLD_SIZE), timeout=900
+    )
     output = proc.stdout + proc.stderr
     match = STEP_LINE.search(re.sub(r"\x1b\[[0-9;]*m", "", output))
     lines = [line for line in output.splitlines() if "Error" in line]
     return {
-        "name": name, "returncode": proc.returncode, "loss": float(match.group(1)) if match else None,
-        "seconds": time.perf_counter() - start, "error": lines[-1].strip() if lines else "",
+        "name": name,
+        "returncode": proc.returncode,
+        "loss": float(match.group(1)) if match else None,
+        "seconds": time.perf_counter() - start,
+        "error": lines[-1].strip() if lines else "",
         "output": output,
     }
 
@@ -65,8 +68,10 @@ def main() -> int:
     for result in results:
         tp, compiled, ac, float8 = MATRIX_CASES[result["name"]]
         ok = result["returncode"] == 0 and result["loss"] is not None
-        print(f"| {tp} | {MATRIX_WORLD_SIZE // tp} | {'on' if compiled else 'off'} | {ac} | {'on' if float8 else 'off'} "
-              f"| {result['loss'] if ok else '-'} | {result['seconds']:.0f} | {'ok' if ok else result['error']} |")
+        print(
+            f"| {tp} | {MATRIX_WORLD_SIZE // tp} | {'on' if compiled else 'off'} | {ac} | {'on' if float8 else 'off'} "
+            f"| {result['loss'] if ok else '-'} | {result['seconds']:.0f} | {'ok' if ok else result['error']} |"
+        )
     skipped = [r["name"] for r in results if r["returncode"] is None]
     failed = [r["name"] for r in results if r["returncode"] is not None and (r["returncode"] or r["loss"] is None)]
     print(f"{len(results) - len(failed) - len(skipped)} passed, {len(failed)} failed, {len(skipped)} skipped")

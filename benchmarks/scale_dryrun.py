@@ -45,16 +45,26 @@ def worker(config: str, world: int, shard: int, replicate: int, tp: int, seq_len
     from grt_titan.infra.comm_stats import CollectiveCounter
 
     argv = [
-        "--job.config_file", f"train_configs/{config}.toml",
-        "--job.dump_folder", f"/tmp/grt_dryrun/{config}_{world}",
-        "--comm.mode", "fake_backend",
-        "--parallelism.data_parallel_shard_degree", str(shard),
-        "--parallelism.data_parallel_replicate_degree", str(replicate),
-        "--parallelism.tensor_parallel_degree", str(tp),
-        "--training.local_batch_size", "1",
-        "--training.global_batch_size", "-1",
-        "--training.seq_len", str(seq_len),
-        "--training.steps", "1",
+        "--job.config_file",
+        f"train_configs/{config}.toml",
+        "--job.dump_folder",
+        f"/tmp/grt_dryrun/{config}_{world}",
+        "--comm.mode",
+        "fake_backend",
+        "--parallelism.data_parallel_shard_degree",
+        str(shard),
+        "--parallelism.data_parallel_replicate_degree",
+        str(replicate),
+        "--parallelism.tensor_parallel_degree",
+        str(tp),
+        "--training.local_batch_size",
+        "1",
+        "--training.global_batch_size",
+        "-1",
+        "--training.seq_len",
+        str(seq_len),
+        "--training.steps",
+        "1",
         "--compile.no-enable",
         "--validation.no-enable",
         "--checkpoint.no-enable",
@@ -75,7 +85,10 @@ def worker(config: str, world: int, shard: int, replicate: int, tp: int, seq_len
     with CollectiveCounter() as counter:
         trainer.train_step(batches)
     optimizer_states = [
-        v for opt in trainer.optimizers.optimizers for s in opt.state.values() for v in s.values()
+        v
+        for opt in trainer.optimizers.optimizers
+        for s in opt.state.values()
+        for v in s.values()
         if isinstance(v, torch.Tensor) and v.dim() > 0
     ]
     return {
@@ -89,8 +102,10 @@ def worker(config: str, world: int, shard: int, replicate: int, tp: int, seq_len
         "all_gather": [counter.counts["all_gather"], counter.bytes["all_gather"]],
         "reduce_scatter": [counter.counts["reduce_scatter"], counter.bytes["reduce_scatter"]],
         "all_reduce": [counter.counts["all_reduce"], counter.bytes["all_reduce"]],
-        "tp": [sum(v for k, v in counter.counts.items() if k.startswith("tp.")),
-               sum(v for k, v in counter.bytes.items() if k.startswith("tp."))],
+        "tp": [
+            sum(v for k, v in counter.counts.items() if k.startswith("tp.")),
+            sum(v for k, v in counter.bytes.items() if k.startswith("tp.")),
+        ],
     }
 
 
@@ -98,12 +113,14 @@ def run_layout(spec: str, seq_len: int) -> dict:
     config, world, shard, replicate, tp = spec.split(":")
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", spec, "--seq-len", str(seq_len)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"layout {spec} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def mib(n: int) -> str:
@@ -112,9 +129,15 @@ def mib(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layouts", nargs="*", default=DEFAULT_LAYOUTS,
-                        help="config:world:fsdp:replicate:tp entries (default: the docs table)")
-    parser.add_argument("--seq-len", type=int, default=256, help="sequence length of the step (sizes of weights do not depend on it)")
+    parser.add_argument(
+        "--layouts",
+        nargs="*",
+        default=DEFAULT_LAYOUTS,
+        help="config:world:fsdp:replicate:tp entries (default: the docs table)",
+    )
+    parser.add_argument(
+        "--seq-len", type=int, default=256, help="sequence length of the step (sizes of weights do not depend on it)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -122,15 +145,19 @@ def main(argv: list[str] | None = None) -> int:
         result = worker(config, int(world), int(shard), int(replicate), int(tp), args.seq_len)
         print("RESULT " + json.dumps(result), flush=True)
         return 0
-    print("| config | ranks | layout | params MiB/rank | grads MiB/rank | optimizer MiB/rank "
-          "| FSDP all-gathers (MiB) | FSDP reduce-scatters (MiB) | TP collectives (MiB) |")
+    print(
+        "| config | ranks | layout | params MiB/rank | grads MiB/rank | optimizer MiB/rank "
+        "| FSDP all-gathers (MiB) | FSDP reduce-scatters (MiB) | TP collectives (MiB) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for spec in args.layouts:
         r = run_layout(spec, args.seq_len)
-        print(f"| {r['config']} | {r['world']} | {r['layout']} | {mib(r['param_bytes'])} | {mib(r['grad_bytes'])} "
-              f"| {mib(r['optimizer_bytes'])} | {r['all_gather'][0]} ({mib(r['all_gather'][1])}) "
-              f"| {r['reduce_scatter'][0]} ({mib(r['reduce_scatter'][1])}) | {r['tp'][0]} ({mib(r['tp'][1])}) |",
-              flush=True)
+        print(
+            f"| {r['config']} | {r['world']} | {r['layout']} | {mib(r['param_bytes'])} | {mib(r['grad_bytes'])} "
+            f"| {mib(r['optimizer_bytes'])} | {r['all_gather'][0]} ({mib(r['all_gather'][1])}) "
+            f"| {r['reduce_scatter'][0]} ({mib(r['reduce_scatter'][1])}) | {r['tp'][0]} ({mib(r['tp'][1])}) |",
+            flush=True,
+        )
     return 0
 
 

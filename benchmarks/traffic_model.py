@@ -33,8 +33,11 @@ def fsdp_bytes(p: dict[str, int], core_gathers: int = 1) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pairs", nargs="*", default=["large:dense_large", "medium:dense_medium", "small:dense_small",
-                                                       "llama_1b:dense_llama_1b"])
+    parser.add_argument(
+        "--pairs",
+        nargs="*",
+        default=["large:dense_large", "medium:dense_medium", "small:dense_small", "llama_1b:dense_llama_1b"],
+    )
     opts = parser.parse_args()
     print("| GRT | dense twin | GRT GB/step | dense GB/step | ratio per step | ratio per FLOP at r = R |")
     print("|---|---|---|---|---|---|")

@@ -79,11 +79,12 @@ def main(argv=None) -> None:
                 times[(d, v)].append(time_head(*cases[(d, v)], sync))
 
     device_name = torch.cuda.get_device_name() if cuda else f"cpu, {torch.get_num_threads()} threads"
-    print(f"# LM head fwd+bwd + cross entropy: {batch} x {seq_len} = {tokens} tokens, {dtype}, "
-          f"{device_name}, torch {torch.__version__}, tp {a.tp} (rows {rows[VOCABS[0]]} vs "
-          f"{rows[VOCABS[1]]}), median of {a.repeats} interleaved repeats")
-    print(f"{'d':>6} {'V=' + str(VOCABS[0]) + ' ms':>14} {'V=' + str(VOCABS[1]) + ' ms':>14} "
-          f"{'padded/unpadded':>16}")
+    print(
+        f"# LM head fwd+bwd + cross entropy: {batch} x {seq_len} = {tokens} tokens, {dtype}, "
+        f"{device_name}, torch {torch.__version__}, tp {a.tp} (rows {rows[VOCABS[0]]} vs "
+        f"{rows[VOCABS[1]]}), median of {a.repeats} interleaved repeats"
+    )
+    print(f"{'d':>6} {'V=' + str(VOCABS[0]) + ' ms':>14} {'V=' + str(VOCABS[1]) + ' ms':>14} {'padded/unpadded':>16}")
     for d in dims:
         base, padded = (statistics.median(times[(d, v)]) * 1e3 for v in VOCABS)
         # The padded head does 0.09% more FLOPs (47 columns): a ratio below 1 is a speed-up.

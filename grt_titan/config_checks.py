@@ -52,9 +52,7 @@ class Flavors(dict):
     """The spec's `model_args`: a dict whose missing keys name the allowed flavors."""
 
     def __missing__(self, key):
-        raise UnknownFlavorError(
-            f"[model] flavor = {key!r} is not a grt flavor; allowed: {', '.join(sorted(self))}"
-        )
+        raise UnknownFlavorError(f"[model] flavor = {key!r} is not a grt flavor; allowed: {', '.join(sorted(self))}")
 
 
 def _sections(config, prefix: str = ""):
@@ -285,8 +283,7 @@ def _float8_problems(job_config, args) -> list[str]:
     for fqn, module in model.named_modules():
         # The LM head (vocabulary rows), Ouro's exit gate (one output) and MoR's routers (d -> 1,
         # a dot product per token) stay in high precision.
-        if (not isinstance(module, nn.Linear) or fqn in ("output", "exit_gate")
-                or fqn.startswith("recurrence.router.")):
+        if not isinstance(module, nn.Linear) or fqn in ("output", "exit_gate") or fqn.startswith("recurrence.router."):
             continue
         if any(f in fqn for f in filter_fqns):
             continue
@@ -315,14 +312,10 @@ def _converter_problems(job_config) -> list[str]:
             continue
         # "float8" -> "quantize.linear.float8": same last component, linear before grouped_mm.
         tail = str(name).rsplit(".", 1)[-1]
-        close = sorted((r for r in registered if r.rsplit(".", 1)[-1] == tail),
-                       key=lambda r: ".linear." not in r)
+        close = sorted((r for r in registered if r.rsplit(".", 1)[-1] == tail), key=lambda r: ".linear." not in r)
         close = close or difflib.get_close_matches(str(name), registered, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        problems.append(
-            f"[model] converters: unknown converter {name!r}{hint}; "
-            f"allowed: {', '.join(registered)}"
-        )
+        problems.append(f"[model] converters: unknown converter {name!r}{hint}; allowed: {', '.join(registered)}")
     return problems
 
 
@@ -354,10 +347,12 @@ def _resume_problems(job_config) -> list[str]:
     path = os.path.join(folder, f"step-{step}")
     if not wanted or _saved_states(path) != set():
         return []
-    full = next((s for s in sorted(steps, reverse=True)
-                 if s < step and _saved_states(os.path.join(folder, f"step-{s}"))), None)
-    earlier = "" if full is None else (
-        f"resume from the newest full checkpoint with --checkpoint.load_step {full}, or ")
+    full = next(
+        (s for s in sorted(steps, reverse=True) if s < step and _saved_states(os.path.join(folder, f"step-{s}"))), None
+    )
+    earlier = (
+        "" if full is None else (f"resume from the newest full checkpoint with --checkpoint.load_step {full}, or ")
+    )
     return [
         f"[checkpoint] last_save_model_only: {path} holds only the model weights (torchtitan "
         "saves the last step model-only while last_save_model_only = true), so the run cannot "
@@ -389,8 +384,7 @@ def _dataset_problems(job_config) -> list[str]:
         if cfg.dataset == DEFAULT_DATASET:
             continue  # prepared on first use, at dataset_path or in the cache
         key, value = (
-            (f"[{name}] dataset_path", cfg.dataset_path) if cfg.dataset_path
-            else (f"[{name}] dataset", cfg.dataset)
+            (f"[{name}] dataset_path", cfg.dataset_path) if cfg.dataset_path else (f"[{name}] dataset", cfg.dataset)
         )
         if not value:
             problems.append(f"{key} is empty; allowed: {DEFAULT_DATASET!r} or a folder made by `grt-titan prepare`")
@@ -415,8 +409,12 @@ def _training_problems(job_config) -> list[str]:
         ("[optimizer] weight_decay", o.weight_decay, o.weight_decay >= 0, ">= 0"),
         ("[lr_scheduler] warmup_steps", s.warmup_steps, s.warmup_steps >= 0, ">= 0"),
         ("[lr_scheduler] min_lr_factor", s.min_lr_factor, 0 <= s.min_lr_factor <= 1, "[0, 1]"),
-        ("[lr_scheduler] decay_ratio", s.decay_ratio,
-         s.decay_ratio is None or 0 <= s.decay_ratio <= 1, "unset or [0, 1]"),
+        (
+            "[lr_scheduler] decay_ratio",
+            s.decay_ratio,
+            s.decay_ratio is None or 0 <= s.decay_ratio <= 1,
+            "unset or [0, 1]",
+        ),
         ("[metrics] log_freq", job_config.metrics.log_freq, job_config.metrics.log_freq >= 1, ">= 1"),
     ]
     v = job_config.validation
@@ -429,10 +427,18 @@ def _training_problems(job_config) -> list[str]:
     if c.enable:
         checks += [
             ("[checkpoint] interval", c.interval, c.interval >= 1, ">= 1"),
-            ("[checkpoint] keep_latest_k", c.keep_latest_k, c.keep_latest_k == 0 or c.keep_latest_k >= 2,
-             "0 (keep all) or >= 2 (the newest may be half-written)"),
-            ("[checkpoint] last_save_in_hf", c.last_save_in_hf, not c.last_save_in_hf or c.last_save_model_only,
-             "true only with last_save_model_only = true"),
+            (
+                "[checkpoint] keep_latest_k",
+                c.keep_latest_k,
+                c.keep_latest_k == 0 or c.keep_latest_k >= 2,
+                "0 (keep all) or >= 2 (the newest may be half-written)",
+            ),
+            (
+                "[checkpoint] last_save_in_hf",
+                c.last_save_in_hf,
+                not c.last_save_in_hf or c.last_save_model_only,
+                "true only with last_save_model_only = true",
+            ),
         ]
     spike = getattr(job_config, "loss_spike", None)
     if spike is not None and spike.enable:
@@ -441,13 +447,18 @@ def _training_problems(job_config) -> list[str]:
             ("[loss_spike] window", spike.window, spike.window >= 1, ">= 1"),
             ("[loss_spike] skip_batches", spike.skip_batches, spike.skip_batches >= 1, ">= 1"),
             ("[loss_spike] max_rewinds", spike.max_rewinds, spike.max_rewinds >= 0, ">= 0"),
-            ("[loss_spike] enable", spike.enable, c.enable,
-             "false unless [checkpoint] enable = true (a rewind resumes from the last checkpoint)"),
+            (
+                "[loss_spike] enable",
+                spike.enable,
+                c.enable,
+                "false unless [checkpoint] enable = true (a rewind resumes from the last checkpoint)",
+            ),
         ]
     d = getattr(job_config, "data", None)
     if d is not None:
-        checks.append(("[data] default_val_fraction", d.default_val_fraction,
-                       0 <= d.default_val_fraction < 1, "[0, 1)"))
+        checks.append(
+            ("[data] default_val_fraction", d.default_val_fraction, 0 <= d.default_val_fraction < 1, "[0, 1)")
+        )
     return [f"{key} = {value!r} is invalid; allowed: {allowed}" for key, value, ok, allowed in checks if not ok]
 
 

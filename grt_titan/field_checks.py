@@ -41,8 +41,7 @@ def _scalar_types(annotation) -> tuple[type, ...] | None:
 
 def _list_item_types(annotation) -> tuple[tuple[type, ...], bool] | None:
     """((item types), None allowed) for `list[X]` or `list[X] | None` with X scalar, else None."""
-    args = (typing.get_args(annotation) if typing.get_origin(annotation) in (Union, types.UnionType)
-            else (annotation,))
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (Union, types.UnionType) else (annotation,)
     lists = [a for a in args if typing.get_origin(a) is list]
     if len(lists) != 1 or any(a is not type(None) and a not in lists for a in args):
         return None
@@ -76,8 +75,7 @@ def _type_name(allowed: tuple[type, ...]) -> str:
     return " or ".join("unset" if t is type(None) else t.__name__ for t in allowed)
 
 
-def field_problems(obj, where: str, hints: dict[str, Any] | None = None,
-                   only_changed: bool = False) -> list[str]:
+def field_problems(obj, where: str, hints: dict[str, Any] | None = None, only_changed: bool = False) -> list[str]:
     """Type, Literal-choice and finiteness problems of a dataclass's scalar fields.
 
     torchtitan checks command-line values (tyro) but not TOML ones; this covers both.
@@ -111,9 +109,7 @@ def field_problems(obj, where: str, hints: dict[str, Any] | None = None,
                 problems.append(f"{where} {f.name} = {value!r} is invalid; allowed: {problem}")
             continue
         if not _type_ok(value, allowed_types):
-            problems.append(
-                f"{where} {f.name} = {value!r} is invalid; allowed: {_type_name(allowed_types)}"
-            )
+            problems.append(f"{where} {f.name} = {value!r} is invalid; allowed: {_type_name(allowed_types)}")
         elif isinstance(value, float) and not math.isfinite(value):
             problems.append(f"{where} {f.name} = {value!r} is invalid; allowed: a finite number")
     return problems

@@ -8,7 +8,6 @@ defaults to None, meaning "keep the flavor's value"; set values are validated at
 by `GRTModelArgs.update_from_config`, with the key named in the error.
 """
 
-
 from dataclasses import dataclass, field
 from typing import Literal
 

@@ -43,8 +43,9 @@ def _mark_trained(ax, x: Sequence[float], y: Sequence[float], depths: Sequence[i
     beyond = [i for i, r in enumerate(depths) if r > trained_depth]
     ax.plot([x[i] for i in inside], [y[i] for i in inside], "o-", color="C0", label=f"r <= R = {trained_depth}")
     if beyond:
-        ax.plot([x[i] for i in beyond], [y[i] for i in beyond], "o", mfc="none", color="C3",
-                label="r > R (extrapolation)")
+        ax.plot(
+            [x[i] for i in beyond], [y[i] for i in beyond], "o", mfc="none", color="C3", label="r > R (extrapolation)"
+        )
     for xi, yi, r in zip(x, y, depths):
         ax.annotate(f"r={r}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
 
@@ -75,9 +76,7 @@ def early_exit_figure(
     return fig
 
 
-def convergence_figure(
-    depths: Sequence[int], loss: Sequence[float], kl: Sequence[float], final_depth: int
-) -> Figure:
+def convergence_figure(depths: Sequence[int], loss: Sequence[float], kl: Sequence[float], final_depth: int) -> Figure:
     """Figure 9: (a) loss at each recurrence step r (0 = prelude only), (b) KL to the final step."""
     fig, (ax_loss, ax_kl) = _figure(2)
     _mark_trained(ax_loss, depths, loss, depths, final_depth)
@@ -108,8 +107,15 @@ def gate_figure(
     (c) effective openness rho."""
     fig, (ax_mean, ax_sat, ax_rho) = _figure(3, width=4.0)
     for (lo, hi), alpha in (((0.05, 0.95), 0.2), ((0.25, 0.75), 0.4)):
-        ax_mean.fill_between(steps, quantiles[lo], quantiles[hi], color="C0", alpha=alpha, linewidth=0,
-                             label=f"{round(100 * lo)}-{round(100 * hi)} %")
+        ax_mean.fill_between(
+            steps,
+            quantiles[lo],
+            quantiles[hi],
+            color="C0",
+            alpha=alpha,
+            linewidth=0,
+            label=f"{round(100 * lo)}-{round(100 * hi)} %",
+        )
     ax_mean.plot(steps, quantiles[0.5], "-", color="C0", label="median")
     ax_mean.plot(steps, mean, "o", color="C3", label="mean")
     low = min(quantiles[0.05], default=0.0)
@@ -166,8 +172,9 @@ def gate_heatmap_figure(prompts: Sequence[dict]) -> Figure:
     """
     n = max(len(prompts), 1)
     width = max(6.0, 0.45 * max((len(p["tokens"]) for p in prompts), default=8) + 2)
-    fig, axes = _figure(1, width=width, height=2.2 + 0.25 * max((len(p["gate_mean"]) for p in prompts), default=4),
-                        nrows=n)
+    fig, axes = _figure(
+        1, width=width, height=2.2 + 0.25 * max((len(p["gate_mean"]) for p in prompts), default=4), nrows=n
+    )
     vmin = min((min(min(row) for row in p["gate_mean"]) for p in prompts if p["gate_mean"]), default=0.0)
     vmax = max((max(max(row) for row in p["gate_mean"]) for p in prompts if p["gate_mean"]), default=1.0)
     image = None

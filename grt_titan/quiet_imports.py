@@ -40,8 +40,9 @@ class _TorchaoImportNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == _TORCHAO_LOGGER:
             message = record.getMessage()
-            return not (message.startswith("Failed to load ")
-                        and any(name in message for name in TORCHAO_CUDA_LIBRARIES))
+            return not (
+                message.startswith("Failed to load ") and any(name in message for name in TORCHAO_CUDA_LIBRARIES)
+            )
         if record.name == _PYTREE_LOGGER and _ENUM_DEPRECATION in str(record.msg):
             cls = record.args[0] if isinstance(record.args, tuple) and record.args else None
             return not (isinstance(cls, type) and cls.__module__.split(".")[0] == "torchao")

@@ -39,8 +39,9 @@ def method_label(model_args: GRTModelArgs) -> str:
     return getattr(model_args, "method_name", "GRT" if model_args.is_recurrent else "dense")
 
 
-def build_run_record(job_config, model_args: GRTModelArgs, world_size: int | None = None,
-                     batch_degree: int | None = None) -> dict[str, Any]:
+def build_run_record(
+    job_config, model_args: GRTModelArgs, world_size: int | None = None, batch_degree: int | None = None
+) -> dict[str, Any]:
     """The record of a job (`batch_degree`: data-parallel ranks, dp_replicate x dp_shard).
 
     Without the job's sizes (a record rebuilt from a TOML after the run, `grt-titan table
@@ -119,8 +120,7 @@ def model_args_from_record(record: dict[str, Any], source: str | Path) -> GRTMod
     for name in sorted(set(fields) - set(saved)):
         f = fields[name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        print(f"{source}: model_args has no {name!r} (an older record); using the default {default!r}",
-              file=sys.stderr)
+        print(f"{source}: model_args has no {name!r} (an older record); using the default {default!r}", file=sys.stderr)
     args = GRTModelArgs(**saved)
     args.validate(where=f"{source}: model_args")
     return args

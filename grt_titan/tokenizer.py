@@ -22,9 +22,7 @@ GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9
 """sha256 of the shipped rank file (openai-whisper 20250625, whisper/assets/gpt2.tiktoken)."""
 
 # tiktoken's own "gpt2" definition (tiktoken_ext/openai_public.py).
-GPT2_PAT_STR = (
-    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-)
+GPT2_PAT_STR = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 ENDOFTEXT = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
 
@@ -38,9 +36,7 @@ def _load_ranks(path: Path, data: bytes) -> dict[bytes, int]:
             token, rank = line.split()
             ranks[a2b_base64(token)] = int(rank)
         except ValueError as e:  # includes binascii.Error
-            raise ValueError(
-                f"{path}:{lineno}: not a tiktoken rank line ('<base64> <rank>'): {line[:80]!r}"
-            ) from e
+            raise ValueError(f"{path}:{lineno}: not a tiktoken rank line ('<base64> <rank>'): {line[:80]!r}") from e
     if not ranks:
         raise ValueError(f"{path}: empty tiktoken rank file")
     if sorted(ranks.values()) != list(range(len(ranks))):
@@ -62,9 +58,7 @@ class GPT2Tokenizer(BaseTokenizer):
         sha256: sha256 of the rank file; token shards record it (docs/data.md).
     """
 
-    def __init__(
-        self, tokenizer_path: str | os.PathLike | None = None, expected_sha256: str | None = None
-    ):
+    def __init__(self, tokenizer_path: str | os.PathLike | None = None, expected_sha256: str | None = None):
         super().__init__()
         path = Path(tokenizer_path) if tokenizer_path is not None else GPT2_TIKTOKEN_PATH
         if tokenizer_path is None:
@@ -105,9 +99,7 @@ class GPT2Tokenizer(BaseTokenizer):
             ids.append(self.eos_id)
         return ids
 
-    def encode_batch(
-        self, texts: list[str], num_threads: int = 8, add_eos: bool = False
-    ) -> list[list[int]]:
+    def encode_batch(self, texts: list[str], num_threads: int = 8, add_eos: bool = False) -> list[list[int]]:
         """Encodes many texts on ``num_threads`` threads (tiktoken releases the GIL)."""
         out = self._encoding.encode_ordinary_batch(texts, num_threads=num_threads)
         if add_eos:

@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
 
     init_logger()
     quiet_other_ranks()
-    logger.info("torchtitan version: %s (0.0.0 means __version__ is not defined correctly).",
-                torchtitan.__version__)
+    logger.info("torchtitan version: %s (0.0.0 means __version__ is not defined correctly).", torchtitan.__version__)
     config = ConfigManager().parse_args(sys.argv[1:] if argv is None else list(argv))
     trainer = None
     try:
@@ -86,8 +85,9 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
             logger.info("Local tensor mode enabled - skipping training execution")
             return
         if config.checkpoint.create_seed_checkpoint:
-            assert int(os.environ["WORLD_SIZE"]) == 1, \
+            assert int(os.environ["WORLD_SIZE"]) == 1, (
                 "Must create seed checkpoint using a single device, to disable sharding."
+            )
             assert config.checkpoint.enable, "Must enable checkpointing when creating a seed checkpoint."
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")

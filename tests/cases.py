@@ -31,8 +31,10 @@ PARITY_LAYOUTS = {
     "ddp2": (2, {"dp": 2, "data_parallel_shard_degree": 1, "data_parallel_replicate_degree": 2}),
     # Checkpointing each recurrence step is held to the golden losses with noise on
     # (tests/infra/test_golden_losses.py), a stronger check than this noise-free parity.
-    "fsdp2_ac_op_sac": (2, {"args": ["--activation_checkpoint.mode", "selective",
-                                     "--activation_checkpoint.selective_ac_option", "op"]}),
+    "fsdp2_ac_op_sac": (
+        2,
+        {"args": ["--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"]},
+    ),
 }
 
 MATRIX_WORLD_SIZE = 8
@@ -42,7 +44,9 @@ AC_ARGS = {
     "full": ["--activation_checkpoint.mode", "full"],
 }
 FLOAT8_ARGS = [
-    "--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",
+    "--model.converters",
+    "quantize.linear.float8",
+    "--quantize.linear.float8.emulate",
     "--quantize.linear.float8.enable_fsdp_float8_all_gather",
     "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
 ]
@@ -60,13 +64,28 @@ def matrix_case_args(name: str, dump_folder: str, compile_backend: str = "induct
     """grt_debug (d = 128, 4 heads) at sequence 64, one bf16 step, in the case's layout."""
     tp, compiled, ac, float8 = MATRIX_CASES[name]
     args = [
-        "--comm.mode", "fake_backend",
-        "--job.config_file", "train_configs/grt_debug.toml", "--job.dump_folder", dump_folder,
-        "--training.steps", "1", "--training.seq_len", "64", "--training.local_batch_size", "2",
-        "--training.mixed_precision_param", "bfloat16",
-        "--parallelism.data_parallel_shard_degree", str(MATRIX_WORLD_SIZE // tp),
-        "--parallelism.tensor_parallel_degree", str(tp),
-        "--validation.no-enable", "--metrics.no-enable-tensorboard", "--metrics.log_freq", "1",
+        "--comm.mode",
+        "fake_backend",
+        "--job.config_file",
+        "train_configs/grt_debug.toml",
+        "--job.dump_folder",
+        dump_folder,
+        "--training.steps",
+        "1",
+        "--training.seq_len",
+        "64",
+        "--training.local_batch_size",
+        "2",
+        "--training.mixed_precision_param",
+        "bfloat16",
+        "--parallelism.data_parallel_shard_degree",
+        str(MATRIX_WORLD_SIZE // tp),
+        "--parallelism.tensor_parallel_degree",
+        str(tp),
+        "--validation.no-enable",
+        "--metrics.no-enable-tensorboard",
+        "--metrics.log_freq",
+        "1",
         *AC_ARGS[ac],
     ]
     if compiled:
@@ -105,16 +124,41 @@ def cpu_scale_overrides(path: Path, steps: int, dump_folder: Path, seed: int = 0
         raise ValueError(f"{path}: flavor {flavor!r} has no debug-size counterpart; known: {sorted(DEBUG_FLAVOR)}")
     debug_flavor, recurrences = DEBUG_FLAVOR[flavor]
     args = [
-        "--job.config_file", str(path), "--job.dump_folder", str(dump_folder),
-        "--model.flavor", debug_flavor,
-        "--training.steps", str(steps), "--training.seq_len", "64",
-        "--training.local_batch_size", "4", "--training.global_batch_size", "8",
-        "--training.mixed_precision_param", "float32", "--debug.seed", str(seed),
-        "--lr_scheduler.warmup_steps", str(max(1, steps // 10)),
-        "--compile.no-enable", "--activation_checkpoint.mode", "none", "--checkpoint.no-enable",
-        "--metrics.log_freq", "10", "--metrics.enable-tensorboard",
-        "--validation.freq", str(steps), "--validation.steps", "4",
-        "--validation.local_batch_size", "4", "--validation.seq_len", "64",
+        "--job.config_file",
+        str(path),
+        "--job.dump_folder",
+        str(dump_folder),
+        "--model.flavor",
+        debug_flavor,
+        "--training.steps",
+        str(steps),
+        "--training.seq_len",
+        "64",
+        "--training.local_batch_size",
+        "4",
+        "--training.global_batch_size",
+        "8",
+        "--training.mixed_precision_param",
+        "float32",
+        "--debug.seed",
+        str(seed),
+        "--lr_scheduler.warmup_steps",
+        str(max(1, steps // 10)),
+        "--compile.no-enable",
+        "--activation_checkpoint.mode",
+        "none",
+        "--checkpoint.no-enable",
+        "--metrics.log_freq",
+        "10",
+        "--metrics.enable-tensorboard",
+        "--validation.freq",
+        str(steps),
+        "--validation.steps",
+        "4",
+        "--validation.local_batch_size",
+        "4",
+        "--validation.seq_len",
+        "64",
     ]
     if recurrences is not None:
         args += ["--grt.num_recurrences", str(recurrences)]
@@ -123,15 +167,30 @@ def cpu_scale_overrides(path: Path, steps: int, dump_folder: Path, seed: int = 0
 
 # Table 1's published columns per row (the paper's text): stored params and validation loss.
 PAPER_TABLE1 = {
-    "small_dense": ("124M", 3.15), "small_mor": ("36M", 3.30), "small_poisson": ("36M", 3.23),
-    "small_ouro": ("36M", 3.19), "small_rrt": ("36M+LoRA", 3.14), "small_grt": ("36M", 3.14),
-    "medium_dense": ("354M", 2.84), "medium_mor": ("124M", 3.02), "medium_poisson": ("124M", 2.97),
-    "medium_ouro": ("124M", 2.93), "medium_rrt": ("124M+LoRA", 2.95), "medium_grt": ("124M", 2.89),
-    "large_dense": ("774M", 2.71), "large_mor": ("288M", 2.91), "large_poisson": ("288M", 2.93),
-    "large_ouro": ("288M", 2.82), "large_rrt": ("288M+LoRA", 2.85), "large_grt": ("288M", 2.77),
-    "medium_isoparams_mor": ("354M", 2.78), "medium_isoparams_poisson": ("354M", 2.74),
-    "medium_isoparams_grt": ("354M", 2.76), "large_isoparams_mor": ("774M", 2.69),
-    "large_isoparams_poisson": ("774M", 2.70), "large_isoparams_grt": ("774M", 2.65),
+    "small_dense": ("124M", 3.15),
+    "small_mor": ("36M", 3.30),
+    "small_poisson": ("36M", 3.23),
+    "small_ouro": ("36M", 3.19),
+    "small_rrt": ("36M+LoRA", 3.14),
+    "small_grt": ("36M", 3.14),
+    "medium_dense": ("354M", 2.84),
+    "medium_mor": ("124M", 3.02),
+    "medium_poisson": ("124M", 2.97),
+    "medium_ouro": ("124M", 2.93),
+    "medium_rrt": ("124M+LoRA", 2.95),
+    "medium_grt": ("124M", 2.89),
+    "large_dense": ("774M", 2.71),
+    "large_mor": ("288M", 2.91),
+    "large_poisson": ("288M", 2.93),
+    "large_ouro": ("288M", 2.82),
+    "large_rrt": ("288M+LoRA", 2.85),
+    "large_grt": ("288M", 2.77),
+    "medium_isoparams_mor": ("354M", 2.78),
+    "medium_isoparams_poisson": ("354M", 2.74),
+    "medium_isoparams_grt": ("354M", 2.76),
+    "large_isoparams_mor": ("774M", 2.69),
+    "large_isoparams_poisson": ("774M", 2.70),
+    "large_isoparams_grt": ("774M", 2.65),
 }
 
 
@@ -141,14 +200,19 @@ def static_table(rows: list[Path]) -> str:
     from grt_titan.analysis.table import layout, stored_parameters
     from grt_titan.model.checkpoint import load_model_args
 
-    lines = ["| row | method | layout | unique layers | block applications | GFLOPs/token fwd (S=1024) "
-             "| params (ours) | params (table 1) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| row | method | layout | unique layers | block applications | GFLOPs/token fwd (S=1024) "
+        "| params (ours) | params (table 1) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for path in rows:
         args, _ = load_model_args(path)  # the flavor with the TOML's [grt] parts, as analyze reads it
         unique = args.n_prelude_layers + args.n_core_layers + args.n_coda_layers
         flops = args.forward_flops_per_token(1024, args.eval_depth if args.is_recurrent else 0) / 1e9
         params = stored_parameters(args) / 1e6
         paper = PAPER_TABLE1.get(path.stem, ("-", None))[0]
-        lines.append(f"| {path.stem} | {args.method_name} | {layout(args)} | {unique} | {args.unrolled_layers} "
-                     f"| {flops:.3f} | {params:.1f}M | {paper} |")
+        lines.append(
+            f"| {path.stem} | {args.method_name} | {layout(args)} | {unique} | {args.unrolled_layers} "
+            f"| {flops:.3f} | {params:.1f}M | {paper} |"
+        )
     return "\n".join(lines)

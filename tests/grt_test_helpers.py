@@ -32,11 +32,19 @@ REGISTERED_CONVERTERS = "quantize.grouped_mm.float8, quantize.grouped_mm.mx, qua
 RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def torchrun_command(nproc: int, args: list[str], module: str = "grt_titan.train",
-                     max_restarts: int | None = None) -> list[str]:
+def torchrun_command(
+    nproc: int, args: list[str], module: str = "grt_titan.train", max_restarts: int | None = None
+) -> list[str]:
     """`torchrun --nproc_per_node=nproc [--max-restarts=N] -m module args`, rank 0's output only."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--local-ranks-filter=0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=localhost:0",
+        "--local-ranks-filter=0",
+    ]
     if max_restarts is not None:
         cmd.append(f"--max-restarts={max_restarts}")
     return [*cmd, "-m", module, *args]
@@ -56,9 +64,12 @@ LOGGED_GRAD_NORM_REL = 2e-3
 # A short grt_debug training run: sequence 64, every step logged, no validation. Tests add
 # their steps, layout and options.
 SHORT_DEBUG_RUN = [
-    "--job.config_file", "train_configs/grt_debug.toml",
-    "--training.seq_len", "64",
-    "--metrics.log_freq", "1",
+    "--job.config_file",
+    "train_configs/grt_debug.toml",
+    "--training.seq_len",
+    "64",
+    "--metrics.log_freq",
+    "1",
     "--validation.no-enable",
 ]
 
@@ -94,9 +105,16 @@ def _dump_folder(args: list[str]) -> Path | None:
     return folder if folder.is_absolute() else REPO / folder
 
 
-def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, module: str = "grt_titan.train",
-             env: dict | None = None, max_restarts: int | None = None,
-             log_name: str = "torchrun.log") -> subprocess.CompletedProcess:
+def torchrun(
+    nproc: int,
+    args: list[str],
+    tmp_path: Path,
+    timeout: int = 600,
+    module: str = "grt_titan.train",
+    env: dict | None = None,
+    max_restarts: int | None = None,
+    log_name: str = "torchrun.log",
+) -> subprocess.CompletedProcess:
     """`torchrun --nproc_per_node=nproc -m module args` from the repo root; output appended to
     tmp_path / log_name. Repeated once after a TEARDOWN_ABORT, from a copy of the dump folder
     as it was before (a resumed run resumes from the same checkpoint again).
@@ -112,9 +130,14 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
     tmp_path.mkdir(parents=True, exist_ok=True)
     for attempt in (1, 2):
         if max_restarts is not None:
-            proc = subprocess.run(torchrun_command(nproc, args, module, max_restarts), cwd=REPO,
-                                  env=job_env({**RESTART_ENV, **(env or {})}), capture_output=True, text=True,
-                                  timeout=timeout)
+            proc = subprocess.run(
+                torchrun_command(nproc, args, module, max_restarts),
+                cwd=REPO,
+                env=job_env({**RESTART_ENV, **(env or {})}),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         else:
             proc = launch(module, args, job_env(env), timeout, nproc=nproc)
         output = proc.stdout + proc.stderr
@@ -133,8 +156,9 @@ def torchrun(nproc: int, args: list[str], tmp_path: Path, timeout: int = 600, mo
     return proc
 
 
-def one_process(args: list[str], env: dict | None = None, timeout: int = 120,
-               module: str = "grt_titan.train") -> subprocess.CompletedProcess:
+def one_process(
+    args: list[str], env: dict | None = None, timeout: int = 120, module: str = "grt_titan.train"
+) -> subprocess.CompletedProcess:
     """`python -m module args` from the repo root as rank 0 of a one-process job, no torchrun
     (`env` may set NGPU and WORLD_SIZE for a fake-backend world)."""
     return launch(module, args, job_env({**rank_environment(0, 1, free_port()), **(env or {})}), timeout)
@@ -206,7 +230,8 @@ def matmul_flops(model, tokens, **forward_kwargs) -> int:
 def same_values(a: dict, b: dict) -> bool:
     """Two flat dicts (state dicts, optimizer states) hold the same keys and equal values."""
     return a.keys() == b.keys() and all(
-        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+        torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
+    )
 
 
 def write_token_dataset(root: Path, tokenizer, splits: dict, shard_tokens: int, val_fraction: float) -> Path:
@@ -221,13 +246,26 @@ def write_token_dataset(root: Path, tokenizer, splits: dict, shard_tokens: int, 
         writer = sh.ShardWriter(root, split, shard_tokens, dtype)
         writer.write(tokens)
         written[split] = writer.close()
-    sh.write_manifest(root, {
-        "format": sh.FORMAT_NAME, "version": sh.FORMAT_VERSION,
-        "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.sha256,
-                      "vocab_size": tokenizer.get_vocab_size(), "eot_id": tokenizer.eos_id},
-        "dtype": dtype.name, "document_separator": "eot_after_each_document",
-        "inputs": ["synthetic"], "text_field": "text", "val_fraction": val_fraction,
-        "shard_tokens": shard_tokens, "documents": 1,
-        "skipped_documents": {"invalid_utf8": 0, "empty": 0}, "splits": written,
-    })
+    sh.write_manifest(
+        root,
+        {
+            "format": sh.FORMAT_NAME,
+            "version": sh.FORMAT_VERSION,
+            "tokenizer": {
+                "name": tokenizer.name,
+                "sha256": tokenizer.sha256,
+                "vocab_size": tokenizer.get_vocab_size(),
+                "eot_id": tokenizer.eos_id,
+            },
+            "dtype": dtype.name,
+            "document_separator": "eot_after_each_document",
+            "inputs": ["synthetic"],
+            "text_field": "text",
+            "val_fraction": val_fraction,
+            "shard_tokens": shard_tokens,
+            "documents": 1,
+            "skipped_documents": {"invalid_utf8": 0, "empty": 0},
+            "splits": written,
+        },
+    )
     return root

@@ -1,6 +1,6 @@
 """A job for tests/test_launcher.py: prints what it was started with, then exits.
 
-    python -m tests.launch_probe [--sleep S] [--exit N] [--fail-rank R] [ARGS...]
+python -m tests.launch_probe [--sleep S] [--exit N] [--fail-rank R] [ARGS...]
 """
 
 import json
@@ -16,17 +16,31 @@ if __name__ == "__main__":
 
         import torch._logging._internal as logs
 
-        print(json.dumps({"recompiles_log_level": logging.DEBUG if logs.log_state.is_artifact_enabled("recompiles") else None}))
+        print(
+            json.dumps(
+                {"recompiles_log_level": logging.DEBUG if logs.log_state.is_artifact_enabled("recompiles") else None}
+            )
+        )
         sys.exit(0)
     while args and args[0] in ("--sleep", "--exit", "--fail-rank"):
         options[args[0]] = float(args[1])
         args = args[2:]
     rank = int(os.environ.get("RANK", "0"))
-    print(json.dumps({
-        "argv": sys.argv, "cwd": os.getcwd(), "path": [p for p in sys.path[:3] if "site-packages" not in p],
-        "rank": rank, "world_size": os.environ.get("WORLD_SIZE"), "torch_seed": __import__("torch").initial_seed(),
-        "probe": os.environ.get("GRT_PROBE"), "stdin": sys.stdin.read(),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "argv": sys.argv,
+                "cwd": os.getcwd(),
+                "path": [p for p in sys.path[:3] if "site-packages" not in p],
+                "rank": rank,
+                "world_size": os.environ.get("WORLD_SIZE"),
+                "torch_seed": __import__("torch").initial_seed(),
+                "probe": os.environ.get("GRT_PROBE"),
+                "stdin": sys.stdin.read(),
+            }
+        ),
+        flush=True,
+    )
     time.sleep(options.get("--sleep", 0))
     if options.get("--fail-rank") == rank:
         print(f"rank {rank} fails", file=sys.stderr)

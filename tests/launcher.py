@@ -66,10 +66,19 @@ def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
 def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
     """What torchrun exports to rank `rank` of a single-node job of `nproc` ranks."""
     return dict(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-        GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(nproc), ROLE_NAME="default",
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RESTART_COUNT="0",
-        TORCHELASTIC_MAX_RESTARTS="0", TORCHELASTIC_RUN_ID="forked",
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        GROUP_RANK="0",
+        ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(nproc),
+        ROLE_NAME="default",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_MAX_RESTARTS="0",
+        TORCHELASTIC_RUN_ID="forked",
     )
 
 
@@ -86,6 +95,7 @@ def job_command(module: str, args: list[str], nproc: int | None = None) -> list[
 
 
 # ---- inside a job ------------------------------------------------------------------------
+
 
 def _die_with_parent() -> None:
     """This process gets SIGKILL when its parent dies (a test's timeout kills the job), as
@@ -139,6 +149,7 @@ def _run_ranks(nproc: int, module: str) -> int:
     for rank in range(nproc):
         pid = os.fork()
         if pid == 0:
+
             def body(rank: int = rank) -> int:
                 _die_with_parent()
                 if rank != 0:  # shown only if the rank fails
@@ -193,8 +204,10 @@ def _run_job(module: str, args: list[str], nproc: int) -> int:
 
 # ---- the server --------------------------------------------------------------------------
 
+
 def _serve_job(request: dict) -> NoReturn:
     """The body of one forked job."""
+
     def body() -> int:
         os.setpgid(0, 0)  # the client kills the job's process group on a timeout
         _die_with_parent()
@@ -304,15 +317,22 @@ class _Server:
         self.path = os.path.join(self.folder, "socket")
         self.env = job_env()
         log = open(os.path.join(self.folder, "server.log"), "w")
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.launcher", "serve", self.path], cwd=REPO,
-                                        env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=log, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.launcher", "serve", self.path],
+            cwd=REPO,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
         if self.process.stdout.readline().strip() != "ready":
             with open(os.path.join(self.folder, "server.log")) as f:
                 raise RuntimeError(f"tests.launcher did not start:\n{f.read()[-4000:]}")
 
-    def run(self, module: str, args: list[str], env: dict[str, str], timeout: float, nproc: int | None,
-            cwd: Path) -> subprocess.CompletedProcess | None:
+    def run(
+        self, module: str, args: list[str], env: dict[str, str], timeout: float, nproc: int | None, cwd: Path
+    ) -> subprocess.CompletedProcess | None:
         """As subprocess.run(capture_output=True, text=True) of the job; None when the job
         needs an interpreter of its own (needs_fresh_interpreter)."""
         with self.lock:
@@ -322,8 +342,7 @@ class _Server:
             return None
         command = job_command(module, args, nproc)
         out, err = (os.path.join(self.folder, f"job-{uuid.uuid4().hex}.{n}") for n in ("out", "err"))
-        request = dict(module=module, args=list(args), env=dict(env), cwd=str(cwd), nproc=nproc,
-                       stdout=out, stderr=err)
+        request = dict(module=module, args=list(args), env=dict(env), cwd=str(cwd), nproc=nproc, stdout=out, stderr=err)
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self.path)
@@ -359,8 +378,14 @@ def _read(path: str) -> str:
 _SERVER = _Server()
 
 
-def launch(module: str, args: list[str], env: dict[str, str] | None = None, timeout: float = 600,
-           nproc: int | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def launch(
+    module: str,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    nproc: int | None = None,
+    cwd: Path = REPO,
+) -> subprocess.CompletedProcess:
     """Run a job (module docstring) with environment `env` (default: job_env()), output
     captured; raises subprocess.TimeoutExpired after `timeout` s, its processes killed."""
     env = job_env() if env is None else env
@@ -368,8 +393,16 @@ def launch(module: str, args: list[str], env: dict[str, str] | None = None, time
         proc = _SERVER.run(module, args, env, timeout, nproc, cwd)
         if proc is not None:
             return proc
-    return subprocess.run(job_command(module, args, nproc), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout, start_new_session=True)
+    return subprocess.run(
+        job_command(module, args, nproc),
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
 
 
 def fake_backend_env(world_size: int) -> dict[str, str]:
@@ -386,8 +419,9 @@ def main(argv: list[str]) -> int:
         for name in PRELOADED:
             importlib.import_module(name)
         return _run_job(argv[2], argv[3:], int(argv[1]))
-    print("usage: python -m tests.launcher serve SOCKET | run NPROC MODULE [ARGS...] (NPROC 0: no ranks)",
-          file=sys.stderr)
+    print(
+        "usage: python -m tests.launcher serve SOCKET | run NPROC MODULE [ARGS...] (NPROC 0: no ranks)", file=sys.stderr
+    )
     return 2
 
 

@@ -32,8 +32,10 @@ def start_up(config, **arg_changes):
 
 def set_value(section: str, key: str, value):
     """A TOML value: torchtitan type-checks command-line values, not TOML ones."""
+
     def mutate(config):
         setattr(getattr(config, section), key, value)
+
     return mutate
 
 
@@ -48,54 +50,165 @@ CASES = [
     ("gate_override>1", ["--grt.gate_override", "1.5"], None, {}, [r"gate_override = 1.5", r"\[0, 1\]"]),
     ("dim%heads", [], None, {"dim": 130}, [r"dim = 130", r"divisible by n_heads = 4"]),
     ("kv_heads", [], None, {"block_style": "llama", "n_kv_heads": 3}, [r"n_kv_heads = 3", r"must divide n_heads = 4"]),
-    ("unknown_block_style", [], set_value("grt", "block_style", "mamba"), {}, [r"block_style = 'mamba'", r"'gpt2', 'llama'"]),
-    ("unknown_depth_sampling", [], set_value("grt", "depth_sampling", "poisson"), {}, [r"depth_sampling = 'poisson'", r"'uniform', 'fixed'"]),
-    ("unknown_recurrence_checkpoint", [], set_value("grt", "recurrence_checkpoint", "layer"), {},
-     [r"\[grt\] recurrence_checkpoint = 'layer'", r"'block', 'step'"]),
+    (
+        "unknown_block_style",
+        [],
+        set_value("grt", "block_style", "mamba"),
+        {},
+        [r"block_style = 'mamba'", r"'gpt2', 'llama'"],
+    ),
+    (
+        "unknown_depth_sampling",
+        [],
+        set_value("grt", "depth_sampling", "poisson"),
+        {},
+        [r"depth_sampling = 'poisson'", r"'uniform', 'fixed'"],
+    ),
+    (
+        "unknown_recurrence_checkpoint",
+        [],
+        set_value("grt", "recurrence_checkpoint", "layer"),
+        {},
+        [r"\[grt\] recurrence_checkpoint = 'layer'", r"'block', 'step'"],
+    ),
     ("string_for_int", [], set_value("grt", "num_recurrences", "4"), {}, [r"num_recurrences = '4'", r"allowed: int"]),
-    ("tp_vs_heads", ["--parallelism.tensor_parallel_degree", "3"], None, {},
-     [r"\[parallelism\] tensor_parallel_degree = 3", r"n_heads = 4", r"allowed: 1, 2, 4"]),
-    ("pp>1", ["--parallelism.pipeline_parallel_degree", "2"], None, {},
-     [r"\[parallelism\] pipeline_parallel_degree = 2", r"allowed: 1"]),
+    (
+        "tp_vs_heads",
+        ["--parallelism.tensor_parallel_degree", "3"],
+        None,
+        {},
+        [r"\[parallelism\] tensor_parallel_degree = 3", r"n_heads = 4", r"allowed: 1, 2, 4"],
+    ),
+    (
+        "pp>1",
+        ["--parallelism.pipeline_parallel_degree", "2"],
+        None,
+        {},
+        [r"\[parallelism\] pipeline_parallel_degree = 2", r"allowed: 1"],
+    ),
     ("vocab<tokenizer", [], None, {"vocab_size": 1000}, [r"vocab_size = 1000", r"tokenizer's 50257", r">= 50257"]),
     ("seq_len>positions", ["--training.seq_len", "2048"], None, {}, [r"seq_len = 2048", r"max_seq_len = 1024"]),
-    ("val_seq_len>positions", ["--validation.seq_len", "4096"], None, {},
-     [r"\[validation\] seq_len = 4096", r"allowed: 1 \.\. 1024"]),
-    ("float8_dims", ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"], None,
-     {"dim": 120}, [r"\[model\] converters", r"multiples of 16", r"prelude\.layers\.0\.attention\.wq \(120 -> 120\)",
-                    r"filter_fqns"]),
-    ("missing_dataset", ["--training.dataset", "/nonexistent/grt-data"], None, {},
-     [r"\[training\] dataset = '/nonexistent/grt-data'", r"no such file", r"'grt_default' or a folder made by `grt-titan prepare`"]),
-    ("missing_val_dataset", ["--validation.dataset", "/nonexistent/grt-val"], None, {},
-     [r"\[validation\] dataset = '/nonexistent/grt-val'", r"grt-titan prepare"]),
-    ("train_dataset_path_not_prepared", ["--training.dataset", "mine", "--training.dataset_path", "/tmp"], None, {},
-     [r"\[training\] dataset_path = '/tmp': not a prepared dataset", r"grt-titan prepare"]),
+    (
+        "val_seq_len>positions",
+        ["--validation.seq_len", "4096"],
+        None,
+        {},
+        [r"\[validation\] seq_len = 4096", r"allowed: 1 \.\. 1024"],
+    ),
+    (
+        "float8_dims",
+        ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],
+        None,
+        {"dim": 120},
+        [
+            r"\[model\] converters",
+            r"multiples of 16",
+            r"prelude\.layers\.0\.attention\.wq \(120 -> 120\)",
+            r"filter_fqns",
+        ],
+    ),
+    (
+        "missing_dataset",
+        ["--training.dataset", "/nonexistent/grt-data"],
+        None,
+        {},
+        [
+            r"\[training\] dataset = '/nonexistent/grt-data'",
+            r"no such file",
+            r"'grt_default' or a folder made by `grt-titan prepare`",
+        ],
+    ),
+    (
+        "missing_val_dataset",
+        ["--validation.dataset", "/nonexistent/grt-val"],
+        None,
+        {},
+        [r"\[validation\] dataset = '/nonexistent/grt-val'", r"grt-titan prepare"],
+    ),
+    (
+        "train_dataset_path_not_prepared",
+        ["--training.dataset", "mine", "--training.dataset_path", "/tmp"],
+        None,
+        {},
+        [r"\[training\] dataset_path = '/tmp': not a prepared dataset", r"grt-titan prepare"],
+    ),
     ("optimizer_name", ["--optimizer.name", "SGD"], None, {}, [r"\[optimizer\] name = 'SGD'", r"Adam, AdamW"]),
     ("negative_lr", ["--optimizer.lr", "-0.001"], None, {}, [r"\[optimizer\] lr = -0.001", r">= 0"]),
-    ("on_nonfinite", [], set_value("optimizer", "on_nonfinite", "ignore"), {},
-     [r"\[optimizer\] on_nonfinite = 'ignore'", r"'stop', 'skip'"]),
-    ("mixed_precision", [], set_value("training", "mixed_precision_param", "bf16"), {},
-     [r"\[training\] mixed_precision_param = 'bf16'", r"'bfloat16', 'float32'"]),
-    ("checkpoint_interval", ["--checkpoint.enable", "--checkpoint.interval", "0"], None, {},
-     [r"\[checkpoint\] interval = 0", r">= 1"]),
-    ("keep_latest_1", ["--checkpoint.enable", "--checkpoint.keep_latest_k", "1"], None, {},
-     [r"\[checkpoint\] keep_latest_k = 1", r"0 \(keep all\) or >= 2"]),
+    (
+        "on_nonfinite",
+        [],
+        set_value("optimizer", "on_nonfinite", "ignore"),
+        {},
+        [r"\[optimizer\] on_nonfinite = 'ignore'", r"'stop', 'skip'"],
+    ),
+    (
+        "mixed_precision",
+        [],
+        set_value("training", "mixed_precision_param", "bf16"),
+        {},
+        [r"\[training\] mixed_precision_param = 'bf16'", r"'bfloat16', 'float32'"],
+    ),
+    (
+        "checkpoint_interval",
+        ["--checkpoint.enable", "--checkpoint.interval", "0"],
+        None,
+        {},
+        [r"\[checkpoint\] interval = 0", r">= 1"],
+    ),
+    (
+        "keep_latest_1",
+        ["--checkpoint.enable", "--checkpoint.keep_latest_k", "1"],
+        None,
+        {},
+        [r"\[checkpoint\] keep_latest_k = 1", r"0 \(keep all\) or >= 2"],
+    ),
     ("odd_seq_len", ["--training.seq_len", "63"], None, {}, [r"\[training\] seq_len = 63", r"divisible by 2"]),
-    ("rrt_tp", ["--parallelism.tensor_parallel_degree", "2", "--grt.step_adapter", "lora",
-                "--grt.depth_sampling", "fixed"], None, {},
-     [r"\[grt\] step_adapter = 'lora' \(RRT\) does not support \[parallelism\] tensor_parallel_degree = 2",
-      r"allowed: tensor_parallel_degree = 1"]),
-    ("random_state_tp", ["--parallelism.tensor_parallel_degree", "2", "--grt.initial_state", "random"], None, {},
-     [r"\[grt\] initial_state = 'random' does not support \[parallelism\] tensor_parallel_degree = 2"]),
-    ("lora_needs_fixed_depth", ["--grt.step_adapter", "lora"], None, {},
-     [r"step_adapter = 'lora' is invalid", r"depth_sampling = 'fixed'"]),
+    (
+        "rrt_tp",
+        ["--parallelism.tensor_parallel_degree", "2", "--grt.step_adapter", "lora", "--grt.depth_sampling", "fixed"],
+        None,
+        {},
+        [
+            r"\[grt\] step_adapter = 'lora' \(RRT\) does not support \[parallelism\] tensor_parallel_degree = 2",
+            r"allowed: tensor_parallel_degree = 1",
+        ],
+    ),
+    (
+        "random_state_tp",
+        ["--parallelism.tensor_parallel_degree", "2", "--grt.initial_state", "random"],
+        None,
+        {},
+        [r"\[grt\] initial_state = 'random' does not support \[parallelism\] tensor_parallel_degree = 2"],
+    ),
+    (
+        "lora_needs_fixed_depth",
+        ["--grt.step_adapter", "lora"],
+        None,
+        {},
+        [r"step_adapter = 'lora' is invalid", r"depth_sampling = 'fixed'"],
+    ),
     ("unknown_update", [], set_value("grt", "update", "add"), {}, [r"update = 'add'", r"'gate', 'overwrite'"]),
-    ("spike_factor", ["--checkpoint.enable", "--loss_spike.enable", "--loss_spike.factor", "0.5"], None, {},
-     [r"\[loss_spike\] factor = 0.5 is invalid; allowed: > 1"]),
-    ("spike_skip", ["--checkpoint.enable", "--loss_spike.enable", "--loss_spike.skip_batches", "0"], None, {},
-     [r"\[loss_spike\] skip_batches = 0 is invalid; allowed: >= 1"]),
-    ("spike_no_checkpoint", ["--loss_spike.enable"], None, {},
-     [r"\[loss_spike\] enable = True is invalid; allowed: false unless \[checkpoint\] enable = true"]),
+    (
+        "spike_factor",
+        ["--checkpoint.enable", "--loss_spike.enable", "--loss_spike.factor", "0.5"],
+        None,
+        {},
+        [r"\[loss_spike\] factor = 0.5 is invalid; allowed: > 1"],
+    ),
+    (
+        "spike_skip",
+        ["--checkpoint.enable", "--loss_spike.enable", "--loss_spike.skip_batches", "0"],
+        None,
+        {},
+        [r"\[loss_spike\] skip_batches = 0 is invalid; allowed: >= 1"],
+    ),
+    (
+        "spike_no_checkpoint",
+        ["--loss_spike.enable"],
+        None,
+        {},
+        [r"\[loss_spike\] enable = True is invalid; allowed: false unless \[checkpoint\] enable = true"],
+    ),
 ]
 
 
@@ -127,14 +240,23 @@ def test_flavor_table_keeps_mapping_semantics():
 def test_global_batch_must_fit_the_data_parallel_degree(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     config = parse_config("--training.global_batch_size", "10", "--training.local_batch_size", "4")
-    with pytest.raises(ValueError, match=r"global_batch_size = 10 must be a multiple of local_batch_size x "
-                                         r"data-parallel degree = 4 x 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"global_batch_size = 10 must be a multiple of local_batch_size x "
+        r"data-parallel degree = 4 x 2",
+    ):
         start_up(config)
 
 
 def test_all_problems_are_reported_together():
-    config = parse_config("--optimizer.lr", "-1", "--parallelism.tensor_parallel_degree", "3",
-                   "--training.dataset", "/nonexistent/grt-data")
+    config = parse_config(
+        "--optimizer.lr",
+        "-1",
+        "--parallelism.tensor_parallel_degree",
+        "3",
+        "--training.dataset",
+        "/nonexistent/grt-data",
+    )
     with pytest.raises(ValueError) as info:
         start_up(config)
     lines = str(info.value).splitlines()
@@ -153,13 +275,17 @@ def test_real_toml_value_is_checked(tmp_path):
         start_up(parse_config(path=bad))
 
 
-@pytest.mark.parametrize("overrides", [
-    [],
-    ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],  # head exempt
-    ["--parallelism.tensor_parallel_degree", "2"],
-    ["--checkpoint.enable", "--checkpoint.keep_latest_k", "2", "--optimizer.on_nonfinite", "skip"],
-    ["--checkpoint.enable", "--loss_spike.enable", "--checkpoint.no-checksums"],
-], ids=["debug", "float8", "tp2", "checkpoint", "loss_spike"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],  # head exempt
+        ["--parallelism.tensor_parallel_degree", "2"],
+        ["--checkpoint.enable", "--checkpoint.keep_latest_k", "2", "--optimizer.on_nonfinite", "skip"],
+        ["--checkpoint.enable", "--loss_spike.enable", "--checkpoint.no-checksums"],
+    ],
+    ids=["debug", "float8", "tp2", "checkpoint", "loss_spike"],
+)
 def test_good_configs_pass(overrides):
     start_up(parse_config(*overrides))
 
@@ -176,11 +302,14 @@ def test_every_shipped_config_passes():
 # torchtitan would end in a bare `KeyError` after building the model.
 
 
-@pytest.mark.parametrize("name,hint", [
-    ("float8", " (did you mean 'quantize.linear.float8'?)"),
-    ("quantize.linear.fp8", " (did you mean 'quantize.linear.float8'?)"),
-    ("fused_rmsnorm", ""),
-])
+@pytest.mark.parametrize(
+    "name,hint",
+    [
+        ("float8", " (did you mean 'quantize.linear.float8'?)"),
+        ("quantize.linear.fp8", " (did you mean 'quantize.linear.float8'?)"),
+        ("fused_rmsnorm", ""),
+    ],
+)
 def test_unknown_converter_is_named_with_the_registered_ones(name, hint):
     with pytest.raises(ValueError) as info:
         start_up(parse_config("--model.converters", name))
@@ -203,8 +332,12 @@ def save_step(folder, step: int, full: bool) -> None:
     flattened train_state / optimizer / lr_scheduler / dataloader entries."""
     state = {"tok_embeddings.weight": torch.zeros(4, 2)}
     if full:
-        state |= {"train_state": {"step": step}, "optimizer": {"state": {"w": torch.zeros(2)}},
-                  "lr_scheduler": {"last_epoch": step}, "dataloader": {"dp_rank_0": b"pos"}}
+        state |= {
+            "train_state": {"step": step},
+            "optimizer": {"state": {"w": torch.zeros(2)}},
+            "lr_scheduler": {"last_epoch": step},
+            "dataloader": {"dp_rank_0": b"pos"},
+        }
     dcp.save(state, checkpoint_id=str(folder / "checkpoint" / f"step-{step}"))
 
 
@@ -233,8 +366,11 @@ def test_model_only_message_names_an_earlier_full_checkpoint(tmp_path):
     save_step(tmp_path, 2, full=True)
     save_step(tmp_path, 4, full=True)
     save_step(tmp_path, 6, full=False)
-    with pytest.raises(ValueError, match=r"step-6 holds only the model weights .* allowed: resume from the "
-                                         r"newest full checkpoint with --checkpoint\.load_step 4, or start"):
+    with pytest.raises(
+        ValueError,
+        match=r"step-6 holds only the model weights .* allowed: resume from the "
+        r"newest full checkpoint with --checkpoint\.load_step 4, or start",
+    ):
         start_up(resume_config(tmp_path))
 
 
@@ -249,12 +385,16 @@ def test_hf_last_save_is_model_only_too(tmp_path):
 
 
 @NO_PROCESS_GROUP
-@pytest.mark.parametrize("overrides", [
-    [],                                                      # the newest is full
-    ["--checkpoint.no-enable"],                              # not resuming
-    ["--checkpoint.load_step", "2"],                         # an earlier full one, chosen
-    ["--checkpoint.exclude_from_loading", "train_state,optimizer,lr_scheduler,dataloader"],
-], ids=["full", "disabled", "load_step", "exclude_all"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],  # the newest is full
+        ["--checkpoint.no-enable"],  # not resuming
+        ["--checkpoint.load_step", "2"],  # an earlier full one, chosen
+        ["--checkpoint.exclude_from_loading", "train_state,optimizer,lr_scheduler,dataloader"],
+    ],
+    ids=["full", "disabled", "load_step", "exclude_all"],
+)
 def test_resumable_checkpoints_pass(tmp_path, overrides):
     save_step(tmp_path, 2, full=True)
     save_step(tmp_path, 4, full=not overrides)
@@ -269,41 +409,81 @@ def test_half_written_newest_is_left_to_torchtitan(tmp_path):
     start_up(resume_config(tmp_path))
 
 
-OURO = ["--grt.objective", "exit_distribution", "--grt.injection", "none", "--grt.update", "overwrite",
-        "--grt.depth_sampling", "fixed"]
+OURO = [
+    "--grt.objective",
+    "exit_distribution",
+    "--grt.injection",
+    "none",
+    "--grt.update",
+    "overwrite",
+    "--grt.depth_sampling",
+    "fixed",
+]
 
 
 def test_ouro_refuses_a_per_token_exit_under_tensor_parallel_by_name():
     with pytest.raises(ValueError) as info:
         start_up(parse_config(*OURO, "--grt.exit_threshold", "0.5", "--parallelism.tensor_parallel_degree", "2"))
-    assert re.search(r"\[grt\] exit_threshold = 0.5 is not supported with \[parallelism\] "
-                     r"tensor_parallel_degree = 2 .*allowed: 1.0", str(info.value)), str(info.value)
+    assert re.search(
+        r"\[grt\] exit_threshold = 0.5 is not supported with \[parallelism\] "
+        r"tensor_parallel_degree = 2 .*allowed: 1.0",
+        str(info.value),
+    ), str(info.value)
     start_up(parse_config(*OURO, "--parallelism.tensor_parallel_degree", "2"))  # the last step: fine
 
 
 def test_ouro_exit_gate_is_left_out_of_the_float8_check():
     # Linear(d, 1) cannot be float8 (torchtitan skips it by itself); it is not reported.
-    args = start_up(parse_config(*OURO, "--model.converters", "quantize.linear.float8",
-                                 "--quantize.linear.float8.emulate"))
+    args = start_up(
+        parse_config(*OURO, "--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate")
+    )
     assert args.per_step_readout
+
+
 # ---- Mixture-of-Recursions ([grt] router) -----------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides,patterns", [
-    (["--parallelism.tensor_parallel_degree", "2"],
-     [r"\[parallelism\] tensor_parallel_degree = 2 is not supported with \[grt\] router = 'expert_choice' "
-      r"\(Mixture-of-Recursions\)", r"allowed: 1"]),
-    (["--grt.block_style", "llama"], [r"block_style = 'llama'", r"router = 'expert_choice' needs block_style = 'gpt2'"]),
-    (["--grt.depth_sampling", "uniform"], [r"depth_sampling = 'uniform'", r"needs depth_sampling = 'fixed'"]),
-    (["--grt.injection", "proj"], [r"injection = 'proj'", r"needs injection = 'none'"]),
-    (["--grt.router_capacity", "1", "0.5"], [r"router_capacity = \[1.0, 0.5\]", r"one capacity per step \(num_recurrences = 4\)"]),
-    (["--compile.enable", "--grt.router_capacity", "1", "0.5", "0.25", "0.005"],
-     [r"\[grt\] router_capacity = \[1.0, 0.5, 0.25, 0.005\] keeps a single token at \[training\] seq_len = 128",
-      r"Mixture-of-Recursions", r"\[compile\] enable", r"capacity x seq_len >= 2"]),
-    (["--compile.enable", "--grt.router_inference", "threshold"],
-     [r"\[grt\] router_inference = 'threshold' with \[grt\] router = 'expert_choice' \(Mixture-of-Recursions\) "
-      r"and \[compile\] enable", r"allowed: router_inference = 'top_k'"]),
-], ids=["tp2", "llama", "sampled_depth", "re-injection", "capacity_count", "compile_one_token", "compile_threshold"])
+@pytest.mark.parametrize(
+    "overrides,patterns",
+    [
+        (
+            ["--parallelism.tensor_parallel_degree", "2"],
+            [
+                r"\[parallelism\] tensor_parallel_degree = 2 is not supported with \[grt\] router = 'expert_choice' "
+                r"\(Mixture-of-Recursions\)",
+                r"allowed: 1",
+            ],
+        ),
+        (
+            ["--grt.block_style", "llama"],
+            [r"block_style = 'llama'", r"router = 'expert_choice' needs block_style = 'gpt2'"],
+        ),
+        (["--grt.depth_sampling", "uniform"], [r"depth_sampling = 'uniform'", r"needs depth_sampling = 'fixed'"]),
+        (["--grt.injection", "proj"], [r"injection = 'proj'", r"needs injection = 'none'"]),
+        (
+            ["--grt.router_capacity", "1", "0.5"],
+            [r"router_capacity = \[1.0, 0.5\]", r"one capacity per step \(num_recurrences = 4\)"],
+        ),
+        (
+            ["--compile.enable", "--grt.router_capacity", "1", "0.5", "0.25", "0.005"],
+            [
+                r"\[grt\] router_capacity = \[1.0, 0.5, 0.25, 0.005\] keeps a single token at \[training\] seq_len = 128",
+                r"Mixture-of-Recursions",
+                r"\[compile\] enable",
+                r"capacity x seq_len >= 2",
+            ],
+        ),
+        (
+            ["--compile.enable", "--grt.router_inference", "threshold"],
+            [
+                r"\[grt\] router_inference = 'threshold' with \[grt\] router = 'expert_choice' \(Mixture-of-Recursions\) "
+                r"and \[compile\] enable",
+                r"allowed: router_inference = 'top_k'",
+            ],
+        ),
+    ],
+    ids=["tp2", "llama", "sampled_depth", "re-injection", "capacity_count", "compile_one_token", "compile_threshold"],
+)
 def test_what_mor_cannot_do_is_named(overrides, patterns):
     with pytest.raises(ValueError) as info:
         start_up(parse_config(*MOR_OVERRIDES, *overrides))
@@ -311,12 +491,16 @@ def test_what_mor_cannot_do_is_named(overrides, patterns):
         assert re.search(pattern, str(info.value)), (pattern, str(info.value))
 
 
-@pytest.mark.parametrize("overrides", [
-    [],
-    ["--compile.enable", "--activation_checkpoint.mode", "full", "--grt.recurrence_checkpoint", "step"],
-    ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],  # routers exempt
-    ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
-], ids=["mor", "compile_ac_step", "float8", "ddp"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["--compile.enable", "--activation_checkpoint.mode", "full", "--grt.recurrence_checkpoint", "step"],
+        ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"],  # routers exempt
+        ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "1"],
+    ],
+    ids=["mor", "compile_ac_step", "float8", "ddp"],
+)
 def test_good_mor_configs_pass(overrides, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     args = start_up(parse_config(*MOR_OVERRIDES, *overrides))
@@ -326,8 +510,11 @@ def test_good_mor_configs_pass(overrides, monkeypatch):
 def test_router_capacity_must_be_a_list_of_floats():
     config = parse_config(*MOR_OVERRIDES)
     config.grt.router_capacity = "1,0.5,0.5,0.25"  # a TOML string: torchtitan does not type-check it
-    with pytest.raises(ValueError, match=r"\[grt\] overrides: router_capacity = '1,0.5,0.5,0.25' is invalid; "
-                                         r"allowed: a list of float or unset"):
+    with pytest.raises(
+        ValueError,
+        match=r"\[grt\] overrides: router_capacity = '1,0.5,0.5,0.25' is invalid; "
+        r"allowed: a list of float or unset",
+    ):
         start_up(config)
     config.grt.router_capacity = [1.0, 0.5, 0.5, 0.25]
     assert start_up(config).router_tokens_kept(128) == [128, 64, 64, 32]
@@ -336,10 +523,15 @@ def test_router_capacity_must_be_a_list_of_floats():
 def test_router_inference_is_checked_by_name():
     config = parse_config(*MOR_OVERRIDES)
     config.grt.router_inference = "greedy"  # a TOML string: torchtitan does not check the choice
-    with pytest.raises(ValueError, match=r"\[grt\] overrides: router_inference = 'greedy' is invalid; "
-                                         r"allowed: 'top_k', 'threshold'"):
+    with pytest.raises(
+        ValueError,
+        match=r"\[grt\] overrides: router_inference = 'greedy' is invalid; "
+        r"allowed: 'top_k', 'threshold'",
+    ):
         start_up(config)
     config.grt.router_inference = "threshold"
     assert start_up(config).router_inference == "threshold"
-    with pytest.raises(ValueError, match=r"router_inference = 'threshold' is invalid; is used by router = 'expert_choice'"):
+    with pytest.raises(
+        ValueError, match=r"router_inference = 'threshold' is invalid; is used by router = 'expert_choice'"
+    ):
         start_up(parse_config("--grt.router_inference", "threshold"))

@@ -34,8 +34,15 @@ def probe_lines(proc):
 def test_a_job_sees_what_python_dash_m_would(client, tmp_path):
     env = {**job_env(), "GRT_PROBE": "one", "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path / "extra")])}
     served = client.run("tests.launch_probe", ["--exit", "7", "a", "b"], env, timeout=60, cwd=str(tmp_path))
-    fresh = subprocess.run([sys.executable, "-m", "tests.launch_probe", "--exit", "7", "a", "b"], cwd=tmp_path,
-                           env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    fresh = subprocess.run(
+        [sys.executable, "-m", "tests.launch_probe", "--exit", "7", "a", "b"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert served.returncode == fresh.returncode == 7
     (got,), (expected,) = probe_lines(served), probe_lines(fresh)
     got["argv"][0] = expected["argv"][0] = "(module path)"
@@ -76,7 +83,9 @@ def test_a_timeout_kills_the_job(client):
 def test_import_time_variables_need_a_fresh_interpreter(client):
     base = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1"}
     assert needs_fresh_interpreter({**base, "GRT_PROBE": "x", "RANK": "1"}, base) == []
-    assert needs_fresh_interpreter({**base, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, base) == ["TORCHINDUCTOR_FX_GRAPH_CACHE"]
+    assert needs_fresh_interpreter({**base, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, base) == [
+        "TORCHINDUCTOR_FX_GRAPH_CACHE"
+    ]
     assert needs_fresh_interpreter({"PATH": "/usr/bin"}, base) == ["OMP_NUM_THREADS"]
     # Read per job: cache folders, log settings.
     assert needs_fresh_interpreter({**base, "TORCHINDUCTOR_CACHE_DIR": "/tmp/c", "TORCH_LOGS": "+dynamo"}, base) == []

@@ -16,9 +16,18 @@ PACKAGE = Path(__file__).resolve().parents[1] / "grt_titan"
 
 # Modules that import no other part of the package except other leaves.
 LEAVES = {
-    "grt_titan.atomic_dir", "grt_titan.cpu_support", "grt_titan.data.config", "grt_titan.fake_backend",
-    "grt_titan.field_checks", "grt_titan.quiet_imports",
-    "grt_titan.job_config", "grt_titan.model.args", "grt_titan.model.depth_law", "grt_titan.model.methods", "grt_titan.plots", "grt_titan.run_record",
+    "grt_titan.atomic_dir",
+    "grt_titan.cpu_support",
+    "grt_titan.data.config",
+    "grt_titan.fake_backend",
+    "grt_titan.field_checks",
+    "grt_titan.quiet_imports",
+    "grt_titan.job_config",
+    "grt_titan.model.args",
+    "grt_titan.model.depth_law",
+    "grt_titan.model.methods",
+    "grt_titan.plots",
+    "grt_titan.run_record",
     "grt_titan.tokenizer",
 }
 ENTRY = {"grt_titan", "grt_titan.spec", "grt_titan.train", "grt_titan.cli"}
@@ -102,7 +111,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
             if target == node:
                 continue
             if state.get(target) == "open":
-                found.append(stack[stack.index(target):] + [target])
+                found.append(stack[stack.index(target) :] + [target])
             elif target not in state:
                 visit(target, stack)
         stack.pop()
@@ -127,11 +136,14 @@ def test_no_import_circles():
     assert cycles(GRAPH) == []
 
 
-@pytest.mark.parametrize("source, target", [
-    ("grt_titan.model.args", "grt_titan.config_checks"),  # the circle issue 12 removed
-    ("grt_titan.analysis.load", "grt_titan.hf.export"),
-    ("grt_titan.components.validate", "grt_titan.analysis.report"),
-])
+@pytest.mark.parametrize(
+    "source, target",
+    [
+        ("grt_titan.model.args", "grt_titan.config_checks"),  # the circle issue 12 removed
+        ("grt_titan.analysis.load", "grt_titan.hf.export"),
+        ("grt_titan.components.validate", "grt_titan.analysis.report"),
+    ],
+)
 def test_a_circle_put_back_is_caught(source, target):
     graph = {module: set(targets) for module, targets in GRAPH.items()}
     graph[source].add(target)

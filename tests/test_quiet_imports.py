@@ -5,9 +5,11 @@ import logging
 
 from grt_titan.quiet_imports import _FILTER
 
-PYTREE_MESSAGE = ("%s is an Enum subclass and is now natively supported by torch.compile as an "
-                  "opaque value type. Calling register_constant() on Enum subclasses is deprecated "
-                  "and will be an error in a future release.")
+PYTREE_MESSAGE = (
+    "%s is an Enum subclass and is now natively supported by torch.compile as an "
+    "opaque value type. Calling register_constant() on Enum subclasses is deprecated "
+    "and will be an error in a future release."
+)
 
 
 def record(name: str, msg: str, *args) -> logging.LogRecord:
@@ -34,7 +36,10 @@ def test_other_torchao_messages_pass():
 
 
 def test_only_torchao_enum_deprecations_are_dropped():
-    assert not _FILTER.filter(record("torch.utils._pytree", PYTREE_MESSAGE,
-                                     enum_from("torchao.quantization.quantize_.common.kernel_preference")))
+    assert not _FILTER.filter(
+        record(
+            "torch.utils._pytree", PYTREE_MESSAGE, enum_from("torchao.quantization.quantize_.common.kernel_preference")
+        )
+    )
     assert _FILTER.filter(record("torch.utils._pytree", PYTREE_MESSAGE, enum_from("my_package.enums")))
     assert _FILTER.filter(record("torch.utils._pytree", "some other pytree warning %s", enum_from("torchao")))

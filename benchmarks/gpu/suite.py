@@ -80,10 +80,19 @@ class SuiteSize:
 GPU = SuiteSize(
     train_pairs=(("small", "grt_small", "dense_small"), ("medium", "grt_medium", "dense_medium")),
     wide=("llama_1b", "grt_llama_1b"),
-    batch=8, seq_len=1024, warmup=3, steps=6,
-    gen_grt="large", gen_dense="dense_large", gen_batch=4, gen_prompt=1024, gen_new_tokens=128,
-    gen_memory_batches=(1, 32), gen_repeats=3,
-    compile_backend="inductor", float8_emulate=False,
+    batch=8,
+    seq_len=1024,
+    warmup=3,
+    steps=6,
+    gen_grt="large",
+    gen_dense="dense_large",
+    gen_batch=4,
+    gen_prompt=1024,
+    gen_new_tokens=128,
+    gen_memory_batches=(1, 32),
+    gen_repeats=3,
+    compile_backend="inductor",
+    float8_emulate=False,
 )
 # Debug size on CPU: the same parts and code paths; aot_eager traces and partitions like
 # inductor without its code generation, and a 512-token vocabulary keeps the LM head from
@@ -91,10 +100,20 @@ GPU = SuiteSize(
 CPU_SMOKE = SuiteSize(
     train_pairs=(("debug", "grt_debug", "dense_debug"),),
     wide=("debug", "grt_debug"),
-    batch=2, seq_len=32, warmup=2, steps=1,
-    gen_grt="debug", gen_dense="dense_debug", gen_batch=2, gen_prompt=8, gen_new_tokens=3,
-    gen_memory_batches=(1, 2), gen_repeats=1,
-    compile_backend="aot_eager", float8_emulate=True, vocab_size=512,
+    batch=2,
+    seq_len=32,
+    warmup=2,
+    steps=1,
+    gen_grt="debug",
+    gen_dense="dense_debug",
+    gen_batch=2,
+    gen_prompt=8,
+    gen_new_tokens=3,
+    gen_memory_batches=(1, 2),
+    gen_repeats=1,
+    compile_backend="aot_eager",
+    float8_emulate=True,
+    vocab_size=512,
 )
 
 
@@ -115,11 +134,19 @@ def job_config(config: str, size: SuiteSize, compiled: bool, float8: bool):
     """torchtitan's JobConfig for a preset TOML, as `--job.config_file` would parse it."""
     from torchtitan.config import ConfigManager
 
-    args = ["--job.config_file", str(REPO / "train_configs" / f"{config}.toml"),
-            "--training.seq_len", str(size.seq_len),
-            "--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op",
-            "--compile.backend", size.compile_backend,
-            "--compile.enable" if compiled else "--compile.no-enable"]
+    args = [
+        "--job.config_file",
+        str(REPO / "train_configs" / f"{config}.toml"),
+        "--training.seq_len",
+        str(size.seq_len),
+        "--activation_checkpoint.mode",
+        "selective",
+        "--activation_checkpoint.selective_ac_option",
+        "op",
+        "--compile.backend",
+        size.compile_backend,
+        "--compile.enable" if compiled else "--compile.no-enable",
+    ]
     if float8:
         args += ["--model.converters", "quantize.linear.float8"]
         if size.float8_emulate:
@@ -130,6 +157,7 @@ def job_config(config: str, size: SuiteSize, compiled: bool, float8: bool):
 def build_trained_model(config: str, size: SuiteSize, device: str, compiled: bool, float8: bool):
     """Flavor + [grt] options, converters, `parallelize_grt`, init: the trainer's order."""
     import torch
+
     importlib.import_module("torchtitan.components.quantization")  # registers the float8 converter
     from torchtitan.distributed import ParallelDims
     from torchtitan.protocols.model_converter import build_model_converters
@@ -216,7 +244,9 @@ def measure_training(config: str, size: SuiteSize, device: str, compiled: bool, 
         flops = size.steps * args.expected_train_flops_per_token(size.seq_len)
     flops *= size.batch * size.seq_len
     result = {
-        "config": config, "compiled": compiled, "float8": float8,
+        "config": config,
+        "compiled": compiled,
+        "float8": float8,
         "tokens_per_s": size.steps * size.batch * size.seq_len / seconds,
         "tflops": flops / seconds / 1e12,
         "sampled_r": sampled,
@@ -251,20 +281,25 @@ def part_train(size: SuiteSize, device: str) -> dict:
     peak = peak_flops(device)
     rows = []
     for label, grt, dense in size.train_pairs:
-        runs = {(model, mode): train_run(config, size, device, mode == "compiled")
-                for mode in ("compiled", "eager") for model, config in (("grt", grt), ("dense", dense))}
+        runs = {
+            (model, mode): train_run(config, size, device, mode == "compiled")
+            for mode in ("compiled", "eager")
+            for model, config in (("grt", grt), ("dense", dense))
+        }
         g, d = runs[("grt", "compiled")], runs[("dense", "compiled")]
-        rows.append({
-            "size": label,
-            "grt_mfu": g["tflops"] * 1e12 / peak if peak else None,
-            "dense_mfu": d["tflops"] * 1e12 / peak if peak else None,
-            "mfu_ratio": g["tflops"] / d["tflops"],
-            "compiled_over_eager_grt": g["tokens_per_s"] / runs[("grt", "eager")]["tokens_per_s"],
-            "compiled_over_eager_dense": d["tokens_per_s"] / runs[("dense", "eager")]["tokens_per_s"],
-            "peak_memory_ratio": g["peak_gib"] / d["peak_gib"] if g["peak_gib"] else None,
-            "recompiles_after_warmup": g["recompiles_after_warmup"] + d["recompiles_after_warmup"],
-            "runs": [{"model": k[0], "mode": k[1], **v} for k, v in runs.items()],
-        })
+        rows.append(
+            {
+                "size": label,
+                "grt_mfu": g["tflops"] * 1e12 / peak if peak else None,
+                "dense_mfu": d["tflops"] * 1e12 / peak if peak else None,
+                "mfu_ratio": g["tflops"] / d["tflops"],
+                "compiled_over_eager_grt": g["tokens_per_s"] / runs[("grt", "eager")]["tokens_per_s"],
+                "compiled_over_eager_dense": d["tokens_per_s"] / runs[("dense", "eager")]["tokens_per_s"],
+                "peak_memory_ratio": g["peak_gib"] / d["peak_gib"] if g["peak_gib"] else None,
+                "recompiles_after_warmup": g["recompiles_after_warmup"] + d["recompiles_after_warmup"],
+                "runs": [{"model": k[0], "mode": k[1], **v} for k, v in runs.items()],
+            }
+        )
     return {"peak_tflops": peak / 1e12 if peak else None, "rows": rows}
 
 
@@ -274,8 +309,15 @@ def part_float8(size: SuiteSize, device: str) -> dict:
     for label, config in dict(sizes).items():  # --cpu-smoke: the wide run is the debug one
         bf16 = train_run(config, size, device, compiled=True)
         fp8 = train_run(config, size, device, compiled=True, float8=True)
-        rows.append({"size": label, "config": config, "float8_over_bf16": fp8["tokens_per_s"] / bf16["tokens_per_s"],
-                     "bf16": bf16, "float8": fp8})
+        rows.append(
+            {
+                "size": label,
+                "config": config,
+                "float8_over_bf16": fp8["tokens_per_s"] / bf16["tokens_per_s"],
+                "bf16": bf16,
+                "float8": fp8,
+            }
+        )
     return {"rows": rows}
 
 
@@ -297,16 +339,20 @@ def part_generate(size: SuiteSize, device: str) -> dict:
         repeats: int
         compile_backend: str
 
-    models = {"dense": gb.build_model(flavor_args(size.gen_dense, size), dtype, device),
-              "grt": gb.build_model(flavor_args(size.gen_grt, size), dtype, device)}
+    models = {
+        "dense": gb.build_model(flavor_args(size.gen_dense, size), dtype, device),
+        "grt": gb.build_model(flavor_args(size.gen_grt, size), dtype, device),
+    }
     latency = {}
     opts = Opts(device, size.gen_prompt, size.gen_new_tokens, 1, size.gen_repeats, size.compile_backend)
     for mode in ("eager", "compiled"):
         for name, model in models.items():
             r = gb.measure(model, "per_step", mode == "compiled", opts, size.gen_batch)
             latency[(name, mode)] = {k: v for k, v in r.items() if k != "tokens"}
-    rows = {f"{mode}_latency_ratio": latency[("grt", mode)]["latency_s"] / latency[("dense", mode)]["latency_s"]
-            for mode in ("eager", "compiled")}
+    rows = {
+        f"{mode}_latency_ratio": latency[("grt", mode)]["latency_s"] / latency[("dense", mode)]["latency_s"]
+        for mode in ("eager", "compiled")
+    }
     peaks = {name: latency[(name, "eager")].get("peak_bytes") for name in models}
     rows["eager_peak_memory_ratio"] = peaks["grt"] / peaks["dense"] if peaks["dense"] else None
     memory = []
@@ -317,12 +363,26 @@ def part_generate(size: SuiteSize, device: str) -> dict:
         for strategy in gb.STRATEGIES:
             r = gb.measure(models["grt"], strategy, False, once, batch)
             total = r["weights_bytes"] + r["kv_bytes"]
-            memory.append({"batch": batch, "strategy": strategy, "grt_mib": total / 2**20,
-                           "dense_mib": dense_total / 2**20, "ratio": total / dense_total,
-                           "peak_ratio": r["peak_bytes"] / dense["peak_bytes"] if "peak_bytes" in r else None})
-    return {"grt": size.gen_grt, "dense": size.gen_dense, "batch": size.gen_batch, "prompt": size.gen_prompt,
-            "new_tokens": size.gen_new_tokens, **rows,
-            "latency": [{"model": k[0], "mode": k[1], **v} for k, v in latency.items()], "memory": memory}
+            memory.append(
+                {
+                    "batch": batch,
+                    "strategy": strategy,
+                    "grt_mib": total / 2**20,
+                    "dense_mib": dense_total / 2**20,
+                    "ratio": total / dense_total,
+                    "peak_ratio": r["peak_bytes"] / dense["peak_bytes"] if "peak_bytes" in r else None,
+                }
+            )
+    return {
+        "grt": size.gen_grt,
+        "dense": size.gen_dense,
+        "batch": size.gen_batch,
+        "prompt": size.gen_prompt,
+        "new_tokens": size.gen_new_tokens,
+        **rows,
+        "latency": [{"model": k[0], "mode": k[1], **v} for k, v in latency.items()],
+        "memory": memory,
+    }
 
 
 PARTS = {"train": part_train, "float8": part_float8, "generate": part_generate}
@@ -376,8 +436,9 @@ def table(results: dict) -> str:
             f"| peak training memory GRT / dense, equal tokens | {s} | {fmt(row['peak_memory_ratio'])} | |",
         ]
     for row in measured.get("float8", {}).get("rows", []):
-        lines.append(f"| float8 / bf16 tokens/s, GRT | {row['size']} | {fmt(row['float8_over_bf16'])} "
-                     "| llama 8B: 1.28 |")
+        lines.append(
+            f"| float8 / bf16 tokens/s, GRT | {row['size']} | {fmt(row['float8_over_bf16'])} | llama 8B: 1.28 |"
+        )
     gen = measured.get("generate")
     if gen:
         s = f"{gen['grt']} vs {gen['dense']}"
@@ -388,8 +449,10 @@ def table(results: dict) -> str:
         ]
         paper = {"per_step": "0.91 (naive)", "average": "0.39"}
         for m in gen["memory"]:
-            lines.append(f"| decoding memory (weights + KV) GRT / dense, batch {m['batch']}, {m['strategy']} "
-                         f"| {s} | {fmt(m['ratio'])} | {paper.get(m['strategy'], '')} |")
+            lines.append(
+                f"| decoding memory (weights + KV) GRT / dense, batch {m['batch']}, {m['strategy']} "
+                f"| {s} | {fmt(m['ratio'])} | {paper.get(m['strategy'], '')} |"
+            )
     for name, value in results.items():
         if isinstance(value, dict) and "skipped" in value:
             lines.append(f"| {name} | | skipped: {value['skipped']} | |")
@@ -413,11 +476,19 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-smoke", action="store_true", help="debug size on CPU, the same parts (CI)")
     p.add_argument("--plan", action="store_true", help="print the time estimate per part and exit")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
-    p.add_argument("--budget-s", type=float, default=None,
-                   help="skip the parts that would start later than this (default: 300 on a GPU, none with --cpu-smoke)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="skip the parts that would start later than this (default: 300 on a GPU, none with --cpu-smoke)",
+    )
     p.add_argument("--out", type=Path, default=REPO / "outputs" / "gpu_suite", help="results.json goes here")
-    p.add_argument("--cache-dir", type=Path, default=None,
-                   help="compile cache (default: OUT/compile_cache), reused by the next run")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="compile cache (default: OUT/compile_cache), reused by the next run",
+    )
     opts = p.parse_args(argv)
     size = CPU_SMOKE if opts.cpu_smoke else GPU
     budget = opts.budget_s if opts.budget_s is not None else (float("inf") if opts.cpu_smoke else 300.0)

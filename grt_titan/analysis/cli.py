@@ -21,20 +21,29 @@ def build_parser() -> argparse.ArgumentParser:
         prog="grt-titan analyze",
         description="Per-recurrence-step diagnostics of a trained GRT (paper figures 3, 8-11).",
     )
-    p.add_argument("model", help="checkpoint step folder (or its checkpoint/ parent: latest step) "
-                                 "with --config, or an exported Hugging Face folder")
+    p.add_argument(
+        "model",
+        help="checkpoint step folder (or its checkpoint/ parent: latest step) "
+        "with --config, or an exported Hugging Face folder",
+    )
     p.add_argument("--config", help="training TOML (flavor, [grt] overrides, tokenizer, dataset)")
-    p.add_argument("--data", help="prepared dataset folder (`grt-titan prepare`) or 'grt_default'; "
-                                  "default: the config's [validation] dataset, else grt_default")
+    p.add_argument(
+        "--data",
+        help="prepared dataset folder (`grt-titan prepare`) or 'grt_default'; "
+        "default: the config's [validation] dataset, else grt_default",
+    )
     p.add_argument("--split", default="val", help="split to score (default: val)")
     p.add_argument("--out", required=True, help="output folder (created)")
     p.add_argument("--num-sequences", type=int, default=32, help="sequences scored (default 32)")
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--seq-len", type=int, help="default: the config's validation seq_len, else "
-                                                "min(1024, max_seq_len)")
+    p.add_argument("--seq-len", type=int, help="default: the config's validation seq_len, else min(1024, max_seq_len)")
     p.add_argument("--max-depth", type=int, help="deepest r scored (default R + 2)")
-    p.add_argument("--prompt", action="append", dest="prompts",
-                   help="prompt for the gate heatmap (repeatable; default: four example prompts)")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        dest="prompts",
+        help="prompt for the gate heatmap (repeatable; default: four example prompts)",
+    )
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -64,9 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         stream = open_dataset_split(dataset_name, dataset_path, args.split, loaded.tokenizer, data_cfg, "analyze")
         dataset = TokenSequenceDataset(stream, seq_len, dp_rank=0, dp_world_size=1, seed=0, shuffle=False)
         result = analyze(
-            loaded.model, loaded.tokenizer, dataset, args.out,
-            num_sequences=args.num_sequences, batch_size=args.batch_size, max_depth=args.max_depth,
-            prompts=args.prompts or DEFAULT_PROMPTS, source=loaded.source,
+            loaded.model,
+            loaded.tokenizer,
+            dataset,
+            args.out,
+            num_sequences=args.num_sequences,
+            batch_size=args.batch_size,
+            max_depth=args.max_depth,
+            prompts=args.prompts or DEFAULT_PROMPTS,
+            source=loaded.source,
             progress=not args.no_progress,
         )
     except (ValueError, FileNotFoundError) as e:

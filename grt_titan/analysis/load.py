@@ -67,8 +67,8 @@ def load_model(path: str | Path, config_file: str | Path | None = None, device: 
         state = native_state_from_hf(read_hf_weights(path), args)
         source = {"kind": "hf_export", "path": str(path), "step": None}
         # An export carries HF tokenizer files, not tiktoken ranks: GPT-2 unless --config says.
-        tokenizer = build_tokenizer(job_config) if job_config is not None else GPT2Tokenizer(
-            resolve_tokenizer_path(str(path))
+        tokenizer = (
+            build_tokenizer(job_config) if job_config is not None else GPT2Tokenizer(resolve_tokenizer_path(str(path)))
         )
     else:
         if cfg_args is None:
@@ -79,8 +79,13 @@ def load_model(path: str | Path, config_file: str | Path | None = None, device: 
         path = latest_step_folder(path)
         args = cfg_args
         state, facts = load_checkpoint(path, args)
-        source = {"kind": "checkpoint", "path": str(path), "step": facts.get("step"),
-                  "config": str(config_file), "flavor": job_config.model.flavor}
+        source = {
+            "kind": "checkpoint",
+            "path": str(path),
+            "step": facts.get("step"),
+            "config": str(config_file),
+            "flavor": job_config.model.flavor,
+        }
         tokenizer = build_tokenizer(job_config)
 
     try:

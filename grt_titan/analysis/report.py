@@ -85,14 +85,17 @@ def analyze(
         for text in prompts:
             ids = tokenizer.encode(text)[: args.max_seq_len]
             if not ids or max(ids) >= args.vocab_size:
-                raise ValueError(f"prompt {text!r} encodes to no tokens or to ids >= the vocabulary "
-                                 f"size {args.vocab_size}")
-            heatmaps.append({
-                "text": text,
-                "token_ids": ids,
-                "tokens": [tokenizer.decode([i]) for i in ids],
-                "gate_mean": gate_heatmap(model, ids, final_depth),
-            })
+                raise ValueError(
+                    f"prompt {text!r} encodes to no tokens or to ids >= the vocabulary size {args.vocab_size}"
+                )
+            heatmaps.append(
+                {
+                    "text": text,
+                    "token_ids": ids,
+                    "tokens": [tokenizer.decode([i]) for i in ids],
+                    "gate_mean": gate_heatmap(model, ids, final_depth),
+                }
+            )
             bar.update(1)
 
     per = acc.result()
@@ -122,23 +125,58 @@ def analyze(
             "kl_to_final": per["kl_to_final"],
             "final_depth": final_depth,
         },
-        "gate": {"steps": steps, **{k: per[k] for k in (  # figure 10
-            "gate_mean", "gate_std", *GATE_QUANTILE_KEYS, "gate_copy_frac", "gate_write_frac",
-            "update_ratio")}},
-        "updates": {"steps": steps, **{k: per[k] for k in (  # figure 11 (+ 14b)
-            "update_norm", "proposal_norm", "state_cosine", "proposal_cosine", "relative_update")}},
+        "gate": {
+            "steps": steps,
+            **{
+                k: per[k]
+                for k in (  # figure 10
+                    "gate_mean",
+                    "gate_std",
+                    *GATE_QUANTILE_KEYS,
+                    "gate_copy_frac",
+                    "gate_write_frac",
+                    "update_ratio",
+                )
+            },
+        },
+        "updates": {
+            "steps": steps,
+            **{
+                k: per[k]
+                for k in (  # figure 11 (+ 14b)
+                    "update_norm",
+                    "proposal_norm",
+                    "state_cosine",
+                    "proposal_cosine",
+                    "relative_update",
+                )
+            },
+        },
         "gate_heatmaps": {"depth": final_depth, "prompts": heatmaps},  # figure 8
         "plots": dict(PLOTS),
     }
 
     figures = {
-        "early_exit": plots.early_exit_figure(depths, per["loss"], flops, layers, R,
-                                              title=f"{result['model']['layout']}, seq_len {seq_len}"),
+        "early_exit": plots.early_exit_figure(
+            depths, per["loss"], flops, layers, R, title=f"{result['model']['layout']}, seq_len {seq_len}"
+        ),
         "convergence": plots.convergence_figure(depths, per["loss"], per["kl_to_final"], final_depth),
-        "gate": plots.gate_figure(steps, per["gate_mean"], {q: per[quantile_key(q)] for q in GATE_QUANTILES},
-                                  per["gate_copy_frac"], per["gate_write_frac"], per["update_ratio"]),
-        "updates": plots.updates_figure(steps, per["update_norm"], per["proposal_norm"], per["state_cosine"],
-                                        per["proposal_cosine"], per["relative_update"]),
+        "gate": plots.gate_figure(
+            steps,
+            per["gate_mean"],
+            {q: per[quantile_key(q)] for q in GATE_QUANTILES},
+            per["gate_copy_frac"],
+            per["gate_write_frac"],
+            per["update_ratio"],
+        ),
+        "updates": plots.updates_figure(
+            steps,
+            per["update_norm"],
+            per["proposal_norm"],
+            per["state_cosine"],
+            per["proposal_cosine"],
+            per["relative_update"],
+        ),
         "gate_heatmaps": plots.gate_heatmap_figure(heatmaps),
     }
     for name, fig in figures.items():

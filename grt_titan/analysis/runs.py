@@ -48,8 +48,9 @@ def last_scalar(tb_root: Path, tag: str) -> tuple[int, float] | None:
     best = None
     for folder in folders:
         # Every scalar (0 = no sampling), one of anything else (images of the validator).
-        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 1, "tensors": 1,
-                                                            "histograms": 1, "audio": 1})
+        acc = EventAccumulator(
+            str(folder), size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1, "audio": 1}
+        )
         acc.Reload()
         if tag not in acc.Tags()["scalars"]:
             continue
@@ -108,12 +109,18 @@ def load_run(run_dir: str | Path, config_file: str | Path | None = None) -> Run:
         record = read_run_record(path)
         source = str(path / RECORD_NAME)
     args = model_args_from_record(record, source)
-    run = Run(path=path, label=record["label"], args=args, seq_len=int(record["seq_len"]),
-              seed=record.get("seed"), record=record)
+    run = Run(
+        path=path,
+        label=record["label"],
+        args=args,
+        seq_len=int(record["seq_len"]),
+        seed=record.get("seed"),
+        record=record,
+    )
     tb = path / record.get("tb_folder", "tb")
     found = last_scalar(tb, LOSS_TAG) if tb.is_dir() else None
     if found is None:
-        run.missing = (f"no TensorBoard folder {tb}" if not tb.is_dir() else f"no {LOSS_TAG!r} in the events under {tb}")
+        run.missing = f"no TensorBoard folder {tb}" if not tb.is_dir() else f"no {LOSS_TAG!r} in the events under {tb}"
         run.missing += " (train with [metrics] enable_tensorboard = true and [validation] enable = true)"
     elif not math.isfinite(found[1]):
         run.missing = f"the last {LOSS_TAG!r} (step {found[0]}) is {found[1]}"

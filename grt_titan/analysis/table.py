@@ -43,7 +43,9 @@ SEED_FIELDS = ("depth_seed",)
 # columns): the `[grt]` settings but R (in the layout) and the seed, then the training
 # sequence length and steps (figure 6's token budgets).
 SETTING_KEYS = tuple(k for k in CONFIGURABLE_FIELDS if k not in SEED_FIELDS + ("num_recurrences",)) + (
-    "seq_len", "training_steps")
+    "seq_len",
+    "training_steps",
+)
 
 
 def layout(args: GRTModelArgs) -> str:
@@ -114,6 +116,7 @@ def run_settings(run: Run) -> dict[str, Any]:
 
 def settings_text(settings: dict[str, Any]) -> str:
     """`key=value, ...`; a list without spaces (`[0.5,0.25]`), None as None (the field's default rule)."""
+
     def text(value: Any) -> str:
         return "[" + ",".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) else str(value)
 
@@ -143,15 +146,17 @@ def build_rows(runs: list[Run]) -> list[Row]:
     rows = []
     for members in groups.values():
         args = members[0].args
-        rows.append(Row(
-            method=members[0].label,
-            layout=layout(args),
-            unique_layers=args.n_prelude_layers + args.n_core_layers + args.n_coda_layers,
-            block_applications=args.unrolled_layers,
-            flops_per_token=args.forward_flops_per_token(members[0].seq_len, recurrences=args.eval_depth),
-            params=stored_parameters(args),
-            runs=members,
-        ))
+        rows.append(
+            Row(
+                method=members[0].label,
+                layout=layout(args),
+                unique_layers=args.n_prelude_layers + args.n_core_layers + args.n_coda_layers,
+                block_applications=args.unrolled_layers,
+                flops_per_token=args.forward_flops_per_token(members[0].seq_len, recurrences=args.eval_depth),
+                params=stored_parameters(args),
+                runs=members,
+            )
+        )
     differing_settings(rows)
     return rows
 
@@ -163,19 +168,48 @@ def _loss_text(row: Row) -> str:
 
 
 def markdown(rows: list[Row]) -> str:
-    head = ["method", "layout", "unique layers", "block applications", "GFLOPs/token (fwd)", "params",
-            "val loss", "step", "n"]
+    head = [
+        "method",
+        "layout",
+        "unique layers",
+        "block applications",
+        "GFLOPs/token (fwd)",
+        "params",
+        "val loss",
+        "step",
+        "n",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [row.title, row.layout, str(row.unique_layers), str(row.block_applications),
-                 f"{row.flops_per_token / 1e9:.4g}", f"{row.params / 1e6:.1f}M", _loss_text(row),
-                 row.steps or "n/a", str(len(row.scored))]
+        cells = [
+            row.title,
+            row.layout,
+            str(row.unique_layers),
+            str(row.block_applications),
+            f"{row.flops_per_token / 1e9:.4g}",
+            f"{row.params / 1e6:.1f}M",
+            _loss_text(row),
+            row.steps or "n/a",
+            str(len(row.scored)),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-CSV_COLUMNS = ["method", "layout", "unique_layers", "block_applications", "forward_flops_per_token", "params",
-               "val_loss_mean", "val_loss_std", "n", "step", "runs", "settings"]
+CSV_COLUMNS = [
+    "method",
+    "layout",
+    "unique_layers",
+    "block_applications",
+    "forward_flops_per_token",
+    "params",
+    "val_loss_mean",
+    "val_loss_std",
+    "n",
+    "step",
+    "runs",
+    "settings",
+]
 
 
 def csv_text(rows: list[Row]) -> str:
@@ -183,12 +217,22 @@ def csv_text(rows: list[Row]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for row in rows:
-        writer.writerow([
-            row.method, row.layout, row.unique_layers, row.block_applications, repr(row.flops_per_token),
-            row.params, "" if row.loss_mean is None else repr(row.loss_mean),
-            "" if row.loss_std is None else repr(row.loss_std), len(row.scored), row.steps,
-            ";".join(str(run.path) for run in row.runs), settings_text(row.settings),
-        ])
+        writer.writerow(
+            [
+                row.method,
+                row.layout,
+                row.unique_layers,
+                row.block_applications,
+                repr(row.flops_per_token),
+                row.params,
+                "" if row.loss_mean is None else repr(row.loss_mean),
+                "" if row.loss_std is None else repr(row.loss_std),
+                len(row.scored),
+                row.steps,
+                ";".join(str(run.path) for run in row.runs),
+                settings_text(row.settings),
+            ]
+        )
     return out.getvalue()
 
 
@@ -218,12 +262,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="grt-titan table",
         description="Paper table 1 (method, layout, layers, FLOPs, params, validation loss) from training runs.",
     )
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR",
-                   help="job.dump_folder of a run (holds grt_run.json and tb/), or a folder of runs: every "
-                        "folder below it that holds grt_run.json")
-    p.add_argument("--config", action="append", default=[],
-                   help="training TOML of a run without grt_run.json (runs made before the record existed): "
-                        "once for all such runs, or once per such run in the order given")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="job.dump_folder of a run (holds grt_run.json and tb/), or a folder of runs: every "
+        "folder below it that holds grt_run.json",
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help="training TOML of a run without grt_run.json (runs made before the record existed): "
+        "once for all such runs, or once per such run in the order given",
+    )
     p.add_argument("--csv", help="also write the table as CSV to this file")
     p.add_argument("--ladder-png", help="also draw figure 5: one bar per row in the order given, dense loss dashed")
     return p
@@ -233,11 +285,14 @@ def _configs_for(run_dirs: list[str], configs: list[str]) -> list[str | None]:
     """Each run dir's --config: None for runs with a record; the one config, or the k-th."""
     bare = [d for d in run_dirs if not (Path(d) / RECORD_NAME).is_file()]
     if configs and len(configs) not in (1, len(bare)):
-        raise ValueError(f"{len(configs)} --config given for {len(bare)} run(s) without {RECORD_NAME} "
-                         f"({', '.join(bare) or 'none'}): give one for all of them, or one each in order")
+        raise ValueError(
+            f"{len(configs)} --config given for {len(bare)} run(s) without {RECORD_NAME} "
+            f"({', '.join(bare) or 'none'}): give one for all of them, or one each in order"
+        )
     given = iter(configs)
-    return [None if d not in bare or not configs else configs[0] if len(configs) == 1 else next(given)
-            for d in run_dirs]
+    return [
+        None if d not in bare or not configs else configs[0] if len(configs) == 1 else next(given) for d in run_dirs
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,8 +68,10 @@ def checkpoint_steps(folder: str | os.PathLike) -> list[int]:
     for name in os.listdir(folder):
         match = re.search(r"step-(\d+)", name)  # as _find_load_step
         path = os.path.join(folder, name)
-        if match and (os.path.isfile(os.path.join(path, METADATA_FILE))
-                      or os.path.isfile(os.path.join(path, "model.safetensors.index.json"))):
+        if match and (
+            os.path.isfile(os.path.join(path, METADATA_FILE))
+            or os.path.isfile(os.path.join(path, "model.safetensors.index.json"))
+        ):
             steps.append(int(match.group(1)))
     return steps
 
@@ -80,8 +82,13 @@ class ChecksumFileSystemWriter(FileSystemWriter):
     def write_data(self, plan, planner) -> Future[list[WriteResult]]:
         results = super().write_data(plan, planner).wait()  # written synchronously
         files = sorted({r.storage_data.relative_path for r in results})
-        sums = {name: {"crc32": file_crc32(os.path.join(self.path, name)),
-                       "bytes": os.path.getsize(os.path.join(self.path, name))} for name in files}
+        sums = {
+            name: {
+                "crc32": file_crc32(os.path.join(self.path, name)),
+                "bytes": os.path.getsize(os.path.join(self.path, name)),
+            }
+            for name in files
+        }
         out: Future[list[WriteResult]] = Future()
         out.set_result([*results, WriteResult(index=_CHECKSUM_INDEX, size_in_bytes=0, storage_data=sums)])
         return out
@@ -97,8 +104,7 @@ class ChecksumFileSystemWriter(FileSystemWriter):
         stale = os.path.join(self.path, METADATA_FILE)
         if os.path.exists(stale):  # an earlier save of this step: incomplete until the new one lands
             os.remove(stale)
-        body = {"format": CHECKSUM_FORMAT, "version": 1, "algorithm": "crc32",
-                "files": dict(sorted(sums.items()))}
+        body = {"format": CHECKSUM_FORMAT, "version": 1, "algorithm": "crc32", "files": dict(sorted(sums.items()))}
         tmp = os.path.join(self.path, CHECKSUM_FILE + ".tmp")
         with open(tmp, "w") as f:
             json.dump(body, f, indent=1)
@@ -188,9 +194,13 @@ class GRTCheckpointManager(CheckpointManager):
         elif async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM:
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-            ret = dcp.async_save(state_dict, storage_writer=writer, process_group=self.pg,
-                                 async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-                                 async_stager=self.stager)
+            ret = dcp.async_save(
+                state_dict,
+                storage_writer=writer,
+                process_group=self.pg,
+                async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+                async_stager=self.stager,
+            )
         else:
             ret = dcp.save(state_dict, storage_writer=writer)
         if enable_garbage_collection:
@@ -221,7 +231,8 @@ class GRTCheckpointManager(CheckpointManager):
                 raise CorruptCheckpointError(
                     f"checkpoint {self._create_checkpoint_id(step)} (step {step}, [checkpoint] load_step) "
                     f"failed its checksums: {'; '.join(problems)}. Load another step, or leave load_step "
-                    "at -1 to load the newest checkpoint that verifies")
+                    "at -1 to load the newest checkpoint that verifies"
+                )
             return step
         steps = sorted(checkpoint_steps(self.folder), reverse=True)
         bad = []
@@ -229,19 +240,25 @@ class GRTCheckpointManager(CheckpointManager):
             path = self._create_checkpoint_id(s)
             problems = _all_problems(path)
             if problems is None:
-                logger.info(f"Checkpoint {path} has no {CHECKSUM_FILE} (saved without checksums); "
-                            "loading it unverified.")
+                logger.info(
+                    f"Checkpoint {path} has no {CHECKSUM_FILE} (saved without checksums); loading it unverified."
+                )
             if not problems:
                 if bad:
-                    logger.warning(f"Resuming from checkpoint {path} (step {s}), the newest that "
-                                   f"passes its checksums, instead of step {bad[0]}.")
+                    logger.warning(
+                        f"Resuming from checkpoint {path} (step {s}), the newest that "
+                        f"passes its checksums, instead of step {bad[0]}."
+                    )
                 return s
             bad.append(s)
-            logger.warning(f"Checkpoint {path} (step {s}) is corrupted: {'; '.join(problems)}. "
-                           "Falling back to the previous complete checkpoint.")
+            logger.warning(
+                f"Checkpoint {path} (step {s}) is corrupted: {'; '.join(problems)}. "
+                "Falling back to the previous complete checkpoint."
+            )
         if bad:
             raise CorruptCheckpointError(
                 f"no checkpoint in {self.folder} passes its checksums (steps {', '.join(map(str, bad))} "
                 "are corrupted; see the warnings above). Restore a good copy, or start over in a new "
-                "--job.dump_folder")
+                "--job.dump_folder"
+            )
         return -1

@@ -89,12 +89,15 @@ class LossSpikeMonitor:
                 raise LossSpikeGaveUp(
                     f"{self.log_path}: the run gave up at a loss spike at step {g['step']} after "
                     f"{len(log['rewinds'])} rewind(s); allowed: raise [loss_spike] max_rewinds, "
-                    f"or resume from an earlier checkpoint with other settings")
+                    f"or resume from an earlier checkpoint with other settings"
+                )
         windows = [tuple(r["skip_positions"]) for r in log["rewinds"]]
         if windows:
             trainer.dataloader.set_skip_windows(windows)
-            logger.info(f"Loss-spike rewinds recorded in {self.log_path}: skipping data positions "
-                        + ", ".join(f"[{a}, {b})" for a, b in windows))
+            logger.info(
+                f"Loss-spike rewinds recorded in {self.log_path}: skipping data positions "
+                + ", ".join(f"[{a}, {b})" for a, b in windows)
+            )
 
     def history_json(self) -> str:
         return json.dumps(list(self.history))
@@ -131,28 +134,39 @@ class LossSpikeMonitor:
             return
         step, cfg = self.trainer.step, self.config
         log = read_log(self.log_path)
-        what = (f"step {step}: training loss {loss:.4g} is a spike (> {cfg.factor} x median "
-                f"{median:.4g} of the last {len(self.history)} steps)" if math.isfinite(loss)
-                else f"step {step}: training loss {loss} is not finite")
+        what = (
+            f"step {step}: training loss {loss:.4g} is a spike (> {cfg.factor} x median "
+            f"{median:.4g} of the last {len(self.history)} steps)"
+            if math.isfinite(loss)
+            else f"step {step}: training loss {loss} is not finite"
+        )
         if len(log["rewinds"]) >= cfg.max_rewinds:
             log["gave_up"] = {"step": step, "loss": loss if math.isfinite(loss) else str(loss)}
             self._commit(log)
-            raise LossSpikeGaveUp(f"{what}; giving up after {len(log['rewinds'])} rewind(s) "
-                                  f"([loss_spike] max_rewinds = {cfg.max_rewinds}); see {self.log_path}")
+            raise LossSpikeGaveUp(
+                f"{what}; giving up after {len(log['rewinds'])} rewind(s) "
+                f"([loss_spike] max_rewinds = {cfg.max_rewinds}); see {self.log_path}"
+            )
         loader = self.trainer.dataloader
         per_step = self.trainer.job_config.training.local_batch_size * self.trainer.gradient_accumulation_steps
         start = loader.position(loader.delivered - per_step)  # the spike step's first position
         end = start + cfg.skip_batches * loader.global_batch
-        entry = {"step": step, "loss": loss if math.isfinite(loss) else str(loss), "median": median,
-                 "skip_batches": cfg.skip_batches, "skip_positions": [start, end],
-                 "skip_sequences": [loader.dataset.sequence_number(d) for d in range(start, end)]}
+        entry = {
+            "step": step,
+            "loss": loss if math.isfinite(loss) else str(loss),
+            "median": median,
+            "skip_batches": cfg.skip_batches,
+            "skip_positions": [start, end],
+            "skip_sequences": [loader.dataset.sequence_number(d) for d in range(start, end)],
+        }
         log["rewinds"].append(entry)
         self._commit(log)
         raise LossSpikeRewind(
             f"{what}; stopped before the optimizer step. Rewind {len(log['rewinds'])} of at most "
             f"{cfg.max_rewinds}: the restart (torchrun --max-restarts, or the same command again) "
             f"resumes from the newest complete checkpoint and skips {cfg.skip_batches} global "
-            f"batch(es), data positions [{start}, {end}); recorded in {self.log_path}")
+            f"batch(es), data positions [{start}, {end}); recorded in {self.log_path}"
+        )
 
     def _commit(self, log: dict) -> None:
         """Rank 0 writes the log; every rank waits for it before raising."""

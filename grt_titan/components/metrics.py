@@ -82,8 +82,11 @@ class RecurrenceStats:
     @torch.no_grad()
     def observe(self, record: StepRecord) -> None:
         local = replace(
-            record, state=_local(record.state), new_state=_local(record.new_state),
-            gate=None if record.gate is None else _local(record.gate), proposal=_local(record.proposal),
+            record,
+            state=_local(record.state),
+            new_state=_local(record.new_state),
+            gate=None if record.gate is None else _local(record.gate),
+            proposal=_local(record.proposal),
         )
         row = step_row(local, full=False)  # on the device: no host sync
         if self.sums is None:
@@ -183,8 +186,7 @@ class GRTMetricsProcessor(MetricsProcessor):
         self.on_cpu = tt_utils.device_type == "cpu"
         self.fake_backend = is_fake_backend(job_config)
         # What the console prints instead of MFU, if MFU means nothing here (None: it does).
-        self.mfu_text = (MFU_FAKE_BACKEND if self.fake_backend else MFU_NOT_APPLICABLE if self.on_cpu
-                         else None)
+        self.mfu_text = MFU_FAKE_BACKEND if self.fake_backend else MFU_NOT_APPLICABLE if self.on_cpu else None
         super().__init__(job_config, parallel_dims, tag)
         if self.mfu_text is not None:
             self.logger = _WithoutKeys(self.logger, ("mfu(%)",))
@@ -271,10 +273,12 @@ class GRTMetricsProcessor(MetricsProcessor):
             self.stats.reset()
             return {}
         pd = self.parallel_dims
-        self.stats.all_reduce([
-            pd.get_optional_mesh("loss") if pd.dp_cp_enabled else None,
-            pd.get_optional_mesh("tp") if pd.tp_enabled else None,
-        ])
+        self.stats.all_reduce(
+            [
+                pd.get_optional_mesh("loss") if pd.dp_cp_enabled else None,
+                pd.get_optional_mesh("tp") if pd.tp_enabled else None,
+            ]
+        )
         metrics: dict[str, float] = {}
         if self.stats.depths:
             metrics["grt/r"] = sum(self.stats.depths) / len(self.stats.depths)
@@ -323,10 +327,7 @@ def console_line(metrics: dict[str, float]) -> str:
 
     r = metrics.get("grt/r")
     r_text = f"{r:g}" if r is not None else "?"
-    return (
-        f"grt  r: {r_text}  gate: {row('gate_mean')}  copy: {row('gate_copy_frac')}  "
-        f"rho: {row('update_ratio')}"
-    )
+    return f"grt  r: {r_text}  gate: {row('gate_mean')}  copy: {row('gate_copy_frac')}  rho: {row('update_ratio')}"
 
 
 def build_grt_metrics_processor(job_config, parallel_dims, model_args=None, tag=None) -> GRTMetricsProcessor:

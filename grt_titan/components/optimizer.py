@@ -110,7 +110,7 @@ class NonFiniteGuard:
                 f"step {step}: the gradient norm is NaN or inf (a non-finite loss or "
                 "gradient). Stopped before the optimizer step: no parameter changed and no "
                 f"checkpoint is written for step {step}. Lower the learning rate or resume "
-                "from an earlier checkpoint; [optimizer] on_nonfinite = \"skip\" skips such "
+                'from an earlier checkpoint; [optimizer] on_nonfinite = "skip" skips such '
                 "steps instead."
             )
         for _, params in self._params():
@@ -119,7 +119,7 @@ class NonFiniteGuard:
         self.skipped += 1
         logger.warning(
             f"step {step}: the gradient norm is NaN or inf; skipped the optimizer step "
-            "([optimizer] on_nonfinite = \"skip\"): no parameter or optimizer state changed, "
+            '([optimizer] on_nonfinite = "skip"): no parameter or optimizer state changed, '
             f"the learning-rate schedule advanced. {self.skipped} step(s) skipped so far."
         )
         return None

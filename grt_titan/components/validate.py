@@ -116,9 +116,7 @@ class GRTValidator(Validator):
             self.metrics_processor.ntokens_since_last_log += labels.numel()
             input_dict = {k: v.to(device) for k, v in input_dict.items()}
             labels = labels.to(device)
-            inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(
-                input_dict, labels, model_parts
-            )
+            inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels, model_parts)
             local_valid_tokens = (labels != IGNORE_INDEX).sum()
             if parallel_dims.dp_enabled:
                 global_valid_tokens = dist_utils.dist_sum(local_valid_tokens, parallel_dims.get_mesh("batch"))
@@ -149,10 +147,7 @@ class GRTValidator(Validator):
             extra[f"validation_metrics/loss_r{r}"] = loss_at[r]
             extra[f"validation_metrics/flops_per_token_r{r}"] = flops[r]
         self.metrics_processor.log_validation(loss=eval_loss, step=step, extra_metrics=extra)
-        logger.info(
-            f"validate step {step:2}  loss by depth r: "
-            + "  ".join(f"{r}: {loss_at[r]:.4f}" for r in depths)
-        )
+        logger.info(f"validate step {step:2}  loss by depth r: " + "  ".join(f"{r}: {loss_at[r]:.4f}" for r in depths))
         self._log_depth_curve(step, args, depths, loss_at, flops)
         model.train()
         return loss_at
@@ -184,11 +179,31 @@ class GRTValidator(Validator):
         plt.close(fig)
 
 
-def build_grt_validator(job_config, dp_world_size, dp_rank, tokenizer, parallel_dims, loss_fn,
-                        validation_context, maybe_enable_amp, metrics_processor=None,
-                        pp_schedule=None, pp_has_first_stage=None, pp_has_last_stage=None) -> GRTValidator:
+def build_grt_validator(
+    job_config,
+    dp_world_size,
+    dp_rank,
+    tokenizer,
+    parallel_dims,
+    loss_fn,
+    validation_context,
+    maybe_enable_amp,
+    metrics_processor=None,
+    pp_schedule=None,
+    pp_has_first_stage=None,
+    pp_has_last_stage=None,
+) -> GRTValidator:
     return GRTValidator(
-        job_config, dp_world_size, dp_rank, tokenizer, parallel_dims, loss_fn,
-        validation_context, maybe_enable_amp, metrics_processor,
-        pp_schedule, pp_has_first_stage, pp_has_last_stage,
+        job_config,
+        dp_world_size,
+        dp_rank,
+        tokenizer,
+        parallel_dims,
+        loss_fn,
+        validation_context,
+        maybe_enable_amp,
+        metrics_processor,
+        pp_schedule,
+        pp_has_first_stage,
+        pp_has_last_stage,
     )

@@ -34,8 +34,7 @@ def cache_root(data_cfg: DataConfig) -> Path:
 
 
 def _key(tokenizer_sha256: str, val_fraction: float) -> str:
-    blob = json.dumps([CORPUS_SHA256, tokenizer_sha256, sh.FORMAT_VERSION, val_fraction,
-                       SHARD_TOKENS])
+    blob = json.dumps([CORPUS_SHA256, tokenizer_sha256, sh.FORMAT_VERSION, val_fraction, SHARD_TOKENS])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -69,9 +68,15 @@ def ensure_prepared(tokenizer, data_cfg: DataConfig, location: str | None = None
 
         logger.info(f"Preparing the embedded corpus {NAME} into {out} (once)")
         try:
-            prepare([CORPUS_PATH], out, tokenizer_path=path,
-                    val_fraction=data_cfg.default_val_fraction, shard_tokens=SHARD_TOKENS,
-                    progress=False, input_labels=[f"grt_titan/assets/corpus/{CORPUS_PATH.name}"])
+            prepare(
+                [CORPUS_PATH],
+                out,
+                tokenizer_path=path,
+                val_fraction=data_cfg.default_val_fraction,
+                shard_tokens=SHARD_TOKENS,
+                progress=False,
+                input_labels=[f"grt_titan/assets/corpus/{CORPUS_PATH.name}"],
+            )
         except OSError:
             # Without a working lock another process may have renamed its copy first;
             # it is byte-identical, so use it.

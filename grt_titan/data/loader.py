@@ -48,8 +48,9 @@ class TokenSequenceDataset(Dataset):
     disjoint windows ``[a, b)`` of positions never read) are the same on every rank.
     """
 
-    def __init__(self, stream: sh.SplitStream, seq_len: int, dp_rank: int, dp_world_size: int,
-                 seed: int, shuffle: bool):
+    def __init__(
+        self, stream: sh.SplitStream, seq_len: int, dp_rank: int, dp_world_size: int, seed: int, shuffle: bool
+    ):
         if seq_len < 1:
             raise ValueError(f"seq_len = {seq_len}: must be >= 1")
         if not 0 <= dp_rank < dp_world_size:
@@ -145,8 +146,15 @@ class GlobalPositionDataloader(ParallelAwareDataloader):
             one is refused unless ``allow_global_batch_change``.
     """
 
-    def __init__(self, dataset: TokenSequenceDataset, dp_rank: int, dp_world_size: int,
-                 global_batch: int, allow_global_batch_change: bool = False, **kwargs):
+    def __init__(
+        self,
+        dataset: TokenSequenceDataset,
+        dp_rank: int,
+        dp_world_size: int,
+        global_batch: int,
+        allow_global_batch_change: bool = False,
+        **kwargs,
+    ):
         super().__init__(dataset, dp_rank=dp_rank, dp_world_size=dp_world_size, **kwargs)
         self.global_batch = global_batch
         self.allow_global_batch_change = allow_global_batch_change
@@ -171,9 +179,17 @@ class GlobalPositionDataloader(ParallelAwareDataloader):
     def record(self) -> dict:
         ds = self.dataset
         d = self.position()
-        return {"version": 1, "position": d, "epoch": d // ds.num_sequences, "num_sequences": ds.num_sequences,
-                "seq_len": ds.seq_len, "seed": ds.seed, "shuffle": ds.shuffle,
-                "global_batch": self.global_batch, "dp_degree": self.dp_world_size}
+        return {
+            "version": 1,
+            "position": d,
+            "epoch": d // ds.num_sequences,
+            "num_sequences": ds.num_sequences,
+            "seq_len": ds.seq_len,
+            "seed": ds.seed,
+            "shuffle": ds.shuffle,
+            "global_batch": self.global_batch,
+            "dp_degree": self.dp_world_size,
+        }
 
     def state_dict(self) -> dict:
         if self._legacy_keys:  # the template of a load from a per-rank checkpoint
@@ -190,7 +206,8 @@ class GlobalPositionDataloader(ParallelAwareDataloader):
                 f"[parallelism] data-parallel degree {self.dp_world_size}: the checkpoint holds the "
                 f"data position per data-parallel rank (torchtitan's format, {degree} ranks), which "
                 f"loads only at that degree; allowed: data-parallel degree {degree}, or "
-                "--checkpoint.exclude_from_loading dataloader (the data then starts over)")
+                "--checkpoint.exclude_from_loading dataloader (the data then starts over)"
+            )
 
     def load_state_dict(self, state_dict: dict) -> None:
         if not state_dict:
@@ -204,16 +221,21 @@ class GlobalPositionDataloader(ParallelAwareDataloader):
             return
         saved = json.loads(state_dict[STATE_KEY])
         ds, problems = self.dataset, []
-        for key, now, where in (("num_sequences", ds.num_sequences, "[training] dataset"),
-                                ("seq_len", ds.seq_len, "[training] seq_len"),
-                                ("seed", ds.seed, "[data] seed"), ("shuffle", ds.shuffle, "[data] shuffle")):
+        for key, now, where in (
+            ("num_sequences", ds.num_sequences, "[training] dataset"),
+            ("seq_len", ds.seq_len, "[training] seq_len"),
+            ("seed", ds.seed, "[data] seed"),
+            ("shuffle", ds.shuffle, "[data] shuffle"),
+        ):
             if saved[key] != now:
                 problems.append(f"{where}: {key} = {now!r}, saved {saved[key]!r}")
         if problems:
             raise ValueError(
                 "the checkpoint's data position belongs to another data order ("
-                + "; ".join(problems) + "); allowed: the saved dataset, seq_len and [data] seed/shuffle, "
-                "or --checkpoint.exclude_from_loading dataloader (the data then starts over)")
+                + "; ".join(problems)
+                + "); allowed: the saved dataset, seq_len and [data] seed/shuffle, "
+                "or --checkpoint.exclude_from_loading dataloader (the data then starts over)"
+            )
         if saved["global_batch"] != self.global_batch and not self.allow_global_batch_change:
             raise ValueError(
                 f"[training] global_batch_size: the checkpoint was saved with {saved['global_batch']} "
@@ -222,7 +244,8 @@ class GlobalPositionDataloader(ParallelAwareDataloader):
                 "mean; allowed: the same global batch (local_batch_size x data-parallel degree x "
                 "gradient accumulation), or [data] allow_global_batch_change = true (the data "
                 f"continues at sequence position {saved['position']}, the schedule continues by step "
-                "with the new number of sequences per step)")
+                "with the new number of sequences per step)"
+            )
         ds.start = int(saved["position"])
         self.delivered = 0
 
@@ -232,16 +255,16 @@ def data_config(job_config) -> DataConfig:
     return cfg if cfg is not None else DataConfig()
 
 
-def resolve_dataset(dataset: str, dataset_path: str | None, tokenizer, data_cfg: DataConfig,
-                    section: str) -> Path:
+def resolve_dataset(dataset: str, dataset_path: str | None, tokenizer, data_cfg: DataConfig, section: str) -> Path:
     """The prepared dataset folder selected by ``[<section>] dataset`` / ``dataset_path``."""
     if dataset == default_corpus.NAME:
         return default_corpus.ensure_prepared(tokenizer, data_cfg, dataset_path)
-    key, value = (f"[{section}] dataset_path", dataset_path) if dataset_path else (
-        f"[{section}] dataset", dataset)
+    key, value = (f"[{section}] dataset_path", dataset_path) if dataset_path else (f"[{section}] dataset", dataset)
     if not value:
-        raise ValueError(f"[{section}] dataset is empty; set it to {default_corpus.NAME!r} "
-                         "or to a folder made by `grt-titan prepare`")
+        raise ValueError(
+            f"[{section}] dataset is empty; set it to {default_corpus.NAME!r} "
+            "or to a folder made by `grt-titan prepare`"
+        )
     try:
         return sh.find_manifest(value, key).parent
     except FileNotFoundError as e:
@@ -251,21 +274,33 @@ def resolve_dataset(dataset: str, dataset_path: str | None, tokenizer, data_cfg:
         ) from None
 
 
-def open_dataset_split(dataset: str, dataset_path: str | None, split: str, tokenizer,
-                       data_cfg: DataConfig, section: str) -> sh.SplitStream:
+def open_dataset_split(
+    dataset: str, dataset_path: str | None, split: str, tokenizer, data_cfg: DataConfig, section: str
+) -> sh.SplitStream:
     root = resolve_dataset(dataset, dataset_path, tokenizer, data_cfg, section)
     manifest = sh.read_manifest(root / sh.MANIFEST_NAME)
     sha = getattr(tokenizer, "sha256", None)
     if sha is None:
-        logger.warning(f"{type(tokenizer).__name__} has no sha256; cannot check that "
-                       f"{root} was prepared with it (vocabulary size checked only)")
+        logger.warning(
+            f"{type(tokenizer).__name__} has no sha256; cannot check that "
+            f"{root} was prepared with it (vocabulary size checked only)"
+        )
     return sh.open_split(root, manifest, split, sha, tokenizer.get_vocab_size())
 
 
-def _build(stream: sh.SplitStream, dp_world_size: int, dp_rank: int, seq_len: int,
-           batch_size: int, dataloader_cfg, seed: int, shuffle: bool,
-           infinite: bool, global_batch: int, allow_global_batch_change: bool = False
-           ) -> GlobalPositionDataloader:
+def _build(
+    stream: sh.SplitStream,
+    dp_world_size: int,
+    dp_rank: int,
+    seq_len: int,
+    batch_size: int,
+    dataloader_cfg,
+    seed: int,
+    shuffle: bool,
+    infinite: bool,
+    global_batch: int,
+    allow_global_batch_change: bool = False,
+) -> GlobalPositionDataloader:
     ds = TokenSequenceDataset(stream, seq_len, dp_rank, dp_world_size, seed, shuffle)
     logger.info(
         f"Data {stream.dataset_dir} [{stream.split}]: {stream.num_tokens:,} tokens, "
@@ -274,14 +309,17 @@ def _build(stream: sh.SplitStream, dp_world_size: int, dp_rank: int, seq_len: in
     )
     kwargs = {**asdict(dataloader_cfg), "batch_size": batch_size}
     return GlobalPositionDataloader(
-        ds, dp_rank=dp_rank, dp_world_size=dp_world_size, global_batch=global_batch,
+        ds,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        global_batch=global_batch,
         allow_global_batch_change=allow_global_batch_change,
-        sampler=SampleCounter(None if infinite else ds.per_rank), **kwargs,
+        sampler=SampleCounter(None if infinite else ds.per_rank),
+        **kwargs,
     )
 
 
-def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config,
-                     infinite: bool = True) -> BaseDataLoader:
+def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True) -> BaseDataLoader:
     """The train spec's ``build_dataloader_fn``: the ``train`` split of ``[training] dataset``.
 
     Yields ``({"input": LongTensor[B, S]}, labels LongTensor[B, S])`` with
@@ -291,12 +329,24 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config,
     t, cfg = job_config.training, data_config(job_config)
     stream = open_dataset_split(t.dataset, t.dataset_path, "train", tokenizer, cfg, "training")
     global_batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp_world_size
-    return _build(stream, dp_world_size, dp_rank, t.seq_len, t.local_batch_size, t.dataloader,
-                  cfg.seed, cfg.shuffle, infinite, global_batch, cfg.allow_global_batch_change)
+    return _build(
+        stream,
+        dp_world_size,
+        dp_rank,
+        t.seq_len,
+        t.local_batch_size,
+        t.dataloader,
+        cfg.seed,
+        cfg.shuffle,
+        infinite,
+        global_batch,
+        cfg.allow_global_batch_change,
+    )
 
 
-def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config,
-                                infinite: bool = False) -> BaseDataLoader:
+def build_validation_dataloader(
+    dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = False
+) -> BaseDataLoader:
     """The ``val`` split of ``[validation] dataset``, in stream order (the same every run).
 
     Each ``iter()`` starts again at the split's first sequence, so every validation pass
@@ -304,5 +354,15 @@ def build_validation_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job
     """
     v, cfg = job_config.validation, data_config(job_config)
     stream = open_dataset_split(v.dataset, v.dataset_path, "val", tokenizer, cfg, "validation")
-    return _build(stream, dp_world_size, dp_rank, v.seq_len, v.local_batch_size, v.dataloader,
-                  cfg.seed, False, infinite, v.local_batch_size * dp_world_size)
+    return _build(
+        stream,
+        dp_world_size,
+        dp_rank,
+        v.seq_len,
+        v.local_batch_size,
+        v.dataloader,
+        cfg.seed,
+        False,
+        infinite,
+        v.local_batch_size * dp_world_size,
+    )

@@ -76,8 +76,7 @@ def _encode_task(task: list[tuple[str, int, bool]]) -> list[np.ndarray]:
     for piece, split, ends_doc in task:
         # == encode_ordinary (no special tokens allowed, none rejected), but straight into
         # a numpy buffer: no Python int per token.
-        out[split].append(enc.encode_to_numpy(piece, allowed_special=set(),
-                                              disallowed_special=()).astype(dtype))
+        out[split].append(enc.encode_to_numpy(piece, allowed_special=set(), disallowed_special=()).astype(dtype))
         if ends_doc:
             out[split].append(eot)
     return [np.concatenate(arrays) if arrays else np.zeros(0, dtype) for arrays in out]
@@ -164,8 +163,7 @@ def prepare(
     if invalid_utf8 not in ("error", "skip"):
         raise ValueError(f"--invalid-utf8 {invalid_utf8!r}: allowed 'error', 'skip'")
     if workers is None:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if workers < 1:
         raise ValueError(f"--workers {workers}: must be >= 1")
     out = Path(out)
@@ -179,8 +177,7 @@ def prepare(
     with atomic_directory(out, overwrite) as tmp:
         writers = [sh.ShardWriter(tmp, s, shard_tokens, dtype) for s in sh.SPLITS]
         stats = _Stats()
-        tasks = _tasks(iter_documents(sources, text_field), val_fraction, invalid_utf8,
-                       stats, writers)
+        tasks = _tasks(iter_documents(sources, text_field), val_fraction, invalid_utf8, stats, writers)
         _run(tasks, writers, tokenizer, workers, progress)
         split_info = {w.split: w.close() for w in writers}
         if stats.documents == 0:
@@ -194,8 +191,11 @@ def prepare(
                 f"--val-fraction ({val_fraction}) or add documents"
             )
         if stats.invalid_utf8:
-            print(f"warning: skipped {stats.invalid_utf8} documents with invalid UTF-8, e.g. "
-                  + "; ".join(stats.first_invalid), file=sys.stderr)
+            print(
+                f"warning: skipped {stats.invalid_utf8} documents with invalid UTF-8, e.g. "
+                + "; ".join(stats.first_invalid),
+                file=sys.stderr,
+            )
         manifest = {
             "format": sh.FORMAT_NAME,
             "version": sh.FORMAT_VERSION,
@@ -225,8 +225,9 @@ def _run(tasks, writers, tokenizer, workers: int, progress: bool) -> None:
     global _ENC
     _ENC = tokenizer  # used in this process (workers == 1) and by forked workers
 
-    bar = tqdm(unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True,
-               desc="tokenizing", file=sys.stderr)
+    bar = tqdm(
+        unit="tok", unit_scale=True, disable=not progress, dynamic_ncols=True, desc="tokenizing", file=sys.stderr
+    )
 
     def consume(arrays: list[np.ndarray]) -> None:
         for writer, arr in zip(writers, arrays):
@@ -263,23 +264,40 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tokenize local text (GPT-2 BPE) into uint16 token shards + manifest.json "
         "for grt_titan's loader. See docs/data.md.",
     )
-    p.add_argument("inputs", nargs="+", metavar="INPUT",
-                   help=".txt, .jsonl, .parquet (.txt.gz, .jsonl.gz), a `datasets` "
-                   "save_to_disk folder, or a folder of these (searched recursively)")
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help=".txt, .jsonl, .parquet (.txt.gz, .jsonl.gz), a `datasets` "
+        "save_to_disk folder, or a folder of these (searched recursively)",
+    )
     p.add_argument("--out", required=True, help="output folder (must not exist)")
-    p.add_argument("--text-field", default="text",
-                   help="JSON field / column holding the text (default: text)")
-    p.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
-                   help=f"share of documents in the val split (default: {DEFAULT_VAL_FRACTION})")
-    p.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
-                   help=f"tokens per shard file (default: {DEFAULT_SHARD_TOKENS:,})")
-    p.add_argument("--workers", type=int, default=None,
-                   help="tokenizer processes (default: all cores)")
-    p.add_argument("--tokenizer", default=None, metavar="FILE.tiktoken",
-                   help="tiktoken rank file (default: the shipped GPT-2 ranks)")
-    p.add_argument("--invalid-utf8", choices=("error", "skip"), default="error",
-                   help="on a document that is not valid UTF-8: fail (default) or count "
-                   "and skip it")
+    p.add_argument("--text-field", default="text", help="JSON field / column holding the text (default: text)")
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULT_VAL_FRACTION,
+        help=f"share of documents in the val split (default: {DEFAULT_VAL_FRACTION})",
+    )
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=DEFAULT_SHARD_TOKENS,
+        help=f"tokens per shard file (default: {DEFAULT_SHARD_TOKENS:,})",
+    )
+    p.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: all cores)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="FILE.tiktoken",
+        help="tiktoken rank file (default: the shipped GPT-2 ranks)",
+    )
+    p.add_argument(
+        "--invalid-utf8",
+        choices=("error", "skip"),
+        default="error",
+        help="on a document that is not valid UTF-8: fail (default) or count and skip it",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -289,18 +307,26 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         manifest = prepare(
-            args.inputs, args.out, tokenizer_path=args.tokenizer, text_field=args.text_field,
-            val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
-            workers=args.workers, invalid_utf8=args.invalid_utf8, overwrite=args.overwrite,
+            args.inputs,
+            args.out,
+            tokenizer_path=args.tokenizer,
+            text_field=args.text_field,
+            val_fraction=args.val_fraction,
+            shard_tokens=args.shard_tokens,
+            workers=args.workers,
+            invalid_utf8=args.invalid_utf8,
+            overwrite=args.overwrite,
             progress=not args.no_progress,
         )
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"grt-titan prepare: error: {e}", file=sys.stderr)
         return 2
     s = manifest["splits"]
-    print(f"wrote {args.out}: {manifest['documents']} documents, "
-          f"train {s['train']['tokens']:,} tokens in {len(s['train']['shards'])} shards, "
-          f"val {s['val']['tokens']:,} tokens in {len(s['val']['shards'])} shards")
+    print(
+        f"wrote {args.out}: {manifest['documents']} documents, "
+        f"train {s['train']['tokens']:,} tokens in {len(s['train']['shards'])} shards, "
+        f"val {s['val']['tokens']:,} tokens in {len(s['val']['shards'])} shards"
+    )
     return 0
 
 

@@ -187,13 +187,10 @@ def open_split(
         )
     if tok["vocab_size"] > vocab_size:
         raise ValueError(
-            f"{manifest_path}: vocabulary of {tok['vocab_size']} tokens exceeds the "
-            f"tokenizer's {vocab_size}"
+            f"{manifest_path}: vocabulary of {tok['vocab_size']} tokens exceeds the tokenizer's {vocab_size}"
         )
     if split not in manifest["splits"]:
-        raise ValueError(
-            f"{manifest_path}: no split {split!r}; it has {sorted(manifest['splits'])}"
-        )
+        raise ValueError(f"{manifest_path}: no split {split!r}; it has {sorted(manifest['splits'])}")
     dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
     info = manifest["splits"][split]
     files, counts = [], []
@@ -216,4 +213,3 @@ def open_split(
         files.append(shard["file"])
         counts.append(shard["tokens"])
     return SplitStream(dataset_dir, split, files, counts, dtype, vocab_size)
-

@@ -27,15 +27,12 @@ class InvalidUTF8(Exception):
 
 
 def _is_hf_dataset_dir(p: Path) -> bool:
-    return (p / "dataset_dict.json").is_file() or (
-        (p / "state.json").is_file() and (p / "dataset_info.json").is_file()
-    )
+    return (p / "dataset_dict.json").is_file() or ((p / "state.json").is_file() and (p / "dataset_info.json").is_file())
 
 
 def _kind(p: Path) -> str | None:
     name = p.name.lower()
-    for kind, suffixes in (("txt", TEXT_SUFFIXES), ("jsonl", JSONL_SUFFIXES),
-                           ("parquet", PARQUET_SUFFIXES)):
+    for kind, suffixes in (("txt", TEXT_SUFFIXES), ("jsonl", JSONL_SUFFIXES), ("parquet", PARQUET_SUFFIXES)):
         if name.endswith(suffixes):
             return kind
     return None
@@ -123,16 +120,13 @@ def read_jsonl(path: Path, text_field: str) -> Iterator[tuple[str | None, str]]:
             if not isinstance(obj, dict) or text_field not in obj:
                 keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
                 raise ValueError(
-                    f"{where}: no text field {text_field!r} (found {keys}); "
-                    "choose the field with --text-field"
+                    f"{where}: no text field {text_field!r} (found {keys}); choose the field with --text-field"
                 )
             text = obj[text_field]
             if text is None:
                 text = ""
             if not isinstance(text, str):
-                raise ValueError(
-                    f"{where}: field {text_field!r} is {type(text).__name__}, expected a string"
-                )
+                raise ValueError(f"{where}: field {text_field!r} is {type(text).__name__}, expected a string")
             if not text.isascii():
                 try:  # "\ud800" escapes decode to lone surrogates: not valid UTF-8 text
                     text.encode("utf-8")
@@ -149,12 +143,15 @@ def _arrow_texts(batches, text_field: str, path: Path) -> Iterator[tuple[str | N
     for batch in batches:
         if text_field not in batch.schema.names:
             raise ValueError(
-                f"{path}: no column {text_field!r} (found {batch.schema.names}); "
-                "choose the column with --text-field"
+                f"{path}: no column {text_field!r} (found {batch.schema.names}); choose the column with --text-field"
             )
         col = batch.column(text_field)
-        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
-                or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+        if not (
+            pa.types.is_string(col.type)
+            or pa.types.is_large_string(col.type)
+            or pa.types.is_binary(col.type)
+            or pa.types.is_large_binary(col.type)
+        ):
             raise ValueError(f"{path}: column {text_field!r} is {col.type}, expected strings")
         # Decode ourselves, so one bad row is one skipped document, not a failed batch.
         for data in col.cast(pa.large_binary()).to_pylist():
@@ -178,11 +175,9 @@ def read_parquet(path: Path, text_field: str) -> Iterator[tuple[str | None, str]
         raise ValueError(f"{path}: not a readable parquet file ({e})") from None
     if text_field not in pf.schema_arrow.names:
         raise ValueError(
-            f"{path}: no column {text_field!r} (found {pf.schema_arrow.names}); "
-            "choose the column with --text-field"
+            f"{path}: no column {text_field!r} (found {pf.schema_arrow.names}); choose the column with --text-field"
         )
-    yield from _arrow_texts(pf.iter_batches(batch_size=1024, columns=[text_field]),
-                            text_field, path)
+    yield from _arrow_texts(pf.iter_batches(batch_size=1024, columns=[text_field]), text_field, path)
 
 
 def read_hf_dataset(path: Path, text_field: str) -> Iterator[tuple[str | None, str]]:
@@ -210,12 +205,13 @@ def read_hf_dataset(path: Path, text_field: str) -> Iterator[tuple[str | None, s
             yield from _arrow_texts(reader, text_field, path / name)
 
 
-def iter_documents(
-    inputs: list[tuple[str, Path]], text_field: str
-) -> Iterator[tuple[str | None, str]]:
-    readers = {"txt": lambda p: read_txt(p), "jsonl": lambda p: read_jsonl(p, text_field),
-               "parquet": lambda p: read_parquet(p, text_field),
-               "hf": lambda p: read_hf_dataset(p, text_field)}
+def iter_documents(inputs: list[tuple[str, Path]], text_field: str) -> Iterator[tuple[str | None, str]]:
+    readers = {
+        "txt": lambda p: read_txt(p),
+        "jsonl": lambda p: read_jsonl(p, text_field),
+        "parquet": lambda p: read_parquet(p, text_field),
+        "hf": lambda p: read_hf_dataset(p, text_field),
+    }
     for kind, path in inputs:
         try:
             yield from readers[kind](path)

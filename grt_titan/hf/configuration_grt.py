@@ -40,13 +40,12 @@ ROUTER_INFERENCE = ("threshold", "top_k")
 # export made before the field existed was trained with it and has no such field.
 ROUTER_UPDATES = ("delta", "block")
 # The parts MoR fixes (update: the router weight replaces the gate).
-MOR_REQUIRED_PARTS = dict(block_style="gpt2", injection="none", update="overwrite", initial_state="prelude",
-                          step_adapter="none")
+MOR_REQUIRED_PARTS = dict(
+    block_style="gpt2", injection="none", update="overwrite", initial_state="prelude", step_adapter="none"
+)
 
 
-def check_exit_settings(
-    objective: str, exit_threshold: float, kv_cache_strategy: str, num_core_layers: int
-) -> None:
+def check_exit_settings(objective: str, exit_threshold: float, kv_cache_strategy: str, num_core_layers: int) -> None:
     """ValueError naming the field for an exit setting the model cannot run (Ouro's exit).
 
     Checked when the config is built and again by every forward, so a config edited after
@@ -194,22 +193,22 @@ class GRTConfig(PretrainedConfig):
         if block_style not in BLOCK_STYLES:
             raise ValueError(f"block_style = {block_style!r}; allowed: {BLOCK_STYLES}")
         if kv_cache_strategy not in KV_CACHE_STRATEGIES:
-            raise ValueError(
-                f"kv_cache_strategy = {kv_cache_strategy!r}; allowed: {KV_CACHE_STRATEGIES}"
-            )
+            raise ValueError(f"kv_cache_strategy = {kv_cache_strategy!r}; allowed: {KV_CACHE_STRATEGIES}")
         if hidden_size % num_attention_heads:
             raise ValueError(
-                f"hidden_size = {hidden_size} is not divisible by num_attention_heads = "
-                f"{num_attention_heads}"
+                f"hidden_size = {hidden_size} is not divisible by num_attention_heads = {num_attention_heads}"
             )
         if num_recurrences < 0 or (num_core_layers == 0 and num_recurrences):
             raise ValueError(
-                f"num_recurrences = {num_recurrences} is invalid; r >= 0, and 0 for a model "
-                "without core layers"
+                f"num_recurrences = {num_recurrences} is invalid; r >= 0, and 0 for a model without core layers"
             )
         parts = dict(
-            injection=injection, update=update, initial_state=initial_state, step_adapter=step_adapter,
-            objective=objective, router=router,
+            injection=injection,
+            update=update,
+            initial_state=initial_state,
+            step_adapter=step_adapter,
+            objective=objective,
+            router=router,
         )
         for name, value in parts.items():
             if value not in RECURRENCE_PARTS[name]:
@@ -230,8 +229,16 @@ class GRTConfig(PretrainedConfig):
                     f"there is one adapter per step up to train_recurrences = {train_recurrences}"
                 )
         if router != "none":
-            _check_router(parts, block_style, num_recurrences, train_recurrences, router_capacity, router_scale,
-                          router_inference, router_update)
+            _check_router(
+                parts,
+                block_style,
+                num_recurrences,
+                train_recurrences,
+                router_capacity,
+                router_scale,
+                router_inference,
+                router_update,
+            )
         self.block_style = block_style
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -313,8 +320,16 @@ class GRTConfig(PretrainedConfig):
         return self.num_prelude_layers + self.num_core_layers + self.num_coda_layers
 
 
-def _check_router(parts, block_style, num_recurrences, train_recurrences, router_capacity, router_scale,
-                  router_inference, router_update="delta") -> None:
+def _check_router(
+    parts,
+    block_style,
+    num_recurrences,
+    train_recurrences,
+    router_capacity,
+    router_scale,
+    router_inference,
+    router_update="delta",
+) -> None:
     """Mixture-of-Recursions' settings (router = "expert_choice"); ValueError naming the key."""
     for name, value in dict(parts, block_style=block_style).items():
         if name in MOR_REQUIRED_PARTS and value != MOR_REQUIRED_PARTS[name]:

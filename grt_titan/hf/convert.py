@@ -58,8 +58,9 @@ def check_exportable(args: GRTModelArgs) -> None:
     """Refuse, by name and before anything is read, a method modeling_grt.py does not
     implement (docs/hf_export.md, "Recurrence parts")."""
     # The router part is implemented for expert choice only (MoR's token choice is not).
-    unsupported = {k: v for k, v in args.non_grt_parts.items()
-                   if k not in HF_PARTS or (k, v) == ("router", "token_choice")}
+    unsupported = {
+        k: v for k, v in args.non_grt_parts.items() if k not in HF_PARTS or (k, v) == ("router", "token_choice")
+    }
     if not unsupported:
         return
     missing = {
@@ -101,8 +102,17 @@ def parse_size(size: str | int) -> int:
     if not m:
         raise ExportError(f"max_shard_size = {size!r}; use e.g. 5GB, 500MB or a number of bytes")
     number, unit = float(m.group(1)), (m.group(2) or "B").upper()
-    powers = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    powers = {
+        "B": 1,
+        "KB": 1e3,
+        "MB": 1e6,
+        "GB": 1e9,
+        "TB": 1e12,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+    }
     if unit not in powers:
         raise ExportError(f"max_shard_size = {size!r}: unknown unit {unit}")
     return int(number * powers[unit])
@@ -256,8 +266,7 @@ def _write_tokenizer(folder: Path, tokenizer, model_args: GRTModelArgs) -> None:
 
     if tokenizer.get_vocab_size() > model_args.vocab_size:
         raise ExportError(
-            f"the tokenizer has {tokenizer.get_vocab_size()} ids but the model's vocab_size is "
-            f"{model_args.vocab_size}"
+            f"the tokenizer has {tokenizer.get_vocab_size()} ids but the model's vocab_size is {model_args.vocab_size}"
         )
     write_tokenizer_files(folder, tokenizer.encoding._mergeable_ranks, model_args.max_seq_len)
 

@@ -69,8 +69,10 @@ def training_tokens(checkpoint: Path, job_config, facts: dict[str, Any]) -> tupl
             return int(logged[1]), "n_tokens_seen in the run's TensorBoard log"
         training = job_config.training
         if training.global_batch_size > 0:
-            return (step * training.global_batch_size * training.seq_len,
-                    "steps x global_batch_size x seq_len of the config")
+            return (
+                step * training.global_batch_size * training.seq_len,
+                "steps x global_batch_size x seq_len of the config",
+            )
     if facts.get("tokens_seen") is not None:
         return facts["tokens_seen"], "train_state of the checkpoint: data-parallel rank 0's tokens"
     return None, f"no n_tokens_seen logged at step {step}, global batch not fixed in the config"
@@ -146,22 +148,40 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export a torchtitan GRT checkpoint to a Hugging Face folder "
         "(AutoModelForCausalLM with trust_remote_code=True).",
     )
-    p.add_argument("--checkpoint", required=True,
-                   help="checkpoint step folder, e.g. <dump>/checkpoint/step-N, or <dump>/checkpoint (latest step)")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="checkpoint step folder, e.g. <dump>/checkpoint/step-N, or <dump>/checkpoint (latest step)",
+    )
     p.add_argument("--config", required=True, help="the training TOML (flavor and [grt] overrides)")
     p.add_argument("--out", required=True, help="output folder (created; must not exist)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
-    p.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE,
-                   help="split the weights into shards above this size (default 5GB)")
-    p.add_argument("--tokenizer", default=None,
-                   help=".tiktoken rank file (default: the run's hf_assets_path, else shipped GPT-2)")
-    p.add_argument("--validation-loss", type=float, default=None,
-                   help="for the model card (default: read from the run's TensorBoard logs)")
-    p.add_argument("--validation-step", type=int, default=None,
-                   help="the step --validation-loss was measured at, for the model card")
+    p.add_argument(
+        "--max-shard-size",
+        default=DEFAULT_MAX_SHARD_SIZE,
+        help="split the weights into shards above this size (default 5GB)",
+    )
+    p.add_argument(
+        "--tokenizer", default=None, help=".tiktoken rank file (default: the run's hf_assets_path, else shipped GPT-2)"
+    )
+    p.add_argument(
+        "--validation-loss",
+        type=float,
+        default=None,
+        help="for the model card (default: read from the run's TensorBoard logs)",
+    )
+    p.add_argument(
+        "--validation-step",
+        type=int,
+        default=None,
+        help="the step --validation-loss was measured at, for the model card",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    p.add_argument("--no-verify", action="store_true",
-                   help="skip the fp32 logit check of the written folder against the checkpoint")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the fp32 logit check of the written folder against the checkpoint",
+    )
     return p
 
 

@@ -71,8 +71,9 @@ def _check_against_config(hf_args: GRTModelArgs, config_file: str | Path) -> GRT
     return cfg_args
 
 
-def import_hf(hf_dir: str | Path, out: str | Path, config_file: str | Path | None = None,
-              overwrite: bool = False) -> Path:
+def import_hf(
+    hf_dir: str | Path, out: str | Path, config_file: str | Path | None = None, overwrite: bool = False
+) -> Path:
     """Convert the HF folder `hf_dir` into a torchtitan DCP checkpoint folder `out`."""
     hf_dir, out = Path(hf_dir), Path(out)
     if not (hf_dir / "config.json").is_file():
@@ -100,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--hf-dir", required=True, help="folder written by grt-titan export-hf")
     p.add_argument("--out", required=True, help="checkpoint folder to create, e.g. <dump>/checkpoint/step-0")
-    p.add_argument("--config", default=None,
-                   help="training TOML to check the model against (flavor and [grt] overrides)")
+    p.add_argument(
+        "--config", default=None, help="training TOML to check the model against (flavor and [grt] overrides)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     return p
 

@@ -27,7 +27,8 @@ def parameter_table(hf_state_dict: dict[str, Any]) -> list[tuple[str, int]]:
         if n:
             if name == "projection + gate":  # name only what the parts store
                 name = " + ".join(
-                    part for part, prefix in (("projection", "model.proj."), ("gate", "model.gate."))
+                    part
+                    for part, prefix in (("projection", "model.proj."), ("gate", "model.gate."))
                     if any(k.startswith(prefix) for k in hf_state_dict)
                 )
             counts.append((name, n))
@@ -93,9 +94,12 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         "# Gated Recurrent Transformer (GRT)" if grt else f"# Recurrent-depth transformer: {args.method_name}",
         "",
         "Exported from a torchtitan checkpoint by `grt-titan export-hf` "
-        + ("(Gated Recurrent Transformer, arXiv 2608.15062)." if grt else
-           "(a baseline of the Gated Recurrent Transformer paper, arXiv 2608.15062, as grt_titan "
-           "trains it: table 1's recurrent baselines and figure 5's ablation ladder)."),
+        + (
+            "(Gated Recurrent Transformer, arXiv 2608.15062)."
+            if grt
+            else "(a baseline of the Gated Recurrent Transformer paper, arXiv 2608.15062, as grt_titan "
+            "trains it: table 1's recurrent baselines and figure 5's ablation ladder)."
+        ),
         "",
         "## Architecture",
         "",
@@ -110,9 +114,13 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
             f"`{args.initial_state}`, step adapter `{args.step_adapter}`"
             + (f" (rank {args.lora_rank})" if args.step_adapter == "lora" else "")
             + f", objective `{args.objective}`"
-            + (f", router `{args.router}` (update `{args.router_update}`; routes by threshold, causal; "
-               "`router_inference=\"top_k\"` for training's rule without cache)" if args.router != "none" else "")
-            + " (grt_titan docs/architecture.md, \"Methods as parts\")"
+            + (
+                f", router `{args.router}` (update `{args.router_update}`; routes by threshold, causal; "
+                '`router_inference="top_k"` for training\'s rule without cache)'
+                if args.router != "none"
+                else ""
+            )
+            + ' (grt_titan docs/architecture.md, "Methods as parts")'
         )
     if args.per_step_readout:
         lines.append(

@@ -395,7 +395,11 @@ class GRTAttention(nn.Module):
         # No mask: plain causal attention over this call's tokens (or one query, all keys).
         is_causal = mask is None and seqlen > 1
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal,
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal,
             enable_gqa=self.num_kv_heads != self.num_heads,
         )
         out = out.transpose(1, 2).reshape(bsz, seqlen, -1)
@@ -483,8 +487,12 @@ class GRTStepAdapters(nn.Module):
         steps, blocks, rank = config.train_recurrences, config.num_core_layers, config.lora_rank
         linears = {"qkv": (d, 3 * d), "attention_out": (d, d), "mlp_in": (d, hidden), "mlp_out": (hidden, d)}
         self.scale = config.lora_scale
-        self.a = nn.ParameterDict({n: nn.Parameter(torch.empty(steps, blocks, rank, i)) for n, (i, _) in linears.items()})
-        self.b = nn.ParameterDict({n: nn.Parameter(torch.empty(steps, blocks, o, rank)) for n, (_, o) in linears.items()})
+        self.a = nn.ParameterDict(
+            {n: nn.Parameter(torch.empty(steps, blocks, rank, i)) for n, (i, _) in linears.items()}
+        )
+        self.b = nn.ParameterDict(
+            {n: nn.Parameter(torch.empty(steps, blocks, o, rank)) for n, (_, o) in linears.items()}
+        )
 
     def block_lora(self, step: int, block: int):
         """`lora(name, x)` of core block `block` at step `step` (0-based), for `GRTBlock`."""
@@ -583,8 +591,13 @@ class MoRCache(GRTCache):
                 store[name] = [rows[i] for i in order]
 
     def nbytes(self) -> int:
-        routed = sum(t.numel() * t.element_size() for store in (self.row_keys, self.row_values)
-                     for rows in store.values() for t in rows if t is not None)
+        routed = sum(
+            t.numel() * t.element_size()
+            for store in (self.row_keys, self.row_values)
+            for rows in store.values()
+            for t in rows
+            if t is not None
+        )
         return super().nbytes() + routed
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -997,10 +1010,7 @@ class GRTModel(GRTPreTrainedModel):
         if cache is None and use_cache:
             cache = (GRTCache if self.router is None else MoRCache)(config, strategy=kv_cache_strategy)
         elif cache is not None and kv_cache_strategy not in (None, cache.strategy):
-            raise ValueError(
-                f"kv_cache_strategy = {kv_cache_strategy!r} but the given cache uses "
-                f"{cache.strategy!r}"
-            )
+            raise ValueError(f"kv_cache_strategy = {kv_cache_strategy!r} but the given cache uses {cache.strategy!r}")
         past = cache.get_seq_length() if cache is not None and not cache.is_static else 0
         if cache_slots is None:
             start = cache.get_seq_length() if cache is not None else 0
@@ -1029,9 +1039,7 @@ class GRTModel(GRTPreTrainedModel):
                 )
             h = h + self.embed_positions(position_ids)
         rope = self._rope(position_ids, device)
-        mask, staged_mask = self._masks(
-            attention_mask, cache, cache_slots, past, seqlen, batch, device
-        )
+        mask, staged_mask = self._masks(attention_mask, cache, cache_slots, past, seqlen, batch, device)
         hidden_states = [h] if output_hidden_states else None
 
         def kv(kind, index, step=0):
@@ -1052,7 +1060,8 @@ class GRTModel(GRTPreTrainedModel):
         if self.router is not None:  # Mixture-of-Recursions: the routed steps replace the loop below
             keep = None if attention_mask is None else attention_mask[:, -seqlen:]
             h, routed_states, routed_proposals = self.router(
-                h, depth, self.core, router_inference, cache, cache_slots, keep)
+                h, depth, self.core, router_inference, cache, cache_slots, keep
+            )
             if output_recurrence or output_step_exits:
                 states.extend(routed_states)
             if output_recurrence:
@@ -1246,9 +1255,7 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             logits = self.lm_head(h)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(
-                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
-            )
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         step_logits = None
         if outputs.step_exits is not None:
             step_logits = tuple(self.lm_head(e) for e in outputs.step_exits)

@@ -26,9 +26,7 @@ ENDOFTEXT = "<|endoftext|>"
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from the 256 byte values to printable unicode characters."""
     printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     )
     chars = printable[:]
     n = 0
@@ -82,8 +80,14 @@ def build_tokenizer_json(vocab: dict[str, int], merges: list[tuple[str, str]], e
     from tokenizers.models import BPE
 
     tok = Tokenizer(
-        BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
-            end_of_word_suffix="", fuse_unk=False)
+        BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
     )
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -105,16 +109,10 @@ def write_tokenizer_files(out_dir: str | Path, ranks: dict[bytes, int], model_ma
     out = Path(out_dir)
     eos_id = len(ranks)
     vocab, merges = vocab_and_merges(ranks)
-    (out / "vocab.json").write_text(
-        json.dumps({**vocab, ENDOFTEXT: eos_id}, ensure_ascii=False), encoding="utf-8"
-    )
-    (out / "merges.txt").write_text(
-        "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8"
-    )
+    (out / "vocab.json").write_text(json.dumps({**vocab, ENDOFTEXT: eos_id}, ensure_ascii=False), encoding="utf-8")
+    (out / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
     vocab_with_eos = {**vocab, ENDOFTEXT: eos_id}
-    (out / "tokenizer.json").write_text(
-        build_tokenizer_json(vocab_with_eos, merges, eos_id), encoding="utf-8"
-    )
+    (out / "tokenizer.json").write_text(build_tokenizer_json(vocab_with_eos, merges, eos_id), encoding="utf-8")
     special = {"bos_token": ENDOFTEXT, "eos_token": ENDOFTEXT, "unk_token": ENDOFTEXT}
     config = {
         "tokenizer_class": "GPT2Tokenizer",

@@ -236,9 +236,7 @@ def apply_tp(
         # Ouro's exit gate reads the sequence-sharded output of `norm`: replicated weights on
         # sequence shards, as the norm; its logits stay a DTensor (the loss gathers them).
         parallelize_module(model.exit_gate, tp_mesh, SequenceParallel())
-    logger.info(
-        f"Applied {'Float8 tensorwise ' if enable_float8_tensorwise_tp else ''}Tensor Parallelism to the GRT"
-    )
+    logger.info(f"Applied {'Float8 tensorwise ' if enable_float8_tensorwise_tp else ''}Tensor Parallelism to the GRT")
 
 
 # ---- activation checkpointing and compile ----------------------------------------------
@@ -276,9 +274,7 @@ def apply_recurrence_compile(model: GRTModel, compile_config) -> None:
         if len(stack.layers):
             apply_compile(stack, compile_config)
     if model.recurrence is not None:
-        model.recurrence.step = torch.compile(
-            model.recurrence.step, backend=compile_config.backend, fullgraph=True
-        )
+        model.recurrence.step = torch.compile(model.recurrence.step, backend=compile_config.backend, fullgraph=True)
         logger.info("Compiled the recurrence step once (fullgraph); reused for every r")
 
 

@@ -159,11 +159,7 @@ class GRTModelArgs(BaseModelArgs):
         """The parts set to something other than GRT's (empty for GRT and dense models)."""
         if not self.is_recurrent:
             return {}
-        return {
-            name: getattr(self, name)
-            for name, default in GRT_PARTS.items()
-            if getattr(self, name) != default
-        }
+        return {name: getattr(self, name) for name, default in GRT_PARTS.items() if getattr(self, name) != default}
 
     @property
     def extrapolates(self) -> bool:
@@ -227,11 +223,7 @@ class GRTModelArgs(BaseModelArgs):
     @property
     def unrolled_layers(self) -> int:
         """Block executions of a forward at depth R: p + n*R + c."""
-        return (
-            self.n_prelude_layers
-            + self.n_core_layers * self.num_recurrences
-            + self.n_coda_layers
-        )
+        return self.n_prelude_layers + self.n_core_layers * self.num_recurrences + self.n_coda_layers
 
     def validate(self, where: str = "model args") -> None:
         """Raise ValueError naming the offending field and what is allowed."""
@@ -249,9 +241,7 @@ class GRTModelArgs(BaseModelArgs):
                 raise bad(name, getattr(self, name), "must be >= 1")
         if self.dim % self.n_heads:
             raise bad("dim", self.dim, f"must be divisible by n_heads = {self.n_heads}")
-        if self.n_kv_heads is not None and (
-            self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads
-        ):
+        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
             raise bad("n_kv_heads", self.n_kv_heads, f"must divide n_heads = {self.n_heads}")
         for name in ("n_prelude_layers", "n_core_layers", "n_coda_layers"):
             if getattr(self, name) < 0:
@@ -263,7 +253,9 @@ class GRTModelArgs(BaseModelArgs):
         if self.unrolled_layers < 1 and self.n_core_layers == 0:
             raise bad("n_prelude_layers", self.n_prelude_layers, "the model needs a block")
         if self.objective != "final" and not self.is_recurrent:
-            raise bad("objective", self.objective, "needs a recurrent flavor (n_core_layers >= 1); allowed for dense: 'final'")
+            raise bad(
+                "objective", self.objective, "needs a recurrent flavor (n_core_layers >= 1); allowed for dense: 'final'"
+            )
         if not self.is_recurrent:
             return
         if self.num_recurrences < 1:
@@ -286,7 +278,9 @@ class GRTModelArgs(BaseModelArgs):
         if self.gate_override is not None and not 0.0 <= self.gate_override <= 1.0:
             raise bad("gate_override", self.gate_override, "must be in [0, 1] or unset")
         if self.gate_override is not None and self.update != "gate":
-            raise bad("gate_override", self.gate_override, f"needs update = 'gate' (update = {self.update!r} has no gate)")
+            raise bad(
+                "gate_override", self.gate_override, f"needs update = 'gate' (update = {self.update!r} has no gate)"
+            )
         if self.initial_state_std <= 0:
             raise bad("initial_state_std", self.initial_state_std, "must be > 0")
         if self.depth_mean is not None and self.depth_mean < 1:
@@ -297,7 +291,9 @@ class GRTModelArgs(BaseModelArgs):
             raise bad("lora_rank", self.lora_rank, "must be >= 1")
         if self.step_adapter == "lora":
             if self.depth_sampling != "fixed":
-                raise bad("step_adapter", "lora", "needs depth_sampling = 'fixed' (one adapter per step of a fixed depth R)")
+                raise bad(
+                    "step_adapter", "lora", "needs depth_sampling = 'fixed' (one adapter per step of a fixed depth R)"
+                )
             if self.block_style != "gpt2":
                 raise bad("step_adapter", "lora", "is implemented for block_style = 'gpt2' (the paper's blocks)")
         if self.exit_entropy_weight < 0:
@@ -305,20 +301,32 @@ class GRTModelArgs(BaseModelArgs):
         if not 0.0 < self.exit_threshold <= 1.0:
             raise bad("exit_threshold", self.exit_threshold, "must be in (0, 1]")
         if self.exit_threshold != 1.0 and self.objective != "exit_distribution":
-            raise bad("exit_threshold", self.exit_threshold, "is used by objective = 'exit_distribution' only (no exit gate otherwise)")
+            raise bad(
+                "exit_threshold",
+                self.exit_threshold,
+                "is used by objective = 'exit_distribution' only (no exit gate otherwise)",
+            )
         if self.objective == "exit_distribution" and self.router != "none":
-            raise bad("objective", self.objective, f"cannot be combined with router = {self.router!r} (one method per run)")
+            raise bad(
+                "objective", self.objective, f"cannot be combined with router = {self.router!r} (one method per run)"
+            )
         if self.router_scale <= 0:
             raise bad("router_scale", self.router_scale, "must be > 0")
         if self.router_aux_weight < 0:
             raise bad("router_aux_weight", self.router_aux_weight, "must be >= 0")
         self._validate_token_choice(bad)
         if self.router_inference != "top_k" and self.router != "expert_choice":
-            raise bad("router_inference", self.router_inference,
-                      f"is used by router = 'expert_choice' only (router = {self.router!r}); allowed: 'top_k'")
+            raise bad(
+                "router_inference",
+                self.router_inference,
+                f"is used by router = 'expert_choice' only (router = {self.router!r}); allowed: 'top_k'",
+            )
         if self.router_update != "delta" and self.router != "expert_choice":
-            raise bad("router_update", self.router_update,
-                      f"is used by router = 'expert_choice' only (router = {self.router!r}); allowed: 'delta'")
+            raise bad(
+                "router_update",
+                self.router_update,
+                f"is used by router = 'expert_choice' only (router = {self.router!r}); allowed: 'delta'",
+            )
         if self.router != "none":
             self._validate_router(bad)
 
@@ -326,7 +334,10 @@ class GRTModelArgs(BaseModelArgs):
         """MoR (router = expert_choice) is prelude + core x R + coda with routed steps only:
         no re-injection, no gate, no noise, a fixed depth R (one router per step)."""
         required = {
-            "block_style": ("gpt2", "the routed core gathers tokens; llama blocks would need their RoPE positions gathered too"),
+            "block_style": (
+                "gpt2",
+                "the routed core gathers tokens; llama blocks would need their RoPE positions gathered too",
+            ),
             "depth_sampling": ("fixed", "one router and one capacity per step of a fixed depth R"),
             "injection": ("none", "MoR does not re-inject the prelude output"),
             "update": ("overwrite", "the router weight replaces the gate on routed tokens (router_update)"),
@@ -339,19 +350,28 @@ class GRTModelArgs(BaseModelArgs):
             if getattr(self, name) != value:
                 raise bad(name, getattr(self, name), f"router = {self.router!r} needs {name} = {value!r} ({why})")
         if self.eval_recurrences is not None and self.eval_recurrences > self.num_recurrences:
-            raise bad("eval_recurrences", self.eval_recurrences,
-                      f"router = {self.router!r} has one router per step: at most num_recurrences = {self.num_recurrences}")
+            raise bad(
+                "eval_recurrences",
+                self.eval_recurrences,
+                f"router = {self.router!r} has one router per step: at most num_recurrences = {self.num_recurrences}",
+            )
         if self.router_capacity is None:
             return
         capacities = self.router_capacities
         if len(capacities) != self.num_recurrences:
-            raise bad("router_capacity", self.router_capacity,
-                      f"needs one capacity per step (num_recurrences = {self.num_recurrences}), got {len(capacities)}")
+            raise bad(
+                "router_capacity",
+                self.router_capacity,
+                f"needs one capacity per step (num_recurrences = {self.num_recurrences}), got {len(capacities)}",
+            )
         if not all(0.0 < c <= 1.0 for c in capacities):
             raise bad("router_capacity", self.router_capacity, "capacities must be in (0, 1]")
         if any(b > a for a, b in zip(capacities, capacities[1:])):
-            raise bad("router_capacity", self.router_capacity,
-                      "capacities must not increase (step i chooses among the tokens step i-1 kept)")
+            raise bad(
+                "router_capacity",
+                self.router_capacity,
+                "capacities must not increase (step i chooses among the tokens step i-1 kept)",
+            )
 
     def _validate_token_choice(self, bad: Callable[[str, Any, str], ValueError]) -> None:
         """MoR token choice (docs/architecture.md): its own loss weights, none of expert
@@ -364,14 +384,21 @@ class GRTModelArgs(BaseModelArgs):
         if self.router != "token_choice":
             for name in own:
                 if getattr(self, name) != defaults[name]:
-                    raise bad(name, getattr(self, name), f"is used by router = 'token_choice' only (router = {self.router!r})")
+                    raise bad(
+                        name, getattr(self, name), f"is used by router = 'token_choice' only (router = {self.router!r})"
+                    )
             return
-        for name, why in (("router_capacity", "each token chooses its own depth"),
-                          ("router_scale", "the weight is the softmax probability itself (alpha = 1)"),
-                          ("router_aux_weight", "token choice's auxiliary loss is router_balance_weight")):
+        for name, why in (
+            ("router_capacity", "each token chooses its own depth"),
+            ("router_scale", "the weight is the softmax probability itself (alpha = 1)"),
+            ("router_aux_weight", "token choice's auxiliary loss is router_balance_weight"),
+        ):
             if getattr(self, name) != defaults[name]:
-                raise bad(name, getattr(self, name), f"is used by router = 'expert_choice' only ({why}); "
-                          f"leave it unset with router = 'token_choice'")
+                raise bad(
+                    name,
+                    getattr(self, name),
+                    f"is used by router = 'expert_choice' only ({why}); leave it unset with router = 'token_choice'",
+                )
 
     @property
     def token_choice_active_shares(self) -> tuple[float, ...]:
@@ -437,9 +464,7 @@ class GRTModelArgs(BaseModelArgs):
             params += self.n_core_layers * 16 * d * self.lora_rank
         return params
 
-    def forward_flops_per_token(
-        self, seq_len: int, recurrences: float | None = None, training: bool = False
-    ) -> float:
+    def forward_flops_per_token(self, seq_len: int, recurrences: float | None = None, training: bool = False) -> float:
         """Eq. 1 at depth r, plus the LM head: (p + n r + c)(24 d^2 + 4 S d) + r 10 d^2 + 2 d V.
 
         10 d^2 is GRT's W_proj and gate; other parts change it (`recurrence_matmul_params`).
@@ -477,6 +502,7 @@ class GRTModelArgs(BaseModelArgs):
         if training:
             extra += (r - 1) * 2 * self.dim * self.padded_vocab_size
         return extra
+
     def routed_step_flops_per_token(self, seq_len: int, r: int) -> list[float]:
         """MoR: the forward FLOPs of each step i < r, per token of the sequence: the core on the
         step's k_i tokens, n [(k_i / S) 2W + 4 (k_i^2 / S) d], and for expert choice also the
@@ -490,8 +516,10 @@ class GRTModelArgs(BaseModelArgs):
         else:
             kept = self.router_tokens_kept(S)[:r]
             routers = [(m / S) * 2 * d for m in [S] + kept[:-1]]
-        return [self.n_core_layers * ((k / S) * 2 * weights + 4 * (k * k / S) * d) + router
-                for k, router in zip(kept, routers)]
+        return [
+            self.n_core_layers * ((k / S) * 2 * weights + 4 * (k * k / S) * d) + router
+            for k, router in zip(kept, routers)
+        ]
 
     def _routed_forward_flops_per_token(self, seq_len: int, r: int) -> float:
         """MoR (docs/architecture.md): step i runs the core on its k_i routed tokens and its

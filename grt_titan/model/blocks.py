@@ -136,9 +136,7 @@ class BlockStack(nn.Module):
 
     def __init__(self, args: GRTModelArgs, num_layers: int, first_layer_id: int = 0):
         super().__init__()
-        self.layers = nn.ModuleDict(
-            {str(i): build_block(args, first_layer_id + i) for i in range(num_layers)}
-        )
+        self.layers = nn.ModuleDict({str(i): build_block(args, first_layer_id + i) for i in range(num_layers)})
 
     def forward(
         self,

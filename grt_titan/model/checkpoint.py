@@ -71,7 +71,6 @@ def load_model_args(config_file: str | Path):
     return args, job_config
 
 
-
 # ---- Hugging Face config <-> args --------------------------------------------------------
 
 
@@ -171,9 +170,16 @@ def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
     if config["num_core_layers"]:
         # The parts config.json gives (none: GRT's) and their settings.
         overrides.update({name: config.get(name, GRT_PARTS[name]) for name in HF_PARTS})
-        for key, field in (("initial_state_std",) * 2, ("initial_state_seed", "depth_seed"), ("lora_rank",) * 2,
-                           ("lora_scale",) * 2, ("exit_threshold",) * 2, ("router_capacity",) * 2,
-                           ("router_scale",) * 2, ("router_update",) * 2):
+        for key, field in (
+            ("initial_state_std",) * 2,
+            ("initial_state_seed", "depth_seed"),
+            ("lora_rank",) * 2,
+            ("lora_scale",) * 2,
+            ("exit_threshold",) * 2,
+            ("router_capacity",) * 2,
+            ("router_scale",) * 2,
+            ("router_update",) * 2,
+        ):
             if key in config:
                 overrides[field] = config[key]
         if overrides["step_adapter"] == "lora" and not saved:
@@ -263,11 +269,11 @@ def single_process_dcp():
 
 def latest_step_folder(path: Path) -> Path:
     """`path` itself, or its `step-N` child with the largest N (a checkpoint folder)."""
-    steps = [
-        (int(m.group(1)), p)
-        for p in path.iterdir()
-        if p.is_dir() and (m := re.fullmatch(r"step-(\d+)", p.name))
-    ] if path.is_dir() else []
+    steps = (
+        [(int(m.group(1)), p) for p in path.iterdir() if p.is_dir() and (m := re.fullmatch(r"step-(\d+)", p.name))]
+        if path.is_dir()
+        else []
+    )
     return max(steps)[1] if steps else path
 
 
@@ -296,9 +302,7 @@ def load_checkpoint(path: str | Path, args: GRTModelArgs) -> tuple[dict[str, tor
         if args.tie_embeddings:
             native["output.weight"] = native["tok_embeddings.weight"]
         return native, {"step": _step_from_name(path), "tokens_seen": None}
-    raise CheckpointError(
-        f"{path} is not a torchtitan checkpoint step folder (no DCP .metadata, no safetensors)"
-    )
+    raise CheckpointError(f"{path} is not a torchtitan checkpoint step folder (no DCP .metadata, no safetensors)")
 
 
 def _load_dcp(path: Path, args: GRTModelArgs) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -306,7 +310,7 @@ def _load_dcp(path: Path, args: GRTModelArgs) -> tuple[dict[str, torch.Tensor], 
     expected = build_meta_model(args).state_dict()
     prefix = "model." if "model.tok_embeddings.weight" in metadata else ""
     saved = {
-        k[len(prefix):]: v
+        k[len(prefix) :]: v
         for k, v in metadata.items()
         if k.startswith(prefix) and not k.startswith(_NON_MODEL_PREFIXES)
     }
@@ -324,11 +328,7 @@ def _load_dcp(path: Path, args: GRTModelArgs) -> tuple[dict[str, torch.Tensor], 
             f"checkpoint {path} does not match the config (flavor / [grt] overrides): "
             f"missing {missing[:8]}, unexpected {unexpected[:8]}, shapes {bad_shapes[:8]}"
         )
-    state = {
-        k: torch.empty(tuple(saved[k].size), dtype=saved[k].properties.dtype)
-        for k in expected
-        if k in saved
-    }
+    state = {k: torch.empty(tuple(saved[k].size), dtype=saved[k].properties.dtype) for k in expected if k in saved}
     # dcp.load fills the given tensors in place (the prefixed dict shares them).
     with single_process_dcp():
         dcp.load({prefix + k: v for k, v in state.items()}, checkpoint_id=str(path))

@@ -85,16 +85,26 @@ RRT = Method(
 )
 POISSON = Method(
     "Heavy-tail Poisson",
-    _frozen(injection="proj", update="overwrite", initial_state="random", depth_sampling="poisson_lognormal",
-            **_NO_NOISE),
+    _frozen(
+        injection="proj", update="overwrite", initial_state="random", depth_sampling="poisson_lognormal", **_NO_NOISE
+    ),
     key=("depth_sampling",),
     settings=_frozen(backprop_recurrences=8),
     config="poisson",
 )
 GRT = Method(
     "GRT",
-    _frozen(injection="proj", update="gate", initial_state="prelude", step_adapter="none", objective="final",
-            router="none", depth_sampling="uniform", state_noise_std=0.1, gate_noise_std=0.1),
+    _frozen(
+        injection="proj",
+        update="gate",
+        initial_state="prelude",
+        step_adapter="none",
+        objective="final",
+        router="none",
+        depth_sampling="uniform",
+        state_noise_std=0.1,
+        gate_noise_std=0.1,
+    ),
     key=("injection", "update", "initial_state"),
     settings=_frozen(gate_temperature=1.0, gate_bias_init=4.0),
     config="grt",
@@ -115,16 +125,30 @@ LADDER_COMPONENTS: tuple[tuple[str, Mapping[str, Any]], ...] = (
 _UNIFORM = _frozen(depth_sampling="uniform")
 LADDER: tuple[Method, ...] = (
     dataclasses.replace(DENSE, config="ladder_1_dense"),
-    Method("recurrence", _frozen(n_prelude_layers=0, n_coda_layers=0, injection="none", update="overwrite",
-                                 **_NO_NOISE), settings=_UNIFORM, config="ladder_2_recurrence"),
-    Method("recurrence + prelude/coda", _frozen(injection="none", update="overwrite", **_NO_NOISE),
-           settings=_UNIFORM, config="ladder_3_prelude_coda"),
-    Method("recurrence + prelude/coda + noise",
-           _frozen(injection="none", update="overwrite", state_noise_std=0.1, gate_noise_std=0.0),
-           settings=_UNIFORM, config="ladder_4_noise"),
-    Method("recurrence + prelude/coda + noise + re-injection",
-           _frozen(injection="proj", update="overwrite", state_noise_std=0.1, gate_noise_std=0.0),
-           settings=_UNIFORM, config="ladder_5_reinjection"),
+    Method(
+        "recurrence",
+        _frozen(n_prelude_layers=0, n_coda_layers=0, injection="none", update="overwrite", **_NO_NOISE),
+        settings=_UNIFORM,
+        config="ladder_2_recurrence",
+    ),
+    Method(
+        "recurrence + prelude/coda",
+        _frozen(injection="none", update="overwrite", **_NO_NOISE),
+        settings=_UNIFORM,
+        config="ladder_3_prelude_coda",
+    ),
+    Method(
+        "recurrence + prelude/coda + noise",
+        _frozen(injection="none", update="overwrite", state_noise_std=0.1, gate_noise_std=0.0),
+        settings=_UNIFORM,
+        config="ladder_4_noise",
+    ),
+    Method(
+        "recurrence + prelude/coda + noise + re-injection",
+        _frozen(injection="proj", update="overwrite", state_noise_std=0.1, gate_noise_std=0.0),
+        settings=_UNIFORM,
+        config="ladder_5_reinjection",
+    ),
     dataclasses.replace(GRT, config="ladder_6_gate"),
 )
 

@@ -46,18 +46,14 @@ class GRTModel(ModelProtocol):
         model_args.validate()
         self.model_args = args = model_args
         self.tok_embeddings = nn.Embedding(args.padded_vocab_size, args.dim)
-        self.pos_embeddings = (
-            nn.Embedding(args.max_seq_len, args.dim) if args.block_style == "gpt2" else None
-        )
+        self.pos_embeddings = nn.Embedding(args.max_seq_len, args.dim) if args.block_style == "gpt2" else None
         if args.block_style == "llama":
             self.register_buffer("freqs_cis", self._precompute_freqs_cis(), persistent=False)
         else:
             self.freqs_cis = None
         self.prelude = BlockStack(args, args.n_prelude_layers, first_layer_id=0)
         self.recurrence = Recurrence(args) if args.is_recurrent else None
-        self.coda = BlockStack(
-            args, args.n_coda_layers, first_layer_id=args.n_prelude_layers + args.n_core_layers
-        )
+        self.coda = BlockStack(args, args.n_coda_layers, first_layer_id=args.n_prelude_layers + args.n_core_layers)
         norm_cls = nn.LayerNorm if args.block_style == "gpt2" else nn.RMSNorm
         self.norm = norm_cls(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.padded_vocab_size, bias=False)
@@ -72,9 +68,7 @@ class GRTModel(ModelProtocol):
 
     def _precompute_freqs_cis(self) -> torch.Tensor:
         args = llama_block_args(self.model_args)
-        return precompute_freqs_cis(
-            args.dim // args.n_heads, args.max_seq_len, args.rope_theta, args.rope_scaling_args
-        )
+        return precompute_freqs_cis(args.dim // args.n_heads, args.max_seq_len, args.rope_theta, args.rope_scaling_args)
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         args = self.model_args

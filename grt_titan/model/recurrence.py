@@ -106,9 +106,7 @@ class Gate(nn.Module):
         self.bias_init = args.gate_bias_init
         self.override = args.gate_override  # ablation: a constant gate, f_g unused
 
-    def forward(
-        self, h: torch.Tensor, h_pre: torch.Tensor, noise: torch.Tensor | None
-    ) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, h_pre: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         if self.override is not None:
             return torch.full_like(h, self.override)
         features = torch.cat([self.state_norm(h), self.anchor_norm(h_pre)], dim=-1)
@@ -268,9 +266,7 @@ class Recurrence(nn.Module):
         seed = ((self.noise_seed * 1_000_003 + index) * 65_537 + self.noise_rank) % 2**63
         return torch.Generator(device=like.device).manual_seed(seed)
 
-    def _noise(
-        self, like: torch.Tensor, std: float, generator: torch.Generator | None
-    ) -> torch.Tensor | None:
+    def _noise(self, like: torch.Tensor, std: float, generator: torch.Generator | None) -> torch.Tensor | None:
         if not self.training or std == 0:
             return None
         if generator is None:
@@ -320,9 +316,7 @@ class Recurrence(nn.Module):
                 self._noise(h, self.gate_noise_std, generator),
             )
             # RRT's adapters are chosen by a tensor index: one compiled graph for every step.
-            step_index = (
-                torch.tensor(index, dtype=torch.int64, device=h.device) if self.has_step_adapters else None
-            )
+            step_index = torch.tensor(index, dtype=torch.int64, device=h.device) if self.has_step_adapters else None
             tracked = grad_enabled and index >= first_tracked
             if h.requires_grad != tracked:
                 # A random h_0, a state from untracked steps, or h_pre entering an untracked step:
@@ -331,9 +325,7 @@ class Recurrence(nn.Module):
                 h = h.detach().requires_grad_(tracked)
             with torch.set_grad_enabled(tracked):
                 # Always with its parts: one compiled graph whether an observer looks or not.
-                new_h, gate, proposal = self.step(
-                    h, h_pre, freqs_cis, *noise, return_parts=True, step_index=step_index
-                )
+                new_h, gate, proposal = self.step(h, h_pre, freqs_cis, *noise, return_parts=True, step_index=step_index)
             if self.observer is not None:
                 self.observer(StepRecord(index + 1, depth, h, new_h, gate, proposal))
             if states is not None:
@@ -347,7 +339,11 @@ class Recurrence(nn.Module):
         observer = self.observer
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
         h, aux_loss_sum = self.router(
-            self.step, h, freqs_cis, depth, grad_from=first_tracked,
+            self.step,
+            h,
+            freqs_cis,
+            depth,
+            grad_from=first_tracked,
             observer=None if observer is None else (lambda *parts: observer(StepRecord(*parts))),
         )
         return RecurrenceOutput(h, aux_loss_sum=aux_loss_sum)

@@ -71,9 +71,7 @@ class ExpertChoiceRouter(nn.Module):
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
-        self.steps = nn.ModuleList(
-            nn.Linear(args.dim, 1, bias=False) for _ in range(args.num_recurrences)
-        )
+        self.steps = nn.ModuleList(nn.Linear(args.dim, 1, bias=False) for _ in range(args.num_recurrences))
         self.args = args
         self.scale = args.router_scale
         self.aux_weight = args.router_aux_weight

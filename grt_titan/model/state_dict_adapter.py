@@ -165,9 +165,7 @@ class GRTStateDictAdapter(StateDictAdapter):
         with open(path) as f:
             weight_map = json.load(f).get("weight_map", {})
         if set(weight_map) != set(self.from_hf_map):
-            logger.warning(
-                f"{path} does not list exactly this model's weights; HF saves use one file"
-            )
+            logger.warning(f"{path} does not list exactly this model's weights; HF saves use one file")
             return None
         # "model-00002-of-00003.safetensors" -> 2
         return {k: int(v.split("-")[1]) for k, v in weight_map.items()}
@@ -201,8 +199,7 @@ class GRTStateDictAdapter(StateDictAdapter):
         for key, value in hf_state_dict.items():
             if key not in self.from_hf_map:
                 raise ValueError(
-                    f"unexpected Hugging Face key {key!r} for this GRT model; the weights and "
-                    "the config do not match"
+                    f"unexpected Hugging Face key {key!r} for this GRT model; the weights and the config do not match"
                 )
             native_key = self.from_hf_map[key]
             if native_key in VOCAB_ROW_KEYS:

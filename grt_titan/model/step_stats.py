@@ -60,12 +60,21 @@ WRITE_THRESHOLD = 0.05  # g below: the step writes the proposal
 
 TRAINING_SUMS = ("count", "gate", "gate_sq", "copy", "write", "update_sq", "proposal_delta_sq")
 SUMS = TRAINING_SUMS + (
-    "state_sq", "tokens", "update_norm", "proposal_norm", "state_cosine", "proposal_cosine",
+    "state_sq",
+    "tokens",
+    "update_norm",
+    "proposal_norm",
+    "state_cosine",
+    "proposal_cosine",
 )
 
 TRAINING_STATISTICS = ("gate_mean", "gate_std", "gate_copy_frac", "gate_write_frac", "update_ratio")
 STATISTICS = TRAINING_STATISTICS + (
-    "update_norm", "proposal_norm", "state_cosine", "proposal_cosine", "relative_update",
+    "update_norm",
+    "proposal_norm",
+    "state_cosine",
+    "proposal_cosine",
+    "relative_update",
 )
 
 
@@ -173,12 +182,14 @@ def summarize(rows: torch.Tensor) -> list[dict[str, float]]:
             "update_ratio": math.sqrt(s["update_sq"] / s["proposal_delta_sq"]) if s["proposal_delta_sq"] > 0 else 0.0,
         }
         if len(values) == len(SUMS):
-            stats.update({
-                "update_norm": s["update_norm"] / s["tokens"],
-                "proposal_norm": s["proposal_norm"] / s["tokens"],
-                "state_cosine": s["state_cosine"] / s["tokens"],
-                "proposal_cosine": s["proposal_cosine"] / s["tokens"],
-                "relative_update": math.sqrt(s["update_sq"] / s["state_sq"]) if s["state_sq"] > 0 else 0.0,
-            })
+            stats.update(
+                {
+                    "update_norm": s["update_norm"] / s["tokens"],
+                    "proposal_norm": s["proposal_norm"] / s["tokens"],
+                    "state_cosine": s["state_cosine"] / s["tokens"],
+                    "proposal_cosine": s["proposal_cosine"] / s["tokens"],
+                    "relative_update": math.sqrt(s["update_sq"] / s["state_sq"]) if s["state_sq"] > 0 else 0.0,
+                }
+            )
         out.append(stats)
     return out

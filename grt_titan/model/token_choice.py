@@ -115,7 +115,13 @@ class TokenChoiceRouter(nn.Module):
                 # The GRT's convention (h <- g h + (1 - g) o): 1 - g on active tokens, 1 elsewhere.
                 with torch.no_grad():
                     kept_share = torch.ones_like(h).scatter(1, rows, (1 - weight).expand_as(h_sel))
-                    observer(index + 1, depth, h, new_h, kept_share,
-                             h.scatter(1, rows, torch.where(real.unsqueeze(-1), proposal, h_sel)))
+                    observer(
+                        index + 1,
+                        depth,
+                        h,
+                        new_h,
+                        kept_share,
+                        h.scatter(1, rows, torch.where(real.unsqueeze(-1), proposal, h_sel)),
+                    )
             h = new_h
         return h, aux

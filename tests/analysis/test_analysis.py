@@ -46,8 +46,12 @@ def test_depth_analysis_equals_independent_forwards():
                 assert result[key][i] == pytest.approx(value, rel=1e-5), (i, key)
             assert result["update_norm"][i] == pytest.approx((h_new - h).norm(dim=-1).mean().item(), rel=1e-5)
             assert result["proposal_norm"][i] == pytest.approx(o.norm(dim=-1).mean().item(), rel=1e-5)
-            assert result["state_cosine"][i] == pytest.approx(F.cosine_similarity(h_new, h, dim=-1).mean().item(), rel=1e-5)
-            assert result["proposal_cosine"][i] == pytest.approx(F.cosine_similarity(o, h, dim=-1).mean().item(), rel=1e-4, abs=1e-6)
+            assert result["state_cosine"][i] == pytest.approx(
+                F.cosine_similarity(h_new, h, dim=-1).mean().item(), rel=1e-5
+            )
+            assert result["proposal_cosine"][i] == pytest.approx(
+                F.cosine_similarity(o, h, dim=-1).mean().item(), rel=1e-4, abs=1e-6
+            )
             assert result["relative_update"][i] == pytest.approx(((h_new - h).norm() / h.norm()).item(), rel=1e-5)
             # Figure 10a's bands: a histogram quantile lies between the two order statistics
             # around q (where quantile definitions differ), give or take one bin (1e-3).
@@ -79,8 +83,16 @@ def test_analyze_writes_every_plot_and_the_json(tmp_path):
     data = make_dataset(tmp_path / "data")
     stream = open_dataset_split(str(data), None, "val", ByteTokenizer(), DataConfig(), "analyze")
     dataset = TokenSequenceDataset(stream, 32, dp_rank=0, dp_world_size=1, seed=0, shuffle=False)
-    result = analyze(model, ByteTokenizer(), dataset, tmp_path / "out", num_sequences=6, batch_size=4,
-                     prompts=["The old man sat by the", "def f(x):"], progress=False)
+    result = analyze(
+        model,
+        ByteTokenizer(),
+        dataset,
+        tmp_path / "out",
+        num_sequences=6,
+        batch_size=4,
+        prompts=["The old man sat by the", "def f(x):"],
+        progress=False,
+    )
     check_analysis_output(tmp_path / "out", num_recurrences=3, max_depth=5)
     assert result["data"] == {"sequences": 6, "seq_len": 32, "tokens": 6 * 32}
     assert result["early_exit"]["forward_flops_per_token"] == [

@@ -30,8 +30,19 @@ def make_run(root, name, flavor, losses, *, seed=0, recurrences=None, timestamps
     from torch.utils.tensorboard import SummaryWriter
 
     run = root / name
-    overrides = ["--job.dump_folder", str(run), "--model.flavor", flavor, "--training.seq_len", str(S),
-                 "--debug.seed", str(seed), "--grt.num_recurrences", str(recurrences or 4), *extra]
+    overrides = [
+        "--job.dump_folder",
+        str(run),
+        "--model.flavor",
+        flavor,
+        "--training.seq_len",
+        str(S),
+        "--debug.seed",
+        str(seed),
+        "--grt.num_recurrences",
+        str(recurrences or 4),
+        *extra,
+    ]
     jc = parse_config(*overrides)
     args = dataclasses.replace(grt_flavors[flavor])
     args.update_from_config(jc)
@@ -39,7 +50,7 @@ def make_run(root, name, flavor, losses, *, seed=0, recurrences=None, timestamps
     items = sorted(losses.items())
     for k, stamp in enumerate(timestamps):
         writer = SummaryWriter(str(run / "tb" / stamp))
-        for step, loss in items[k::len(timestamps)]:
+        for step, loss in items[k :: len(timestamps)]:
             writer.add_scalar("loss_metrics/global_avg_loss", loss + 1.0, step)
             writer.add_scalar(LOSS_TAG, loss, step)
         writer.close()
@@ -66,8 +77,15 @@ def runs(module_tmp):
     root = module_tmp("runs")
     return {
         "dense": make_run(root, "small_dense", "dense_small", {10: 3.5, 20: 3.3}),
-        "grt_a": make_run(root, "small_grt_seed0", "small", {10: 3.4, 20: 3.25, 30: 3.0}, seed=0, recurrences=10,
-                          timestamps=("20260101-0000", "20260101-0100")),
+        "grt_a": make_run(
+            root,
+            "small_grt_seed0",
+            "small",
+            {10: 3.4, 20: 3.25, 30: 3.0},
+            seed=0,
+            recurrences=10,
+            timestamps=("20260101-0000", "20260101-0100"),
+        ),
         "grt_b": make_run(root, "small_grt_seed1", "small", {10: 3.4, 30: 3.2}, seed=1, recurrences=10),
         "no_val": make_run(root, "small_grt_noval", "small", {}, recurrences=6),
     }
@@ -99,8 +117,16 @@ def test_seeds_of_a_row_give_mean_std_and_n(runs):
 
 def test_cli_prints_markdown_and_writes_csv_and_ladder(runs, tmp_path, capsys):
     out_csv, png = tmp_path / "table1.csv", tmp_path / "fig5.png"
-    rc = cli_main(["table", *(str(runs[k]) for k in ("dense", "grt_a", "grt_b", "no_val")),
-                   "--csv", str(out_csv), "--ladder-png", str(png)])
+    rc = cli_main(
+        [
+            "table",
+            *(str(runs[k]) for k in ("dense", "grt_a", "grt_b", "no_val")),
+            "--csv",
+            str(out_csv),
+            "--ladder-png",
+            str(png),
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     lines = out.splitlines()
@@ -115,7 +141,9 @@ def test_cli_prints_markdown_and_writes_csv_and_ladder(runs, tmp_path, capsys):
     grt = rows[1]
     assert float(grt["forward_flops_per_token"]) == small_flops()
     assert int(grt["params"]) == 63_602_688 and int(grt["n"]) == 2 and grt["step"] == "30"
-    assert float(grt["val_loss_mean"]) == pytest.approx(3.1) and float(grt["val_loss_std"]) == pytest.approx(0.1414, abs=1e-4)
+    assert float(grt["val_loss_mean"]) == pytest.approx(3.1) and float(grt["val_loss_std"]) == pytest.approx(
+        0.1414, abs=1e-4
+    )
     assert grt["runs"] == f"{runs['grt_a']};{runs['grt_b']}"
     assert rows[2]["val_loss_mean"] == rows[2]["val_loss_std"] == "" and rows[2]["n"] == "0"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -124,8 +152,9 @@ def test_cli_prints_markdown_and_writes_csv_and_ladder(runs, tmp_path, capsys):
 def test_ladder_figure_bars_and_dense_line():
     from grt_titan import plots
 
-    fig = plots.ladder_figure(["dense", "rung 2", "GRT"], [3.3, 3.6, 3.1], [0.0, 0.05, 0.0], dense_loss=3.3,
-                              dense_name="12L")
+    fig = plots.ladder_figure(
+        ["dense", "rung 2", "GRT"], [3.3, 3.6, 3.1], [0.0, 0.05, 0.0], dense_loss=3.3, dense_name="12L"
+    )
     (ax,) = fig.axes
     assert [round(b.get_height(), 6) for b in ax.patches] == [3.3, 3.6, 3.1]
     (line,) = [ln for ln in ax.lines if ln.get_linestyle() == "--"]
@@ -164,8 +193,10 @@ def test_record_keys_unknown_and_missing(runs, tmp_path, capsys):
     write_run_record(older, {**record, "model_args": args})
     run = load_run(older)
     assert run.args.gate_override is None
-    assert f"{older / RECORD_NAME}: model_args has no 'gate_override' (an older record); using the default None" \
+    assert (
+        f"{older / RECORD_NAME}: model_args has no 'gate_override' (an older record); using the default None"
         in capsys.readouterr().err
+    )
 
 
 def test_a_folder_of_runs_is_searched_below(runs, tmp_path, capsys):
@@ -195,8 +226,20 @@ def test_a_folder_of_runs_is_searched_below(runs, tmp_path, capsys):
     assert f"{tmp_path / 'missing'} is not a folder" in capsys.readouterr().err
 
 
-POISSON = ("--grt.injection", "proj", "--grt.update", "overwrite", "--grt.initial_state", "random",
-           "--grt.depth_sampling", "poisson_lognormal", "--grt.state_noise_std", "0", "--grt.gate_noise_std", "0")
+POISSON = (
+    "--grt.injection",
+    "proj",
+    "--grt.update",
+    "overwrite",
+    "--grt.initial_state",
+    "random",
+    "--grt.depth_sampling",
+    "poisson_lognormal",
+    "--grt.state_noise_std",
+    "0",
+    "--grt.gate_noise_std",
+    "0",
+)
 
 
 def test_rows_of_one_method_show_the_settings_they_differ_in(module_tmp, runs, tmp_path, capsys):
@@ -207,11 +250,23 @@ def test_rows_of_one_method_show_the_settings_they_differ_in(module_tmp, runs, t
     made = [
         make_run(root, "poisson_m3", "small", {10: 3.6}, recurrences=10, extra=(*POISSON, "--grt.depth_mean", "3")),
         make_run(root, "poisson_m5", "small", {10: 3.5}, recurrences=10, extra=(*POISSON, "--grt.depth_mean", "5")),
-        make_run(root, "poisson_m5_k4", "small", {10: 3.4}, recurrences=10,
-                 extra=(*POISSON, "--grt.depth_mean", "5", "--grt.backprop_recurrences", "4")),
+        make_run(
+            root,
+            "poisson_m5_k4",
+            "small",
+            {10: 3.4},
+            recurrences=10,
+            extra=(*POISSON, "--grt.depth_mean", "5", "--grt.backprop_recurrences", "4"),
+        ),
         make_run(root, "grt_tau2", "small", {10: 3.3}, recurrences=10, extra=("--grt.gate_temperature", "2.0")),
-        make_run(root, "grt_tau2_long", "small", {10: 3.3}, recurrences=10,
-                 extra=("--grt.gate_temperature", "2.0", "--training.steps", "40")),
+        make_run(
+            root,
+            "grt_tau2_long",
+            "small",
+            {10: 3.3},
+            recurrences=10,
+            extra=("--grt.gate_temperature", "2.0", "--training.steps", "40"),
+        ),
     ]
     rows = table.build_rows([load_run(r) for r in (runs["grt_a"], runs["grt_b"], runs["no_val"], runs["dense"], *made)])
     titles = [r.title for r in rows]

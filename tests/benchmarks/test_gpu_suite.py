@@ -15,8 +15,9 @@ SUITE = REPO / "benchmarks" / "gpu" / "suite.py"
 
 def run_suite(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, str(SUITE), *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(SUITE), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def load_suite():

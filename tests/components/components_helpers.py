@@ -38,9 +38,18 @@ class ByteTokenizer:
 def tiny_args(**changes) -> GRTModelArgs:
     """1 + 1x3 + 1 at d = 32; gate noise wide enough that both saturation shares are > 0."""
     args = GRTModelArgs(
-        block_style="gpt2", dim=32, n_heads=4, vocab_size=VOCAB, max_seq_len=64,
-        n_prelude_layers=1, n_core_layers=1, n_coda_layers=1, num_recurrences=3,
-        gate_bias_init=1.0, gate_noise_std=3.0, state_noise_std=0.1,
+        block_style="gpt2",
+        dim=32,
+        n_heads=4,
+        vocab_size=VOCAB,
+        max_seq_len=64,
+        n_prelude_layers=1,
+        n_core_layers=1,
+        n_coda_layers=1,
+        num_recurrences=3,
+        gate_bias_init=1.0,
+        gate_noise_std=3.0,
+        state_noise_std=0.1,
     )
     return args.replace(**changes)
 
@@ -63,8 +72,7 @@ def make_dataset(root: Path, tokens: int = 4000, seed: int = 0) -> Path:
     return write_token_dataset(root, ByteTokenizer(), splits, tokens, val_fraction=0.5)
 
 
-def job_config(dataset: str, seq_len: int = 32, batch_size: int = 2, log_freq: int = 3,
-               val_steps: int = 3, **metrics):
+def job_config(dataset: str, seq_len: int = 32, batch_size: int = 2, log_freq: int = 3, val_steps: int = 3, **metrics):
     from torchtitan.config import JobConfig
 
     jc = JobConfig()
@@ -113,8 +121,19 @@ def replay_steps(model: GRTModel, tokens: torch.Tensor, depth: int, seed: int):
 FIGURE_KEYS = {
     "early_exit": {"depths", "loss", "layer_depth", "forward_flops_per_token"},
     "convergence": {"depths", "loss", "kl_to_final", "final_depth"},
-    "gate": {"steps", "gate_mean", "gate_std", "gate_q05", "gate_q25", "gate_q50", "gate_q75", "gate_q95",
-             "gate_copy_frac", "gate_write_frac", "update_ratio"},
+    "gate": {
+        "steps",
+        "gate_mean",
+        "gate_std",
+        "gate_q05",
+        "gate_q25",
+        "gate_q50",
+        "gate_q75",
+        "gate_q95",
+        "gate_copy_frac",
+        "gate_write_frac",
+        "update_ratio",
+    },
     "updates": {"steps", "update_norm", "proposal_norm", "state_cosine", "proposal_cosine", "relative_update"},
     "gate_heatmaps": {"depth", "prompts"},
 }

@@ -29,11 +29,18 @@ class Loader:
 
 
 def trainer(tmp_path):
-    job = SimpleNamespace(job=SimpleNamespace(dump_folder=str(tmp_path)),
-                          checkpoint=SimpleNamespace(folder="checkpoint"),
-                          training=SimpleNamespace(local_batch_size=2))
-    return SimpleNamespace(job_config=job, dataloader=Loader(), step=0, gradient_accumulation_steps=1,
-                           parallel_dims=SimpleNamespace(dp_cp_enabled=False))
+    job = SimpleNamespace(
+        job=SimpleNamespace(dump_folder=str(tmp_path)),
+        checkpoint=SimpleNamespace(folder="checkpoint"),
+        training=SimpleNamespace(local_batch_size=2),
+    )
+    return SimpleNamespace(
+        job_config=job,
+        dataloader=Loader(),
+        step=0,
+        gradient_accumulation_steps=1,
+        parallel_dims=SimpleNamespace(dp_cp_enabled=False),
+    )
 
 
 def run(monitor, t, losses):
@@ -60,12 +67,23 @@ def test_a_spike_is_logged_with_its_window_then_the_next_gives_up(tmp_path):
     t = trainer(tmp_path)
     m = LossSpikeMonitor(t, CONFIG)
     run(m, t, [10.0, 9.0, 8.0])
-    with pytest.raises(LossSpikeRewind, match=r"step 4: training loss 50 is a spike \(> 2.0 x median 9 of the "
-                                              r"last 3 steps\).*skips 2 global batch\(es\), data positions \[12, 20\)"):
+    with pytest.raises(
+        LossSpikeRewind,
+        match=r"step 4: training loss 50 is a spike \(> 2.0 x median 9 of the "
+        r"last 3 steps\).*skips 2 global batch\(es\), data positions \[12, 20\)",
+    ):
         run(m, t, [50.0])
     log = json.loads((tmp_path / "checkpoint" / LOG_NAME).read_text())
-    assert log["rewinds"] == [{"step": 4, "loss": 50.0, "median": 9.0, "skip_batches": 2, "skip_positions": [12, 20],
-                               "skip_sequences": list(range(1012, 1020))}]
+    assert log["rewinds"] == [
+        {
+            "step": 4,
+            "loss": 50.0,
+            "median": 9.0,
+            "skip_batches": 2,
+            "skip_positions": [12, 20],
+            "skip_sequences": list(range(1012, 1020)),
+        }
+    ]
     # the restart: the window goes to the dataloader; the checkpoint's history comes back
     t2 = trainer(tmp_path)
     t2.step = 3  # resumed from the checkpoint of step 3
@@ -81,11 +99,14 @@ def test_a_spike_is_logged_with_its_window_then_the_next_gives_up(tmp_path):
     LossSpikeMonitor(trainer(tmp_path), LossSpikeConfig(enable=True, max_rewinds=2))  # unless allowed more
 
 
-@pytest.mark.parametrize("mode, enable, built", [
-    ("default", True, True),
-    ("default", False, False),
-    ("fake_backend", True, False),  # a dry run's losses are not real: never rewind
-])
+@pytest.mark.parametrize(
+    "mode, enable, built",
+    [
+        ("default", True, True),
+        ("default", False, False),
+        ("fake_backend", True, False),  # a dry run's losses are not real: never rewind
+    ],
+)
 def test_monitor_only_when_enabled_and_not_on_the_fake_backend(tmp_path, mode, enable, built):
     from grt_titan.components.loss_spike import build_loss_spike_monitor
 

@@ -159,11 +159,17 @@ def test_find_recurrence_and_config_defaults():
 
 
 def test_console_line():
-    line = console_line({
-        "grt/r": 2.0, "grt_gate_mean/step1": 0.97, "grt_gate_mean/step2": 0.951,
-        "grt_gate_copy_frac/step1": 0.8, "grt_gate_copy_frac/step2": 0.7,
-        "grt_update_ratio/step1": 0.04, "grt_update_ratio/step2": 0.066,
-    })
+    line = console_line(
+        {
+            "grt/r": 2.0,
+            "grt_gate_mean/step1": 0.97,
+            "grt_gate_mean/step2": 0.951,
+            "grt_gate_copy_frac/step1": 0.8,
+            "grt_gate_copy_frac/step2": 0.7,
+            "grt_update_ratio/step1": 0.04,
+            "grt_update_ratio/step2": 0.066,
+        }
+    )
     assert line == "grt  r: 2  gate: .970 .951  copy: .800 .700  rho: .040 .066"
 
 

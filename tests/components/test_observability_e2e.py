@@ -24,17 +24,29 @@ def trained_run(module_tmp):
     from grt_test_helpers import torchrun
 
     tmp = module_tmp("grt_debug_run")
-    proc = torchrun(2, [
-        "--job.config_file", CONFIG,
-        "--job.dump_folder", str(tmp / "run"),
-        "--training.steps", "20",
-        "--training.local_batch_size", "4",
-        "--validation.freq", "20",
-        "--validation.steps", "2",
-        "--checkpoint.enable",
-        "--checkpoint.interval", "20",
-        "--checkpoint.last_save_model_only",
-    ], tmp, timeout=600)
+    proc = torchrun(
+        2,
+        [
+            "--job.config_file",
+            CONFIG,
+            "--job.dump_folder",
+            str(tmp / "run"),
+            "--training.steps",
+            "20",
+            "--training.local_batch_size",
+            "4",
+            "--validation.freq",
+            "20",
+            "--validation.steps",
+            "2",
+            "--checkpoint.enable",
+            "--checkpoint.interval",
+            "20",
+            "--checkpoint.last_save_model_only",
+        ],
+        tmp,
+        timeout=600,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     return tmp / "run", output
@@ -107,9 +119,23 @@ def test_the_run_record_and_the_table_of_a_trained_run(trained_run, capsys):
 def test_analyze_a_trained_checkpoint(trained_run, tmp_path):
     run, _ = trained_run
     out = tmp_path / "analysis"
-    rc = cli_main(["analyze", str(run / "checkpoint"), "--config", CONFIG, "--out", str(out),
-                   "--num-sequences", "4", "--batch-size", "2", "--no-progress",
-                   "--prompt", "The old man sat by the"])
+    rc = cli_main(
+        [
+            "analyze",
+            str(run / "checkpoint"),
+            "--config",
+            CONFIG,
+            "--out",
+            str(out),
+            "--num-sequences",
+            "4",
+            "--batch-size",
+            "2",
+            "--no-progress",
+            "--prompt",
+            "The old man sat by the",
+        ]
+    )
     assert rc == 0
     result = check_analysis_output(out, num_recurrences=4, max_depth=6)
     assert result["model"]["kind"] == "checkpoint" and result["model"]["step"] == 20
@@ -123,18 +149,58 @@ def test_analyze_an_hf_export(trained_run, tmp_path):
     pytest.importorskip("grt_titan.hf.export")
     run, _ = trained_run
     export = tmp_path / "export"
-    assert cli_main(["export-hf", "--checkpoint", str(run / "checkpoint" / "step-20"),
-                     "--config", CONFIG, "--out", str(export)]) == 0
+    assert (
+        cli_main(
+            ["export-hf", "--checkpoint", str(run / "checkpoint" / "step-20"), "--config", CONFIG, "--out", str(export)]
+        )
+        == 0
+    )
     out = tmp_path / "analysis"
-    assert cli_main(["analyze", str(export), "--out", str(out), "--seq-len", "64",
-                     "--num-sequences", "2", "--batch-size", "2", "--no-progress",
-                     "--prompt", "Hello"]) == 0
+    assert (
+        cli_main(
+            [
+                "analyze",
+                str(export),
+                "--out",
+                str(out),
+                "--seq-len",
+                "64",
+                "--num-sequences",
+                "2",
+                "--batch-size",
+                "2",
+                "--no-progress",
+                "--prompt",
+                "Hello",
+            ]
+        )
+        == 0
+    )
     result = check_analysis_output(out, num_recurrences=4, max_depth=6)
     assert result["model"]["kind"] == "hf_export"
     ckpt = tmp_path / "from_ckpt"
-    assert cli_main(["analyze", str(run / "checkpoint"), "--config", CONFIG, "--out", str(ckpt),
-                     "--seq-len", "64", "--num-sequences", "2", "--batch-size", "2", "--no-progress",
-                     "--prompt", "Hello"]) == 0
+    assert (
+        cli_main(
+            [
+                "analyze",
+                str(run / "checkpoint"),
+                "--config",
+                CONFIG,
+                "--out",
+                str(ckpt),
+                "--seq-len",
+                "64",
+                "--num-sequences",
+                "2",
+                "--batch-size",
+                "2",
+                "--no-progress",
+                "--prompt",
+                "Hello",
+            ]
+        )
+        == 0
+    )
     # The same weights by either route: the same numbers (fp32 export, same data).
     same = json.loads((ckpt / "analysis.json").read_text())
     assert result["early_exit"]["loss"] == pytest.approx(same["early_exit"]["loss"], rel=1e-5)

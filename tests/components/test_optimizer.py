@@ -34,8 +34,7 @@ def backward(model: nn.Module, poison: float | None = None) -> None:
 
 def snapshot(model, optimizers):
     params = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    state = {k: v.clone() if isinstance(v, torch.Tensor) else v
-             for k, v in optimizers.state_dict().items()}
+    state = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in optimizers.state_dict().items()}
     return params, state
 
 

@@ -36,8 +36,15 @@ def _validator(tmp_path, metrics, **cfg):
     data = make_dataset(tmp_path / "data")
     jc = job_config(str(data), **cfg)
     validator = GRTValidator(
-        jc, 1, 0, ByteTokenizer(), one_rank_dims(), build_cross_entropy_loss(jc),
-        contextlib.nullcontext, contextlib.nullcontext(), metrics,
+        jc,
+        1,
+        0,
+        ByteTokenizer(),
+        one_rank_dims(),
+        build_cross_entropy_loss(jc),
+        contextlib.nullcontext,
+        contextlib.nullcontext(),
+        metrics,
     )
     return validator, jc
 
@@ -81,8 +88,9 @@ def test_depthwise_losses_equal_independent_forwards_and_flops_eq1(tmp_path):
     assert len(set(losses)) == len(losses)  # the depths really differ
 
 
-@pytest.mark.parametrize("parts", [MOR_PARTS, dict(MOR_PARTS, router="token_choice"), RRT_PARTS],
-                         ids=["mor", "mor_token_choice", "rrt"])
+@pytest.mark.parametrize(
+    "parts", [MOR_PARTS, dict(MOR_PARTS, router="token_choice"), RRT_PARTS], ids=["mor", "mor_token_choice", "rrt"]
+)
 def test_methods_with_per_step_modules_are_scored_up_to_R(parts, tmp_path):
     """MoR (a router per step) and RRT (an adapter per step): depths 0..R, no extrapolation;
     FLOPs from their own formula."""
@@ -94,7 +102,8 @@ def test_methods_with_per_step_modules_are_scored_up_to_R(parts, tmp_path):
     args = model.model_args
     R = args.num_recurrences
     assert sorted(k for k in call if k.startswith("validation_metrics/loss_r")) == [
-        f"validation_metrics/loss_r{r}" for r in range(R + 1)]
+        f"validation_metrics/loss_r{r}" for r in range(R + 1)
+    ]
     for r in range(R + 1):
         assert call[f"validation_metrics/loss_r{r}"] == pytest.approx(_independent_loss(jc, model, r), rel=1e-6)
         flops = args.forward_flops_per_token(jc.validation.seq_len, r)

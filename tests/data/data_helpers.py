@@ -39,8 +39,15 @@ def make_synthetic_dataset(
     return write_token_dataset(root, tokenizer, splits, shard_tokens, val_fraction=0.0)
 
 
-def job_config(dataset: str, seq_len: int = 16, batch_size: int = 4, num_workers: int = 0,
-               seed: int = 0, cache_dir: str | None = None, val_dataset: str | None = None):
+def job_config(
+    dataset: str,
+    seq_len: int = 16,
+    batch_size: int = 4,
+    num_workers: int = 0,
+    seed: int = 0,
+    cache_dir: str | None = None,
+    val_dataset: str | None = None,
+):
     from torchtitan.config import JobConfig
 
     jc = JobConfig()

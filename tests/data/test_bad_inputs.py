@@ -25,8 +25,7 @@ def _prepare_fails(tmp_path, inputs, exc, match, **kw):
 
 
 def test_missing_path(tmp_path):
-    _prepare_fails(tmp_path, [tmp_path / "nope.jsonl"], FileNotFoundError,
-                   r"nope\.jsonl.*no such file")
+    _prepare_fails(tmp_path, [tmp_path / "nope.jsonl"], FileNotFoundError, r"nope\.jsonl.*no such file")
 
 
 @pytest.mark.parametrize("kind", ["empty_txt", "empty_docs", "empty_folder"])
@@ -52,8 +51,7 @@ def test_invalid_utf8_fails_by_default(tmp_path, workers):
     with open(src, "ab") as f:
         f.write(b'{"text": "bad \xff\xfe bytes"}\n')
     n = len(DOCS) * 40 + 1
-    _prepare_fails(tmp_path, [src], ValueError,
-                   rf"a\.jsonl:{n}: invalid UTF-8 .*--invalid-utf8 skip", workers=workers)
+    _prepare_fails(tmp_path, [src], ValueError, rf"a\.jsonl:{n}: invalid UTF-8 .*--invalid-utf8 skip", workers=workers)
 
 
 def test_invalid_utf8_skip_counts(tmp_path, tokenizer):
@@ -61,8 +59,9 @@ def test_invalid_utf8_skip_counts(tmp_path, tokenizer):
     with open(src, "ab") as f:
         f.write(b'{"text": "bad \xff bytes"}\n{"text": "lone \\ud800 surrogate"}\n')
     (tmp_path / "b.txt").write_bytes(b"latin-1 caf\xe9")
-    m = prepare([src, tmp_path / "b.txt"], tmp_path / "out", invalid_utf8="skip",
-                val_fraction=0.0, workers=1, progress=False)
+    m = prepare(
+        [src, tmp_path / "b.txt"], tmp_path / "out", invalid_utf8="skip", val_fraction=0.0, workers=1, progress=False
+    )
     assert m["skipped_documents"]["invalid_utf8"] == 3 and m["documents"] == 2
 
 
@@ -70,8 +69,7 @@ def test_unsupported_and_malformed_inputs(tmp_path):
     (tmp_path / "a.csv").write_text("text\nhello\n")
     _prepare_fails(tmp_path, [tmp_path / "a.csv"], ValueError, r"a\.csv.*unsupported file type")
     (tmp_path / "b.jsonl").write_text('{"text": "ok"}\n{"body": "x"}\n')
-    _prepare_fails(tmp_path, [tmp_path / "b.jsonl"], ValueError,
-                   r"b\.jsonl:2: no text field 'text'.*--text-field")
+    _prepare_fails(tmp_path, [tmp_path / "b.jsonl"], ValueError, r"b\.jsonl:2: no text field 'text'.*--text-field")
     (tmp_path / "c.jsonl").write_text('{"text": "ok"}\n{not json\n')
     _prepare_fails(tmp_path, [tmp_path / "c.jsonl"], ValueError, r"c\.jsonl:2: not valid JSON")
     (tmp_path / "d.parquet").write_bytes(b"not parquet at all")
@@ -97,8 +95,7 @@ def test_bad_options(tmp_path):
 
 @pytest.fixture
 def synth(tmp_path, tokenizer):
-    return make_synthetic_dataset(tmp_path / "ds", tokenizer, 16 * 20 + 1, 16 * 2 + 1,
-                                  shard_tokens=100)
+    return make_synthetic_dataset(tmp_path / "ds", tokenizer, 16 * 20 + 1, 16 * 2 + 1, shard_tokens=100)
 
 
 def _edit_manifest(root, fn):

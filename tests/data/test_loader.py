@@ -24,13 +24,12 @@ def _starts(batches):
 @pytest.fixture
 def synth(tmp_path, tokenizer):
     # 16 * 64 + 1 tokens -> exactly 64 sequences; shards of 100 tokens, so windows straddle.
-    return make_synthetic_dataset(tmp_path / "ds", tokenizer, S * 64 + 1, S * 8 + 1,
-                                  shard_tokens=100)
+    return make_synthetic_dataset(tmp_path / "ds", tokenizer, S * 64 + 1, S * 8 + 1, shard_tokens=100)
 
 
 def test_batch_shape_and_labels(synth, tokenizer):
     loader = build_dataloader(1, 0, tokenizer, job_config(str(synth)))
-    (inputs, labels), = _take(loader, 1)
+    ((inputs, labels),) = _take(loader, 1)
     x = inputs["input"]
     assert x.shape == labels.shape == (B, S) and x.dtype == labels.dtype == torch.int64
     for row, lab in zip(x, labels):  # window g: positions g*S .. g*S + S
@@ -50,8 +49,7 @@ def test_two_ranks_cover_the_split_once(synth, tokenizer):
 
 def test_epochs_reshuffle_from_the_seed(synth, tokenizer):
     def epochs(seed):
-        starts = _starts(_take(build_dataloader(1, 0, tokenizer, job_config(str(synth), seed=seed)),
-                               2 * 64 // B))
+        starts = _starts(_take(build_dataloader(1, 0, tokenizer, job_config(str(synth), seed=seed)), 2 * 64 // B))
         return starts[:64], starts[64:]
 
     e0, e1 = epochs(0)
@@ -104,7 +102,7 @@ def test_dataset_path_overrides(synth, tokenizer):
 def test_embedded_default_corpus(tmp_path, tokenizer):
     jc = job_config("grt_default", seq_len=256, cache_dir=str(tmp_path / "cache"))
     jc.validation.dataset = "grt_default"
-    (inputs, labels), = _take(build_dataloader(2, 0, tokenizer, jc), 1)
+    ((inputs, labels),) = _take(build_dataloader(2, 0, tokenizer, jc), 1)
     assert inputs["input"].shape == (B, 256)
     assert torch.equal(inputs["input"][:, 1:], labels[:, :-1])
     text = tokenizer.decode(inputs["input"][0])
@@ -120,11 +118,11 @@ def test_embedded_default_corpus(tmp_path, tokenizer):
 def test_default_corpus_asset():
     import hashlib
 
-    assert hashlib.sha256(default_corpus.CORPUS_PATH.read_bytes()).hexdigest() == (
-        default_corpus.CORPUS_SHA256)
+    assert hashlib.sha256(default_corpus.CORPUS_PATH.read_bytes()).hexdigest() == (default_corpus.CORPUS_SHA256)
 
 
 # ---- the global data position: resume at another data-parallel degree -------------------
+
 
 def _loaders(synth, tokenizer, degree, local, **options):
     jc = job_config(str(synth), batch_size=local, seed=5)
@@ -149,11 +147,12 @@ def _expected(seed, positions):
 
 
 # 64 sequences, a global batch of 8: 8 steps per epoch, so 10 steps cross an epoch boundary.
-@pytest.mark.parametrize("before,after", [((2, 4), (1, 8)), ((1, 8), (2, 4)), ((2, 4), (4, 2)),
-                                          ((4, 2), (2, 4)), ((2, 4), (8, 1))],
-                         ids=["2->1", "1->2", "2->4", "4->2", "2->8"])
-def test_resume_at_another_degree_reads_what_an_uninterrupted_run_at_that_degree_reads(
-        synth, tokenizer, before, after):
+@pytest.mark.parametrize(
+    "before,after",
+    [((2, 4), (1, 8)), ((1, 8), (2, 4)), ((2, 4), (4, 2)), ((4, 2), (2, 4)), ((2, 4), (8, 1))],
+    ids=["2->1", "1->2", "2->4", "4->2", "2->8"],
+)
+def test_resume_at_another_degree_reads_what_an_uninterrupted_run_at_that_degree_reads(synth, tokenizer, before, after):
     (a, la), (b, lb) = before, after
     first = _loaders(synth, tokenizer, a, la)
     _positions(first, 7)  # 7 steps of 8 sequences
@@ -164,7 +163,7 @@ def test_resume_at_another_degree_reads_what_an_uninterrupted_run_at_that_degree
         loader.load_state_dict(states[0])
     got = _positions(resumed, 4)  # steps 8..11, across the epoch boundary
     uninterrupted = _positions(_loaders(synth, tokenizer, b, lb), 11)
-    assert got == [rank[7 * lb:] for rank in uninterrupted]
+    assert got == [rank[7 * lb :] for rank in uninterrupted]
     flat = sorted(x for rank in got for x in rank)
     assert flat == sorted(_expected(5, range(56, 88)))  # positions 56..87 once each: none twice, none skipped
 
@@ -173,9 +172,12 @@ def test_a_changed_global_batch_is_refused_unless_allowed(synth, tokenizer):
     first = _loaders(synth, tokenizer, 2, 4)
     _positions(first, 3)
     state = first[0].state_dict()
-    with pytest.raises(ValueError, match=r"\[training\] global_batch_size: the checkpoint was saved with 8 "
-                                         r"sequences per step, this run takes 4; .* allowed: the same global "
-                                         r"batch .* or \[data\] allow_global_batch_change = true"):
+    with pytest.raises(
+        ValueError,
+        match=r"\[training\] global_batch_size: the checkpoint was saved with 8 "
+        r"sequences per step, this run takes 4; .* allowed: the same global "
+        r"batch .* or \[data\] allow_global_batch_change = true",
+    ):
         _loaders(synth, tokenizer, 2, 2)[0].load_state_dict(state)
     allowed = _loaders(synth, tokenizer, 2, 2, allow_global_batch_change=True)
     for loader in allowed:
@@ -186,8 +188,11 @@ def test_a_changed_global_batch_is_refused_unless_allowed(synth, tokenizer):
 
 def test_another_data_order_is_refused(synth, tokenizer):
     state = _loaders(synth, tokenizer, 1, 4)[0].state_dict()
-    with pytest.raises(ValueError, match=r"another data order \(\[data\] seed: seed = 6, saved 5\).*"
-                                         r"--checkpoint.exclude_from_loading dataloader"):
+    with pytest.raises(
+        ValueError,
+        match=r"another data order \(\[data\] seed: seed = 6, saved 5\).*"
+        r"--checkpoint.exclude_from_loading dataloader",
+    ):
         build_dataloader(1, 0, tokenizer, job_config(str(synth), seed=6)).load_state_dict(state)
 
 
@@ -231,8 +236,11 @@ def test_old_per_rank_checkpoints_still_load_at_their_own_degree(synth, tokenize
     _dcp_round_trip(tmp_path, legacy, resumed)
     assert _starts(_take(resumed, 3)) == _starts(expected)
     assert set(resumed.state_dict()) == {"global_position"}  # the next save is the global format
-    with pytest.raises(ValueError, match=r"data position per data-parallel rank \(torchtitan's format, 2 ranks\), "
-                                         r"which loads only at that degree; allowed: data-parallel degree 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"data position per data-parallel rank \(torchtitan's format, 2 ranks\), "
+        r"which loads only at that degree; allowed: data-parallel degree 2",
+    ):
         _dcp_round_trip(tmp_path / "other", legacy, build_dataloader(4, 3, tokenizer, jc))
     with pytest.raises(ValueError, match=r"allowed: data-parallel degree 2"):  # rank 0's key exists, the degree differs
         _dcp_round_trip(tmp_path / "fewer", legacy, build_dataloader(1, 0, tokenizer, jc))

@@ -34,8 +34,7 @@ def test_round_trip(tmp_path, tokenizer):
     shards = m["splits"]["train"]["shards"]
     assert [s["tokens"] for s in shards[:-1]] == [7] * (len(shards) - 1)  # docs span shards
     assert sum(s["tokens"] for s in shards) == tokens.size == m["splits"]["train"]["tokens"]
-    assert m["tokenizer"] == {"name": "gpt2", "sha256": tokenizer.sha256,
-                              "vocab_size": 50257, "eot_id": 50256}
+    assert m["tokenizer"] == {"name": "gpt2", "sha256": tokenizer.sha256, "vocab_size": 50257, "eot_id": 50256}
     assert m["dtype"] == "uint16" and m["splits"]["val"]["tokens"] == 0
 
 
@@ -47,10 +46,8 @@ def test_val_split_is_an_even_fixed_fraction(tmp_path, tokenizer):
     assert len(val) == 4 and m["splits"]["val"]["documents"] == 4
     assert [i for i in range(40) if is_val_document(i, 0.1)] == [4, 14, 24, 34]
     train = [d for d in docs if d not in val]
-    assert tokenizer.decode(_split_tokens(tmp_path / "out", "val")) == "".join(
-        d + ENDOFTEXT for d in val)
-    assert tokenizer.decode(_split_tokens(tmp_path / "out", "train")) == "".join(
-        d + ENDOFTEXT for d in train)
+    assert tokenizer.decode(_split_tokens(tmp_path / "out", "val")) == "".join(d + ENDOFTEXT for d in val)
+    assert tokenizer.decode(_split_tokens(tmp_path / "out", "train")) == "".join(d + ENDOFTEXT for d in train)
 
 
 def test_deterministic_and_independent_of_workers(tmp_path):
@@ -64,8 +61,10 @@ def test_deterministic_and_independent_of_workers(tmp_path):
 
 def test_long_documents_are_cut_exactly(tokenizer):
     # \x1c and \u3000: whitespace for Python's str.isspace, not both for the tokenizer.
-    text = ("Whitespace  runs,\n\n\nnew\tlines\u3000ideographic\x1c \x1cseparators 12 345!! "
-            "and ... punctuation'' 's contractions.  \n ") * 40
+    text = (
+        "Whitespace  runs,\n\n\nnew\tlines\u3000ideographic\x1c \x1cseparators 12 345!! "
+        "and ... punctuation'' 's contractions.  \n "
+    ) * 40
     pieces = split_long_text(text, piece_chars=50)
     assert len(pieces) > 20 and "".join(pieces) == text
     assert sum((tokenizer.encode(p) for p in pieces), []) == tokenizer.encode(text)
@@ -80,8 +79,7 @@ def test_cut_documents_through_prepare(tmp_path, tokenizer, monkeypatch):
     monkeypatch.setattr(prep, "PIECE_CHARS", 64)
     monkeypatch.setattr(prep, "TASK_CHARS", 100)
     prepare([src], tmp_path / "o", val_fraction=0.0, workers=2, progress=False)
-    assert _split_tokens(tmp_path / "o", "train").tolist() == sum(
-        (tokenizer.encode(d, add_eos=True) for d in docs), [])
+    assert _split_tokens(tmp_path / "o", "train").tolist() == sum((tokenizer.encode(d, add_eos=True) for d in docs), [])
 
 
 def test_input_formats_agree(tmp_path):
@@ -100,10 +98,12 @@ def test_input_formats_agree(tmp_path):
     pq.write_table(pa.table({"body": docs}), tmp_path / "d.parquet", row_group_size=2)
 
     outs = {}
-    for name, inp, field in [("txt", txt_dir, "text"), ("jsonl", tmp_path / "d.jsonl.gz", "body"),
-                             ("parquet", tmp_path / "d.parquet", "body")]:
-        prepare([inp], tmp_path / f"o_{name}", text_field=field, val_fraction=0.0, workers=1,
-                progress=False)
+    for name, inp, field in [
+        ("txt", txt_dir, "text"),
+        ("jsonl", tmp_path / "d.jsonl.gz", "body"),
+        ("parquet", tmp_path / "d.parquet", "body"),
+    ]:
+        prepare([inp], tmp_path / f"o_{name}", text_field=field, val_fraction=0.0, workers=1, progress=False)
         outs[name] = _split_tokens(tmp_path / f"o_{name}", "train").tolist()
     assert outs["txt"] == outs["jsonl"] == outs["parquet"]
 
@@ -115,14 +115,25 @@ def test_hf_datasets_folder(tmp_path):
     prepare([tmp_path / "hf"], tmp_path / "o_hf", val_fraction=0.0, workers=1, progress=False)
     write_jsonl(tmp_path / "d.jsonl", docs)
     prepare([tmp_path / "d.jsonl"], tmp_path / "o_j", val_fraction=0.0, workers=1, progress=False)
-    assert _split_tokens(tmp_path / "o_hf", "train").tolist() == _split_tokens(
-        tmp_path / "o_j", "train").tolist()
+    assert _split_tokens(tmp_path / "o_hf", "train").tolist() == _split_tokens(tmp_path / "o_j", "train").tolist()
 
 
 def test_cli(tmp_path, capsys):
     src = write_jsonl(tmp_path / "docs.jsonl", DOCS)
-    rc = main([str(src), "--out", str(tmp_path / "out"), "--val-fraction", "0.2",
-               "--workers", "2", "--shard-tokens", "50", "--no-progress"])
+    rc = main(
+        [
+            str(src),
+            "--out",
+            str(tmp_path / "out"),
+            "--val-fraction",
+            "0.2",
+            "--workers",
+            "2",
+            "--shard-tokens",
+            "50",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     assert "6 documents" in capsys.readouterr().out
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())

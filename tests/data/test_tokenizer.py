@@ -18,8 +18,10 @@ def test_hello_world(tokenizer):
 
 
 def test_round_trip_mixed_text(tokenizer):
-    text = ("Mr. Darcy's 10,000 a-year!\n\n\tCafé — naïve 東京 🙂  double  spaces\u3000"
-            "and a literal <|endoftext|> token string\r\n")
+    text = (
+        "Mr. Darcy's 10,000 a-year!\n\n\tCafé — naïve 東京 🙂  double  spaces\u3000"
+        "and a literal <|endoftext|> token string\r\n"
+    )
     ids = tokenizer.encode(text)
     assert tokenizer.decode(ids) == text
     assert tokenizer.eos_id not in ids  # literal special-token text is ordinary text

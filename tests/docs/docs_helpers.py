@@ -83,7 +83,7 @@ def parse_marker(text: str) -> tuple[str, str, list[str]]:
         if kind != "run":
             raise ValueError("cpu-scale only applies to a `run` block")
         cpu_scale = shlex.split(sm.group(1))
-        rest = (rest[: sm.start()] + rest[sm.end():]).strip()
+        rest = (rest[: sm.start()] + rest[sm.end() :]).strip()
     return kind, rest.strip(), cpu_scale
 
 
@@ -98,8 +98,10 @@ def extract_blocks(path: Path, text: str | None = None) -> tuple[list[Block], li
     problems: list[str] = []
     for i, tok in enumerate(tokens):
         if tok.type == "code_block":
-            problems.append(f"{path.name}:{tok.map[0] + 1}: an indented code block; write it as a fenced "
-                            "block with a docs-test marker")
+            problems.append(
+                f"{path.name}:{tok.map[0] + 1}: an indented code block; write it as a fenced "
+                "block with a docs-test marker"
+            )
             continue
         if tok.type != "fence":
             continue
@@ -111,12 +113,13 @@ def extract_blocks(path: Path, text: str | None = None) -> tuple[list[Block], li
             except ValueError as e:
                 problems.append(f"{block.where}: {e}")
         else:
-            problems.append(f"{block.where}: no `<!-- docs-test: run|check|output -->` marker before "
-                            "this block")
+            problems.append(f"{block.where}: no `<!-- docs-test: run|check|output -->` marker before this block")
         langs = {"run": SHELL_LANGS + ("python",), "check": RUN_LANGS}.get(block.kind or "", None)
         if langs is not None and block.lang not in langs:
-            problems.append(f"{block.where}: a {block.kind} block needs a language of {', '.join(langs)}, "
-                            f"not {block.lang or 'none'!r} (a TOML block is a check: parsed as a job config)")
+            problems.append(
+                f"{block.where}: a {block.kind} block needs a language of {', '.join(langs)}, "
+                f"not {block.lang or 'none'!r} (a TOML block is a check: parsed as a job config)"
+            )
         blocks.append(block)
     return blocks, problems
 
@@ -192,8 +195,11 @@ def _flags_of_script(script: Path) -> set[str]:
     flags: set[str] = set()
     for node in ast.walk(ast.parse(script.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
-            flags |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                      and a.value.startswith("-")}
+            flags |= {
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
+            }
     return flags
 
 
@@ -266,8 +272,11 @@ def command_problems(cmd: list[str]) -> list[str]:
         elif args and args[0].endswith(".py"):
             script = REPO / args[0]
             if script.is_file():
-                unknown = [a.split("=")[0] for a in args[1:] if a.startswith("--")
-                           and a.split("=")[0] not in _flags_of_script(script)]
+                unknown = [
+                    a.split("=")[0]
+                    for a in args[1:]
+                    if a.startswith("--") and a.split("=")[0] not in _flags_of_script(script)
+                ]
                 if unknown:
                     problem = f"{args[0]} has no option(s) {unknown}"
         else:
@@ -293,8 +302,10 @@ def command_problems(cmd: list[str]) -> list[str]:
     elif prog.startswith("--"):  # a fragment of trainer options
         problem = job_config_problem(["--job.config_file", "train_configs/grt_debug.toml", *cmd])
     else:
-        problem = f"unknown program {prog!r} (tests/docs/docs_helpers.py knows how to check: torchrun, " \
-                  "python, pytest, pip, grt-titan, repository .sh scripts, trainer options)"
+        problem = (
+            f"unknown program {prog!r} (tests/docs/docs_helpers.py knows how to check: torchrun, "
+            "python, pytest, pip, grt-titan, repository .sh scripts, trainer options)"
+        )
     if problem:
         problems.append(problem)
     return problems
@@ -326,8 +337,11 @@ def toml_problems(text: str, tmp_dir: Path) -> list[str]:
         return [f"tomllib: {e}"]
     if "custom_config_module" not in data.get("job", {}):
         # Fragments of grt_titan's sections assume the TOML loads them (docs/training.md).
-        text = text.replace("[job]", "[job]\ncustom_config_module = \"grt_titan.job_config\"", 1) \
-            if "job" in data else "[job]\ncustom_config_module = \"grt_titan.job_config\"\n" + text
+        text = (
+            text.replace("[job]", '[job]\ncustom_config_module = "grt_titan.job_config"', 1)
+            if "job" in data
+            else '[job]\ncustom_config_module = "grt_titan.job_config"\n' + text
+        )
     path = tmp_dir / "fragment.toml"
     path.write_text(text)
     problem = job_config_problem(["--job.config_file", str(path)])
@@ -341,8 +355,13 @@ def python_problems(text: str) -> list[str]:
         return [f"python syntax: {e}"]
     problems = []
     for node in ast.walk(tree):
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-            [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module]
+            if isinstance(node, ast.ImportFrom) and node.module
+            else []
+        )
         for name in names:
             if importlib.util.find_spec(name.split(".")[0]) is None:
                 problems.append(f"import {name}: not installed")

@@ -65,30 +65,50 @@ def test_every_block_is_marked_and_names_only_what_exists(tmp_path, monkeypatch)
     print(f"\n{len(blocks)} blocks: {kinds}")
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("```bash\ngrt-titan prepare x --out d\n```\n", "no `<!-- docs-test"),
-    ("Text:\n\n    grt-titan prepare x --out d\n", "indented code block"),
-    ("<!-- docs-test: runs -->\n```bash\nls\n```\n", "marker kind 'runs'"),
-    ("<!-- docs-test: run -->\n```toml\n[grt]\n```\n", "a run block needs a language"),
-    ("<!-- docs-test: check -->\n```bash\ngrt-titan export-hf --checkpoint c --config t.toml --out o --dtypes x\n```\n",
-     "unrecognized arguments: --dtypes"),
-    ("<!-- docs-test: check -->\n```bash\ngrt-titan export-hf --checkpoint c --out o\n```\n",
-     "required: --config"),
-    ("<!-- docs-test: check -->\n```bash\ntorchrun --nproc_per_node=2 -m grt_titan.train "
-     "--job.config_file train_configs/grt_debug.toml --training.stepz 3\n```\n", "torchtitan's config parser"),
-    ("<!-- docs-test: check -->\n```bash\ntorchrun --nproc_per_node=2 -m grt_titan.train "
-     "--job.config_file train_configs/grt_nope.toml\n```\n", "train_configs/grt_nope.toml does not exist"),
-    ("<!-- docs-test: check -->\n```toml\n[grt]\nnum_recurrence = 4\n```\n", "num_recurrence"),
-    ("<!-- docs-test: check -->\n```toml\n[grt]\ndepth_sampling = \"random\"\n```\n", "'random' is invalid"),
-    ("<!-- docs-test: check -->\n```bash\npython benchmarks/step_time.py --devices cuda\n```\n",
-     "has no option(s) ['--devices']"),
-    ("<!-- docs-test: check -->\n```python\nfrom transformers import AutoTokenizer\ntok = (\n```\n", "syntax"),
-    ("<!-- docs-test: check -->\n```bash\ncurl https://example.com\n```\n", "unknown program 'curl'"),
-    ("<!-- docs-test: check -->\n```bash\nbenchmarks/gpu/bundle.sh --pythn 3.12\n```\n", "has no option(s) ['--pythn']"),
-    ("<!-- docs-test: check -->\n```bash\npip install benchmarks/gpu/wheelz/*.whl\n```\n", "wheelz/*.whl does not exist"),
-    ("<!-- docs-test: output -->\n```\n$ python benchmarks/metrics_bench.py --step 3\nstep 3\n```\n",
-     "has no option(s) ['--step']"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("```bash\ngrt-titan prepare x --out d\n```\n", "no `<!-- docs-test"),
+        ("Text:\n\n    grt-titan prepare x --out d\n", "indented code block"),
+        ("<!-- docs-test: runs -->\n```bash\nls\n```\n", "marker kind 'runs'"),
+        ("<!-- docs-test: run -->\n```toml\n[grt]\n```\n", "a run block needs a language"),
+        (
+            "<!-- docs-test: check -->\n```bash\ngrt-titan export-hf --checkpoint c --config t.toml --out o --dtypes x\n```\n",
+            "unrecognized arguments: --dtypes",
+        ),
+        ("<!-- docs-test: check -->\n```bash\ngrt-titan export-hf --checkpoint c --out o\n```\n", "required: --config"),
+        (
+            "<!-- docs-test: check -->\n```bash\ntorchrun --nproc_per_node=2 -m grt_titan.train "
+            "--job.config_file train_configs/grt_debug.toml --training.stepz 3\n```\n",
+            "torchtitan's config parser",
+        ),
+        (
+            "<!-- docs-test: check -->\n```bash\ntorchrun --nproc_per_node=2 -m grt_titan.train "
+            "--job.config_file train_configs/grt_nope.toml\n```\n",
+            "train_configs/grt_nope.toml does not exist",
+        ),
+        ("<!-- docs-test: check -->\n```toml\n[grt]\nnum_recurrence = 4\n```\n", "num_recurrence"),
+        ('<!-- docs-test: check -->\n```toml\n[grt]\ndepth_sampling = "random"\n```\n', "'random' is invalid"),
+        (
+            "<!-- docs-test: check -->\n```bash\npython benchmarks/step_time.py --devices cuda\n```\n",
+            "has no option(s) ['--devices']",
+        ),
+        ("<!-- docs-test: check -->\n```python\nfrom transformers import AutoTokenizer\ntok = (\n```\n", "syntax"),
+        ("<!-- docs-test: check -->\n```bash\ncurl https://example.com\n```\n", "unknown program 'curl'"),
+        (
+            "<!-- docs-test: check -->\n```bash\nbenchmarks/gpu/bundle.sh --pythn 3.12\n```\n",
+            "has no option(s) ['--pythn']",
+        ),
+        (
+            "<!-- docs-test: check -->\n```bash\npip install benchmarks/gpu/wheelz/*.whl\n```\n",
+            "wheelz/*.whl does not exist",
+        ),
+        (
+            "<!-- docs-test: output -->\n```\n$ python benchmarks/metrics_bench.py --step 3\nstep 3\n```\n",
+            "has no option(s) ['--step']",
+        ),
+    ],
+)
 def test_a_broken_block_fails(text, expected, tmp_path, monkeypatch):
     """The checker catches each kind of doc rot it promises to (a doc change that breaks a
     block fails CI)."""
@@ -107,7 +127,7 @@ def test_paper_suite_static_table_is_every_paper_tomls_row():
 
     text = (REPO / "docs" / "paper_suite.md").read_text()
     start = text.index("| row | method | layout |")
-    documented = text[start:text.index("\n\n", start)]
+    documented = text[start : text.index("\n\n", start)]
     rows = [line.split(" | ")[0].removeprefix("| ") for line in documented.splitlines()[2:]]
     assert rows == [p.stem for p in paper_configs()], "rows of the table != the TOMLs of train_configs/paper/"
     assert documented == static_table(paper_configs())
@@ -126,12 +146,17 @@ def _scratch(tmp_path):
 def _env() -> dict:
     """The user's environment: grt_titan importable, console scripts on PATH, no hub; torchrun's
     rendezvous on a free port (PET_* are torchrun's own environment defaults)."""
-    return job_env({
-        "PATH": sys_executable_dir() + os.pathsep + os.environ.get("PATH", ""),
-        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "localhost:0",
-    })
+    return job_env(
+        {
+            "PATH": sys_executable_dir() + os.pathsep + os.environ.get("PATH", ""),
+            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": "localhost:0",
+        }
+    )
 
 
 def _run(block: Block, cwd, env, log) -> str:
@@ -146,11 +171,20 @@ def _run(block: Block, cwd, env, log) -> str:
         # The script goes in as a file: the command's own stdin is closed (no prompt can wait).
         script_file = cwd.parent / f"block_{block.line}.{'py' if block.lang == 'python' else 'sh'}"
         script_file.write_text(script)
-        proc = subprocess.run([argv[0], str(script_file)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            [argv[0], str(script_file)],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         output = proc.stdout + proc.stderr
-        log.write(f"\n===== {block.where} ({attempt}, {time.perf_counter() - t0:.1f} s, rc {proc.returncode})\n"
-                  f"{script}\n----- output\n{output}")
+        log.write(
+            f"\n===== {block.where} ({attempt}, {time.perf_counter() - t0:.1f} s, rc {proc.returncode})\n"
+            f"{script}\n----- output\n{output}"
+        )
         if proc.returncode == 0 or attempt == 2 or not all(s in output for s in TEARDOWN_ABORT):
             break
         for name in set(os.listdir(cwd)) - before:  # a gloo teardown abort (pytorch#179291): once more
@@ -190,8 +224,9 @@ def test_documented_commands_run(tmp_path):
         assert cards, "no docs block exported a model (docs/hf_export.md)"
         for card in cards:
             text = card.read_text()
-            assert str(tmp_path) not in text and not re.search(r"(^|[\s(`\"'])/(tmp|home|work|root|Users)/", text), \
+            assert str(tmp_path) not in text and not re.search(r"(^|[\s(`\"'])/(tmp|home|work|root|Users)/", text), (
                 f"absolute path in {card}:\n{text}"
+            )
             assert re.search(r"training tokens: [\d,]+ \(", text), text
             assert re.search(r"validation loss: \d+\.\d+ at step \d+", text), text
             card_blocks, _ = extract_blocks(card)

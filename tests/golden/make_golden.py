@@ -44,18 +44,29 @@ LOSS_TAG = "loss_metrics/global_avg_loss"
 
 COMMON = [*SHORT_DEBUG_RUN, "--training.steps", str(STEPS), "--debug.seed", str(SEED)]
 NO_NOISE_NO_CLIP = [
-    "--grt.state_noise_std", "0",
-    "--grt.gate_noise_std", "0",
-    "--training.max_norm", "1e6",
+    "--grt.state_noise_std",
+    "0",
+    "--grt.gate_noise_std",
+    "0",
+    "--training.max_norm",
+    "1e6",
 ]
 # `{dump}` is the run's dump folder, `{seed_checkpoint}` the folder the seed command wrote.
 FROM_SEED_CHECKPOINT = [
-    "--checkpoint.enable", "--checkpoint.initial_load_path", "{seed_checkpoint}",
-    "--checkpoint.interval", "1000",
+    "--checkpoint.enable",
+    "--checkpoint.initial_load_path",
+    "{seed_checkpoint}",
+    "--checkpoint.interval",
+    "1000",
 ]
 SEED_CHECKPOINT_ARGS = [
-    *COMMON, "--job.dump_folder", "{dump}", "--checkpoint.enable",
-    "--checkpoint.create_seed_checkpoint", "--parallelism.data_parallel_shard_degree", "1",
+    *COMMON,
+    "--job.dump_folder",
+    "{dump}",
+    "--checkpoint.enable",
+    "--checkpoint.create_seed_checkpoint",
+    "--parallelism.data_parallel_shard_degree",
+    "1",
 ]
 
 VARIANTS = {
@@ -66,9 +77,16 @@ VARIANTS = {
 
 def run_args(nproc: int, dump: Path, extra: list[str] = (), seed_checkpoint: Path | None = None) -> list[str]:
     """The arguments of a 20-step run on `nproc` ranks (FSDP nproc, global batch 4)."""
-    args = [*COMMON, *extra, "--job.dump_folder", str(dump),
-            "--parallelism.data_parallel_shard_degree", str(nproc),
-            "--training.local_batch_size", str(GLOBAL_BATCH // nproc)]
+    args = [
+        *COMMON,
+        *extra,
+        "--job.dump_folder",
+        str(dump),
+        "--parallelism.data_parallel_shard_degree",
+        str(nproc),
+        "--training.local_batch_size",
+        str(GLOBAL_BATCH // nproc),
+    ]
     if seed_checkpoint is not None:
         args += [a.replace("{seed_checkpoint}", str(seed_checkpoint)) for a in FROM_SEED_CHECKPOINT]
     return args
@@ -95,8 +113,14 @@ def make_seed_checkpoint(tmp: Path) -> Path:
     return tmp / "checkpoint" / "step-0"
 
 
-def train(tmp: Path, name: str, nproc: int, extra: list[str] = (), seed_checkpoint: Path | None = None,
-          env: dict | None = None) -> list[float]:
+def train(
+    tmp: Path,
+    name: str,
+    nproc: int,
+    extra: list[str] = (),
+    seed_checkpoint: Path | None = None,
+    env: dict | None = None,
+) -> list[float]:
     """The per-step losses of a 20-step run (TensorBoard's float32 values)."""
     run_dir = tmp / name
     proc = torchrun(nproc, run_args(nproc, run_dir, extra, seed_checkpoint), tmp / f"{name}-log", env=env)
@@ -120,8 +144,9 @@ def generate(tmp: Path) -> dict:
         start = time.monotonic()
         losses = train(tmp, name, spec["nproc"], spec["args"], seed if spec["seed_checkpoint"] else None)
         seconds = time.monotonic() - start
-        args = run_args(spec["nproc"], Path("{dump}"), spec["args"],
-                        Path("{seed_checkpoint}") if spec["seed_checkpoint"] else None)
+        args = run_args(
+            spec["nproc"], Path("{dump}"), spec["args"], Path("{seed_checkpoint}") if spec["seed_checkpoint"] else None
+        )
         variants[name] = {
             "nproc": spec["nproc"],
             "overrides": spec["args"],
@@ -133,8 +158,8 @@ def generate(tmp: Path) -> dict:
         }
     return {
         "description": f"Per-step training loss ({LOSS_TAG}, TensorBoard float32) of the first {STEPS} "
-                       "steps of train_configs/grt_debug.toml (fp32) on 2 gloo ranks, CPU. "
-                       "{dump}: the run's dump folder; {seed_checkpoint}: <seed dump>/checkpoint/step-0.",
+        "steps of train_configs/grt_debug.toml (fp32) on 2 gloo ranks, CPU. "
+        "{dump}: the run's dump folder; {seed_checkpoint}: <seed dump>/checkpoint/step-0.",
         "regenerate": "python tests/golden/make_golden.py",
         "steps": STEPS,
         "seed": SEED,

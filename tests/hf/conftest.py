@@ -18,9 +18,7 @@ def exported(native_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("exported")
     out = {}
     for style, model in native_models.items():
-        out[style] = write_hf_folder(
-            root / style, model.state_dict(), model.model_args, write_tokenizer=False
-        )
+        out[style] = write_hf_folder(root / style, model.state_dict(), model.model_args, write_tokenizer=False)
     return out
 
 
@@ -56,7 +54,18 @@ def debug_export(debug_checkpoint, debug_config, tmp_path_factory):
 
     folder, _ = debug_checkpoint
     out = tmp_path_factory.mktemp("export") / "grt_debug"
-    rc = main(["export-hf", "--checkpoint", str(folder), "--config", str(debug_config),
-               "--out", str(out), "--validation-loss", "5.25"])
+    rc = main(
+        [
+            "export-hf",
+            "--checkpoint",
+            str(folder),
+            "--config",
+            str(debug_config),
+            "--out",
+            str(out),
+            "--validation-loss",
+            "5.25",
+        ]
+    )
     assert rc == 0
     return out

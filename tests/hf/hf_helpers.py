@@ -101,8 +101,14 @@ def static_decode_logits(hf, ids, strategy, prefix, max_cache_len=20):
     cache = cache_class(hf)(hf.config, strategy=strategy, max_cache_len=max_cache_len)
     out = [hf(ids[:, :prefix], past_key_values=cache, cache_slots=torch.arange(prefix)).logits[:, -1]]
     for t in range(prefix, ids.shape[1]):
-        out.append(hf(ids[:, t : t + 1], past_key_values=cache, cache_slots=torch.tensor([t]),
-                      position_ids=torch.tensor([[t]])).logits[:, -1])
+        out.append(
+            hf(
+                ids[:, t : t + 1],
+                past_key_values=cache,
+                cache_slots=torch.tensor([t]),
+                position_ids=torch.tensor([[t]]),
+            ).logits[:, -1]
+        )
     return torch.stack(out, 1), cache
 
 
@@ -112,8 +118,8 @@ def left_padded(prompts):
     ids = torch.zeros(len(prompts), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = p
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
@@ -125,7 +131,7 @@ def assert_left_padded_rows_generate_alone(model, lengths=(4, 9), n=6, **kwargs)
     batched = greedy(model, ids, n=n, attention_mask=mask, pad_token_id=0, **kwargs)
     for i, p in enumerate(prompts):
         alone = greedy(model, p[None], n=n, **kwargs)
-        assert torch.equal(batched[i, ids.shape[1]:], alone[0, len(p):]), f"row {i}"
+        assert torch.equal(batched[i, ids.shape[1] :], alone[0, len(p) :]), f"row {i}"
 
 
 @contextlib.contextmanager
@@ -141,7 +147,9 @@ def sharded_state_dict(args, store_dir: Path, make=torch.empty):
     dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        yield {k: distribute_tensor(make(v.shape), mesh, [Shard(0)]) if v.ndim else v
-               for k, v in build_meta_model(args).state_dict().items()}
+        yield {
+            k: distribute_tensor(make(v.shape), mesh, [Shard(0)]) if v.ndim else v
+            for k, v in build_meta_model(args).state_dict().items()
+        }
     finally:
         dist.destroy_process_group()

@@ -91,7 +91,9 @@ def test_hf_assets_path_file_or_index(tmp_path):
     mapping = GRTStateDictAdapter(args, str(tmp_path)).fqn_to_index_mapping
     assert mapping == {k: 1 + i % 2 for i, k in enumerate(adapter.hf_keys)}
     # An index of another model is ignored rather than breaking the save.
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-00001-of-00001.safetensors"}}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"x": "model-00001-of-00001.safetensors"}})
+    )
     assert GRTStateDictAdapter(args, str(tmp_path)).fqn_to_index_mapping is None
 
 
@@ -113,9 +115,10 @@ def test_torchtitan_hf_save_and_load_paths(style, native_models, exported, tmp_p
         warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process"
         # last_save_in_hf: to_hf, then the HF writer with consolidation (no index mapping).
         step = tmp_path / "step-5"
-        dcp.save(adapter.to_hf(model.state_dict()),
-                 storage_writer=HuggingFaceStorageWriter(path=str(step), save_distributed=True,
-                                                         enable_consolidation=True))
+        dcp.save(
+            adapter.to_hf(model.state_dict()),
+            storage_writer=HuggingFaceStorageWriter(path=str(step), save_distributed=True, enable_consolidation=True),
+        )
         saved, facts = load_checkpoint(step, args)
         assert facts["step"] == 5
         for key, value in adapter.to_hf(model.state_dict()).items():

@@ -17,9 +17,17 @@ from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS
 from hf_helpers import load_hf, seeded_model, small_args
 
 EXPECTED_FILES = {
-    "config.json", "configuration_grt.py", "modeling_grt.py", "model.safetensors",
-    "generation_config.json", "vocab.json", "merges.txt", "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "README.md",
+    "config.json",
+    "configuration_grt.py",
+    "modeling_grt.py",
+    "model.safetensors",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "README.md",
 }
 
 
@@ -42,8 +50,14 @@ def test_export_folder(debug_export, debug_checkpoint):
         tree = ast.parse((debug_export / name).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert {m.split(".")[0] for m in imported} <= {"__future__", "math", "dataclasses", "torch",
-                                                      "transformers", "configuration_grt"}, imported
+        assert {m.split(".")[0] for m in imported} <= {
+            "__future__",
+            "math",
+            "dataclasses",
+            "torch",
+            "transformers",
+            "configuration_grt",
+        }, imported
     card = (debug_export / "README.md").read_text()
     assert "1 + 2x4 + 1" in card and "training steps: 60" in card
     assert "training tokens: 61,440 (train_state" in card and "validation loss: 5.2500" in card
@@ -69,8 +83,7 @@ def test_exported_model_loads_and_matches(debug_export, debug_checkpoint):
 def test_export_import_export_round_trip(debug_export, debug_checkpoint, debug_config, tmp_path):
     folder, native = debug_checkpoint
     ckpt = tmp_path / "ft" / "checkpoint" / "step-0"
-    assert cli(["import-hf", "--hf-dir", str(debug_export), "--out", str(ckpt),
-                "--config", str(debug_config)]) == 0
+    assert cli(["import-hf", "--hf-dir", str(debug_export), "--out", str(ckpt), "--config", str(debug_config)]) == 0
     # import is exact, and gives torchtitan a complete model state (draws restarts at 0).
     args = native.model_args
     imported, _ = load_checkpoint(ckpt, args)
@@ -82,8 +95,7 @@ def test_export_import_export_round_trip(debug_export, debug_checkpoint, debug_c
         else:
             assert torch.equal(imported[key], value), key
     again = tmp_path / "again"
-    assert cli(["export-hf", "--checkpoint", str(ckpt), "--config", str(debug_config),
-                "--out", str(again)]) == 0
+    assert cli(["export-hf", "--checkpoint", str(ckpt), "--config", str(debug_config), "--out", str(again)]) == 0
     assert (again / SINGLE_FILE).read_bytes() == (debug_export / SINGLE_FILE).read_bytes()
 
 
@@ -125,11 +137,17 @@ def test_model_only_checkpoint_and_hf_format_checkpoint(debug_checkpoint, debug_
     from safetensors.torch import save_file
 
     adapter = GRTStateDictAdapter(native.model_args, None)
-    save_file({k: v.contiguous() for k, v in adapter.to_hf(native.state_dict()).items()},
-              str(hf_step / "model-00001-of-00001.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in adapter.to_hf(native.state_dict()).items()},
+        str(hf_step / "model-00001-of-00001.safetensors"),
+    )
     out = tmp_path / "from_hf_step"
-    assert cli(["export-hf", "--checkpoint", str(hf_step), "--config", str(debug_config),
-                "--out", str(out), "--no-verify"]) == 0
+    assert (
+        cli(
+            ["export-hf", "--checkpoint", str(hf_step), "--config", str(debug_config), "--out", str(out), "--no-verify"]
+        )
+        == 0
+    )
     from safetensors.torch import load_file
 
     exported = load_file(str(out / SINGLE_FILE))
@@ -140,8 +158,9 @@ def test_model_only_checkpoint_and_hf_format_checkpoint(debug_checkpoint, debug_
 @pytest.mark.parametrize("style", ["gpt2", "llama"])
 def test_sharded_weights(style, native_models, tmp_path):
     model = native_models[style]
-    out = write_hf_folder(tmp_path / "sharded", model.state_dict(), model.model_args,
-                          write_tokenizer=False, max_shard_size="200KB")
+    out = write_hf_folder(
+        tmp_path / "sharded", model.state_dict(), model.model_args, write_tokenizer=False, max_shard_size="200KB"
+    )
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))
     assert len(shards) > 3 and not (out / SINGLE_FILE).exists()
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -159,8 +178,9 @@ def test_sharded_weights(style, native_models, tmp_path):
 
 def test_bfloat16_export(native_models, tmp_path):
     model = native_models["llama"]
-    out = write_hf_folder(tmp_path / "bf16", model.state_dict(), model.model_args,
-                          write_tokenizer=False, dtype="bfloat16")
+    out = write_hf_folder(
+        tmp_path / "bf16", model.state_dict(), model.model_args, write_tokenizer=False, dtype="bfloat16"
+    )
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
     hf = load_hf(out, dtype=torch.bfloat16)
     assert next(hf.parameters()).dtype == torch.bfloat16
@@ -187,10 +207,22 @@ def test_export_console_shows_only_the_commands_output(debug_checkpoint, debug_c
 
     out = tmp_path / "export"
     proc = subprocess.run(
-        [sys.executable, "-m", "grt_titan.cli", "export-hf", "--checkpoint", str(folder),
-         "--config", str(debug_config), "--out", str(out)],
-        cwd=REPO, capture_output=True,
-        text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "grt_titan.cli",
+            "export-hf",
+            "--checkpoint",
+            str(folder),
+            "--config",
+            str(debug_config),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"exported {folder} -> {out}"
@@ -204,8 +236,17 @@ def test_checkpoint_that_does_not_match_the_config(debug_checkpoint, tmp_path, c
 
     out_parent = tmp_path / "out"
     out_parent.mkdir()
-    rc = cli(["export-hf", "--checkpoint", str(folder), "--config",
-              str(REPO / "train_configs" / "dense_debug.toml"), "--out", str(out_parent / "x")])
+    rc = cli(
+        [
+            "export-hf",
+            "--checkpoint",
+            str(folder),
+            "--config",
+            str(REPO / "train_configs" / "dense_debug.toml"),
+            "--out",
+            str(out_parent / "x"),
+        ]
+    )
     assert rc == 1
     err = capsys.readouterr().err
     assert "does not match the config" in err and "recurrence.step.proj.weight" in err
@@ -215,16 +256,42 @@ def test_checkpoint_that_does_not_match_the_config(debug_checkpoint, tmp_path, c
 def test_missing_files(debug_config, tmp_path, capsys):
     out_parent = tmp_path / "out"
     out_parent.mkdir()
-    assert cli(["export-hf", "--checkpoint", str(tmp_path / "nope"), "--config", str(debug_config),
-                "--out", str(out_parent / "x")]) == 1
+    assert (
+        cli(
+            [
+                "export-hf",
+                "--checkpoint",
+                str(tmp_path / "nope"),
+                "--config",
+                str(debug_config),
+                "--out",
+                str(out_parent / "x"),
+            ]
+        )
+        == 1
+    )
     assert "does not exist" in capsys.readouterr().err
-    assert cli(["export-hf", "--checkpoint", str(tmp_path), "--config", str(tmp_path / "missing.toml"),
-                "--out", str(out_parent / "x")]) == 1
+    assert (
+        cli(
+            [
+                "export-hf",
+                "--checkpoint",
+                str(tmp_path),
+                "--config",
+                str(tmp_path / "missing.toml"),
+                "--out",
+                str(out_parent / "x"),
+            ]
+        )
+        == 1
+    )
     assert "missing.toml does not exist" in capsys.readouterr().err
     empty = tmp_path / "empty_step"
     empty.mkdir()
-    assert cli(["export-hf", "--checkpoint", str(empty), "--config", str(debug_config),
-                "--out", str(out_parent / "x")]) == 1
+    assert (
+        cli(["export-hf", "--checkpoint", str(empty), "--config", str(debug_config), "--out", str(out_parent / "x")])
+        == 1
+    )
     assert "not a torchtitan checkpoint" in capsys.readouterr().err
     assert cli(["import-hf", "--hf-dir", str(empty), "--out", str(out_parent / "y")]) == 1
     assert "no config.json" in capsys.readouterr().err
@@ -255,7 +322,9 @@ def test_dtypes_that_cannot_be_represented(tmp_path):
     out_parent.mkdir()
     with pytest.raises(ExportError, match=r"coda\.0\.mlp\.up_proj\.weight.*cannot be represented in float16"):
         write_hf_folder(out_parent / "fp16", model.state_dict(), args, write_tokenizer=False, dtype="float16")
-    with pytest.raises(ExportError, match=r"dtype = 'int8' cannot be exported; allowed: \['bfloat16', 'float16', 'float32'\]"):
+    with pytest.raises(
+        ExportError, match=r"dtype = 'int8' cannot be exported; allowed: \['bfloat16', 'float16', 'float32'\]"
+    ):
         write_hf_folder(out_parent / "i8", model.state_dict(), args, write_tokenizer=False, dtype="int8")
     _assert_nothing_written(out_parent)
     # bfloat16 has float32's range: fine.
@@ -293,8 +362,21 @@ def test_validation_loss_read_from_the_runs_tensorboard_logs(debug_checkpoint, d
     writer.close()
     out = tmp_path / "exports" / "card"  # parents are created
     # The checkpoint folder selects its latest step (step-60).
-    assert cli(["export-hf", "--checkpoint", str(folder.parent), "--config", str(debug_config),
-                "--out", str(out), "--no-verify"]) == 0
+    assert (
+        cli(
+            [
+                "export-hf",
+                "--checkpoint",
+                str(folder.parent),
+                "--config",
+                str(debug_config),
+                "--out",
+                str(out),
+                "--no-verify",
+            ]
+        )
+        == 0
+    )
     card = (out / "README.md").read_text()
     assert "validation loss: 5.0000 at step 60" in card
     assert "training tokens: 122,880 (n_tokens_seen in the run's TensorBoard log)" in card

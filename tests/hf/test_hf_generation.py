@@ -31,7 +31,9 @@ def test_depth_per_generate_call(style, hf_models):
     hf = hf_models[style]
     ids = prompt(seed=6)
     for r in (0, 2, 6):
-        assert torch.equal(greedy(hf, ids, n=8, num_recurrences=r), greedy(hf, ids, n=8, num_recurrences=r, use_cache=False))
+        assert torch.equal(
+            greedy(hf, ids, n=8, num_recurrences=r), greedy(hf, ids, n=8, num_recurrences=r, use_cache=False)
+        )
 
 
 @pytest.mark.parametrize("style", ["gpt2", "llama"])

@@ -13,17 +13,13 @@ def test_lm_eval_loglikelihood(debug_export, debug_checkpoint):
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
-    lm = HFLM(pretrained=str(debug_export), trust_remote_code=True, device="cpu", batch_size=2,
-              dtype="float32")
+    lm = HFLM(pretrained=str(debug_export), trust_remote_code=True, device="cpu", batch_size=2, dtype="float32")
     pairs = [
         ("The capital of France is", " Paris"),
         ("It is a truth universally acknowledged,", " that a single man"),
         ("1, 2, 3,", " 4"),
     ]
-    requests = [
-        Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=i)
-        for i, pair in enumerate(pairs)
-    ]
+    requests = [Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=i) for i, pair in enumerate(pairs)]
     results = lm.loglikelihood(requests)
     assert len(results) == len(pairs)
 

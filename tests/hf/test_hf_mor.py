@@ -58,9 +58,10 @@ def test_logits_match_torchtitan_under_both_rules(mor):
     x = prompt(batch=2, seq=24, seed=3)
     with torch.no_grad():
         for r in (None, 2):  # None: R = 4
-            threshold = (hf(x, num_recurrences=r).logits - routed(native, "threshold")(x, num_recurrences=r))
-            top_k = (hf(x, num_recurrences=r, router_inference="top_k").logits
-                     - routed(native, "top_k")(x, num_recurrences=r))
+            threshold = hf(x, num_recurrences=r).logits - routed(native, "threshold")(x, num_recurrences=r)
+            top_k = hf(x, num_recurrences=r, router_inference="top_k").logits - routed(native, "top_k")(
+                x, num_recurrences=r
+            )
             assert threshold.abs().max().item() < ATOL and top_k.abs().max().item() < ATOL, r
         # The rules differ (else the test above could not tell them apart).
         assert (hf(x).logits - hf(x, router_inference="top_k").logits).abs().max().item() > 1e-3
@@ -93,7 +94,7 @@ def test_cached_decoding_equals_the_full_forward(mor):
         cache = mor_cache(hf)
         steps = [hf(ids[:, :12], past_key_values=cache).logits[:, -1]]
         for t in range(12, 20):  # one token at a time, teacher-forced
-            steps.append(hf(ids[:, t:t + 1], past_key_values=cache).logits[:, -1])
+            steps.append(hf(ids[:, t : t + 1], past_key_values=cache).logits[:, -1])
         expected = full(ids)[:, 11:]
     assert (torch.stack(steps, 1) - expected).abs().max().item() < ATOL
     # Greedy generation: token for token the same with and without the cache.
@@ -125,8 +126,9 @@ def test_released_update_exports_and_matches_torchtitan(module_tmp):
         for p in native.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     native.eval()
-    folder = write_hf_folder(module_tmp("mor_block") / "hf", native.state_dict(), args, write_tokenizer=False,
-                             verify=True)
+    folder = write_hf_folder(
+        module_tmp("mor_block") / "hf", native.state_dict(), args, write_tokenizer=False, verify=True
+    )
     config = json.loads((folder / "config.json").read_text())
     assert config["router_update"] == "block"
     assert model_args_from_hf_config(config) == args
@@ -139,7 +141,7 @@ def test_released_update_exports_and_matches_torchtitan(module_tmp):
         cache = mor_cache(hf)
         steps = [hf(x[:1, :12], past_key_values=cache).logits[:, -1]]
         for t in range(12, 16):
-            steps.append(hf(x[:1, t:t + 1], past_key_values=cache).logits[:, -1])
+            steps.append(hf(x[:1, t : t + 1], past_key_values=cache).logits[:, -1])
         assert (torch.stack(steps, 1) - routed(native, "threshold")(x[:1, :16])[:, 11:]).abs().max().item() < ATOL
 
 

@@ -111,8 +111,11 @@ def test_compressed_caches_are_refused_below_threshold_one(ouro):
     _, _, hf, hf_last = ouro
     ids = prompt(seq=6)
     for strategy in ("first", "last", "average"):
-        with pytest.raises(ValueError, match=f"kv_cache_strategy = '{strategy}' cannot be used with objective = "
-                                             "'exit_distribution' and exit_threshold = 0.7 < 1"):
+        with pytest.raises(
+            ValueError,
+            match=f"kv_cache_strategy = '{strategy}' cannot be used with objective = "
+            "'exit_distribution' and exit_threshold = 0.7 < 1",
+        ):
             greedy(hf, ids, n=2, kv_cache_strategy=strategy)
         cache_class(hf_last)(hf_last.config, strategy=strategy)  # q = 1: the plain forward, any cache
 
@@ -132,11 +135,14 @@ def test_export_import_export_keeps_the_exit_gate(ouro, tmp_path):
         assert (again / name).read_bytes() == (folder / name).read_bytes(), name
 
 
-@pytest.mark.parametrize("threshold, message", [
-    (1.5, r"exit_threshold = 1.5 is invalid; must be in \(0, 1\]"),
-    (0.0, r"exit_threshold = 0.0 is invalid; must be in \(0, 1\]"),
-    ("0.5", r"exit_threshold = '0.5' is invalid; must be a number in \(0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "threshold, message",
+    [
+        (1.5, r"exit_threshold = 1.5 is invalid; must be in \(0, 1\]"),
+        (0.0, r"exit_threshold = 0.0 is invalid; must be in \(0, 1\]"),
+        ("0.5", r"exit_threshold = '0.5' is invalid; must be a number in \(0, 1\]"),
+    ],
+)
 def test_bad_exit_threshold_fails_clearly(ouro, threshold, message):
     with pytest.raises(ValueError, match=message):
         GRTConfig(objective="exit_distribution", exit_threshold=threshold)

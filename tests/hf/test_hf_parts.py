@@ -87,8 +87,10 @@ def test_generation_with_the_kv_cache(part_set):
         for strategy in STRATEGIES:
             # per_step is exact at any depth; a compressed cache is exact at r = 1 (one step to keep).
             r = R if strategy == "per_step" else 1
-            assert torch.equal(greedy(hf, ids[:, :6], n=5, num_recurrences=r, kv_cache_strategy=strategy),
-                               greedy(hf, ids[:, :6], n=5, num_recurrences=r, use_cache=False)), strategy
+            assert torch.equal(
+                greedy(hf, ids[:, :6], n=5, num_recurrences=r, kv_cache_strategy=strategy),
+                greedy(hf, ids[:, :6], n=5, num_recurrences=r, use_cache=False),
+            ), strategy
             # The preallocated cache computes what the growing one does.
             dynamic, _ = decode_logits(hf, ids[:, :10], strategy, R, steps=3)
             static, _ = static_decode_logits(hf, ids[:, :10], strategy, prefix=7)
@@ -114,9 +116,14 @@ def test_export_import_export_round_trip(part_set, tmp_path):
 def test_import_checks_the_parts_against_the_config():
     from grt_titan.hf.importer import _check_against_config
 
-    with pytest.raises(ExportError, match="does not describe this model: .*injection: HF 'none' vs config 'proj'.*"
-                                          "step_adapter: HF 'lora' vs config 'none'"):
-        _check_against_config(debug_twin("small_rrt.toml").replace(vocab_size=50257), REPO / "train_configs" / "grt_debug.toml")
+    with pytest.raises(
+        ExportError,
+        match="does not describe this model: .*injection: HF 'none' vs config 'proj'.*"
+        "step_adapter: HF 'lora' vs config 'none'",
+    ):
+        _check_against_config(
+            debug_twin("small_rrt.toml").replace(vocab_size=50257), REPO / "train_configs" / "grt_debug.toml"
+        )
 
 
 def test_every_paper_config_exports_with_its_parts():
@@ -129,7 +136,8 @@ def test_every_paper_config_exports_with_its_parts():
         config = build_hf_config(args).to_dict()
         if args.is_recurrent:
             assert {k: config.get(k, RECURRENCE_PARTS[k][0]) for k in HF_PARTS} == {
-                k: getattr(args, k) for k in HF_PARTS}, toml.name
+                k: getattr(args, k) for k in HF_PARTS
+            }, toml.name
             assert config.get("lora_rank") == (args.lora_rank if args.step_adapter == "lora" else None)
             assert config.get("exit_threshold") == (args.exit_threshold if args.per_step_readout else None)
 
@@ -138,10 +146,12 @@ def test_the_self_contained_config_copies_the_table_of_methods():
     """configuration_grt.py cannot import grt_titan (remote code): its copies of rows of
     grt_titan/model/methods.py (GRT's parts as the first choices, MoR's fixed parts) agree."""
     assert {name: choices[0] for name, choices in RECURRENCE_PARTS.items()} == {
-        name: GRT.parts[name] for name in RECURRENCE_PARTS}
+        name: GRT.parts[name] for name in RECURRENCE_PARTS
+    }
     mor = {**GRT.parts, **MOR.parts}
     assert {k: v for k, v in MOR_REQUIRED_PARTS.items() if k != "block_style"} == {
-        k: mor[k] for k in MOR_REQUIRED_PARTS if k != "block_style"}
+        k: mor[k] for k in MOR_REQUIRED_PARTS if k != "block_style"
+    }
 
 
 @pytest.mark.parametrize("row", METHODS, ids=lambda row: f"{row.config}:{row.name}")

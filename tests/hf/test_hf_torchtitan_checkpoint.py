@@ -18,9 +18,21 @@ def assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, nproc, ex
     are the trained ones, so its first loss is below the trained run's first (an untrained
     model's is ln(50257) = 10.8)."""
     trained = step_losses(save.stdout + save.stderr)
-    load = run_torchrun(nproc, [*COMMON, *extra, "--job.dump_folder", str(tmp_path / "b"), "--training.steps", "1",
-                                "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"],
-                        tmp_path / "b")
+    load = run_torchrun(
+        nproc,
+        [
+            *COMMON,
+            *extra,
+            "--job.dump_folder",
+            str(tmp_path / "b"),
+            "--training.steps",
+            "1",
+            "--checkpoint.initial_load_path",
+            str(folder),
+            "--checkpoint.initial_load_in_hf",
+        ],
+        tmp_path / "b",
+    )
     output = load.stdout + load.stderr
     assert load.returncode == 0, output[-3000:]
     assert "loading from HF safetensors" in output
@@ -29,8 +41,19 @@ def assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, nproc, ex
 
 @pytest.mark.slow
 def test_last_save_in_hf_then_initial_load_in_hf(run_torchrun, tmp_path):
-    save = run_torchrun(2, [*COMMON, "--job.dump_folder", str(tmp_path / "a"), "--training.steps", "6",
-                            "--checkpoint.last_save_in_hf", "--checkpoint.last_save_model_only"], tmp_path / "a")
+    save = run_torchrun(
+        2,
+        [
+            *COMMON,
+            "--job.dump_folder",
+            str(tmp_path / "a"),
+            "--training.steps",
+            "6",
+            "--checkpoint.last_save_in_hf",
+            "--checkpoint.last_save_model_only",
+        ],
+        tmp_path / "a",
+    )
     assert save.returncode == 0, (save.stdout + save.stderr)[-3000:]
     folder = tmp_path / "a" / "checkpoint" / "step-6"
     index = json.loads((folder / "model.safetensors.index.json").read_text())
@@ -39,8 +62,9 @@ def test_last_save_in_hf_then_initial_load_in_hf(run_torchrun, tmp_path):
     with safe_open(str(folder / sorted(set(index["weight_map"].values()))[0]), "pt") as f:
         assert all("draws" not in key for key in f.keys())
 
-    assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, 1,
-                                 ["--parallelism.data_parallel_shard_degree", "1"])
+    assert_loads_trained_weights(
+        run_torchrun, tmp_path, save, folder, 1, ["--parallelism.data_parallel_shard_degree", "1"]
+    )
 
 
 @pytest.mark.slow
@@ -48,10 +72,24 @@ def test_padded_vocab_hf_save_under_tp_then_load_under_fsdp(run_torchrun, tmp_pa
     """`[grt] vocab_multiple_of = 128`: the vocabulary-sharded (TP) embedding is saved with
     its 50257 true rows, and loads (padded with zero rows) into an FSDP-sharded 50304-row one."""
     pad = ["--grt.vocab_multiple_of", "128"]
-    save = run_torchrun(2, [*COMMON, *pad, "--job.dump_folder", str(tmp_path / "a"), "--training.steps", "6",
-                            "--parallelism.data_parallel_shard_degree", "1",
-                            "--parallelism.tensor_parallel_degree", "2",
-                            "--checkpoint.last_save_in_hf", "--checkpoint.last_save_model_only"], tmp_path / "a")
+    save = run_torchrun(
+        2,
+        [
+            *COMMON,
+            *pad,
+            "--job.dump_folder",
+            str(tmp_path / "a"),
+            "--training.steps",
+            "6",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--checkpoint.last_save_in_hf",
+            "--checkpoint.last_save_model_only",
+        ],
+        tmp_path / "a",
+    )
     assert save.returncode == 0, (save.stdout + save.stderr)[-3000:]
     folder = tmp_path / "a" / "checkpoint" / "step-6"
     padded = grt_flavors["debug"].replace(vocab_multiple_of=128)

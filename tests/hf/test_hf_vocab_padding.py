@@ -18,8 +18,10 @@ from hf_helpers import load_hf, seeded_model, sharded_state_dict, small_args
 
 VOCAB, PADDED = 500, 512  # vocab_multiple_of = 128
 ATOL = 1e-4  # as test_hf_parity.py: fp32, same ops up to RoPE's form and SDPA kernels
-VOCAB_KEYS = {"gpt2": {"model.embed_tokens.weight": "tok_embeddings.weight"},
-              "llama": {"model.embed_tokens.weight": "tok_embeddings.weight", "lm_head.weight": "output.weight"}}
+VOCAB_KEYS = {
+    "gpt2": {"model.embed_tokens.weight": "tok_embeddings.weight"},
+    "llama": {"model.embed_tokens.weight": "tok_embeddings.weight", "lm_head.weight": "output.weight"},
+}
 
 
 def padded_args(style):
@@ -34,9 +36,12 @@ def padded_models():
 @pytest.fixture(scope="module")
 def padded_exports(padded_models, module_tmp):
     root = module_tmp("padded")
-    return {style: write_hf_folder(root / style, m.state_dict(), m.model_args, write_tokenizer=False,
-                                   verify=True)  # verify: fp32 logits over the true ids
-            for style, m in padded_models.items()}
+    return {
+        style: write_hf_folder(
+            root / style, m.state_dict(), m.model_args, write_tokenizer=False, verify=True
+        )  # verify: fp32 logits over the true ids
+        for style, m in padded_models.items()
+    }
 
 
 def tokens(seed=5):
@@ -157,7 +162,10 @@ def test_adapter_trims_to_vocab_size_and_pads_back(style, padded_models):
     # Meta tensors (shape-only plans) are trimmed and padded the same way.
     with torch.device("meta"):
         meta = GRTModel(padded_args(style)).state_dict()
-    assert adapter.from_hf(adapter.to_hf(meta))["tok_embeddings.weight"].shape == (PADDED, meta["tok_embeddings.weight"].shape[1])
+    assert adapter.from_hf(adapter.to_hf(meta))["tok_embeddings.weight"].shape == (
+        PADDED,
+        meta["tok_embeddings.weight"].shape[1],
+    )
 
 
 def test_adapter_pads_dtensors_back_to_their_sharding(tmp_path):
@@ -192,9 +200,10 @@ def test_torchtitan_hf_save_and_load_paths(style, padded_models, padded_exports,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process"
         step = tmp_path / "step-5"
-        dcp.save(adapter.to_hf(model.state_dict()),
-                 storage_writer=HuggingFaceStorageWriter(path=str(step), save_distributed=True,
-                                                         enable_consolidation=True))
+        dcp.save(
+            adapter.to_hf(model.state_dict()),
+            storage_writer=HuggingFaceStorageWriter(path=str(step), save_distributed=True, enable_consolidation=True),
+        )
         written = {}
         for f in step.glob("*.safetensors"):
             written.update(load_file(str(f)))

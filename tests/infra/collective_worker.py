@@ -43,15 +43,21 @@ def main(out_path: str) -> None:
     for method, (parts, above_r) in METHODS.items():
         for core_reshard in (False, True) if method == "grt" else (True,):
             args = grt_flavors["debug"].replace(vocab_size=512, **parts)
-            model = build_model(args, before_init=lambda m: apply_fsdp(
-                m, mesh, torch.float32, torch.float32, pp_enabled=False, core_reshard_after_forward=core_reshard))
+            model = build_model(
+                args,
+                before_init=lambda m: apply_fsdp(
+                    m, mesh, torch.float32, torch.float32, pp_enabled=False, core_reshard_after_forward=core_reshard
+                ),
+            )
             tokens = torch.randint(0, 512, (2, 16))
             depths = (1, args.num_recurrences, 2 * args.num_recurrences) if above_r else (1, args.num_recurrences)
             for depth in depths:
                 with CollectiveCounter() as counter:
                     scalar_loss(model(tokens, num_recurrences=depth)).backward()
-                results[f"{method}:{core_reshard}:{depth}"] = {"counts": dict(counter.counts),
-                                                               "bytes": dict(counter.bytes)}
+                results[f"{method}:{core_reshard}:{depth}"] = {
+                    "counts": dict(counter.counts),
+                    "bytes": dict(counter.bytes),
+                }
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)

@@ -28,8 +28,10 @@ def test_fsdp_collectives_do_not_grow_with_depth(run_torchrun, tmp_path):
             by_depth = {int(k.rsplit(":", 1)[1]): v for k, v in results.items() if k.startswith("ouro:True:")}
             base = by_depth[1]["counts"]
             for depth, run in by_depth.items():
-                assert run["counts"] == {"all_gather": base["all_gather"] + 2 * args.n_coda_layers * (depth - 1),
-                                         "reduce_scatter": base["reduce_scatter"]}, (depth, run)
+                assert run["counts"] == {
+                    "all_gather": base["all_gather"] + 2 * args.n_coda_layers * (depth - 1),
+                    "reduce_scatter": base["reduce_scatter"],
+                }, (depth, run)
         elif method.startswith("mor"):
             # The routers of steps a shallow forward does not reach get no gradient, so FSDP
             # reduces fewer bytes at r < R: at most all R routers' fp32 weights (R x d each),

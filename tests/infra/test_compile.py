@@ -52,7 +52,6 @@ def test_no_recompiles_across_depths_and_steps(checkpoint):
     assert not counters["recompiles"], dict(counters["recompiles"])
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("update", ["delta", "block"])
 def test_mixture_of_recursions_compiles_one_step_graph(update):

@@ -14,9 +14,20 @@ CONFIGS = sorted((REPO / "train_configs").glob("*.toml"))
 
 def test_all_configs_are_found():
     names = {p.stem for p in CONFIGS}
-    assert {"grt_debug", "grt_small", "grt_medium", "grt_large", "grt_medium_isoparams",
-            "grt_large_isoparams", "dense_small", "dense_medium", "dense_large", "dense_debug",
-            "grt_llama_1b", "dense_llama_1b"} <= names
+    assert {
+        "grt_debug",
+        "grt_small",
+        "grt_medium",
+        "grt_large",
+        "grt_medium_isoparams",
+        "grt_large_isoparams",
+        "dense_small",
+        "dense_medium",
+        "dense_large",
+        "dense_debug",
+        "grt_llama_1b",
+        "dense_llama_1b",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -38,8 +49,17 @@ def test_paper_configs_follow_the_recipe():
     for stem in ("grt_small", "grt_medium", "grt_large", "dense_large"):
         c = parse_config(path=CONFIGS[0].parent / f"{stem}.toml")
         assert (c.training.seq_len, c.training.global_batch_size, c.training.steps) == (1024, 480, 20000)
-        assert (c.optimizer.lr, c.optimizer.beta1, c.optimizer.beta2, c.optimizer.weight_decay) == (6e-4, 0.9, 0.95, 0.1)
-        assert (c.lr_scheduler.warmup_steps, c.lr_scheduler.decay_type, c.lr_scheduler.min_lr_factor) == (2000, "cosine", 0.1)
+        assert (c.optimizer.lr, c.optimizer.beta1, c.optimizer.beta2, c.optimizer.weight_decay) == (
+            6e-4,
+            0.9,
+            0.95,
+            0.1,
+        )
+        assert (c.lr_scheduler.warmup_steps, c.lr_scheduler.decay_type, c.lr_scheduler.min_lr_factor) == (
+            2000,
+            "cosine",
+            0.1,
+        )
         assert c.training.max_norm == 1.0 and c.parallelism.tensor_parallel_degree == 1
 
 

@@ -13,8 +13,9 @@ from grt_test_helpers import one_process, one_rank_dims, parse_config, step_loss
 
 
 def converted_fqns(*overrides) -> tuple[set[str], set[str]]:
-    config = parse_config("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",
-                          *overrides)
+    config = parse_config(
+        "--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate", *overrides
+    )
     model = build_meta_model(grt_flavors["debug"].replace())
     linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     build_model_converters(config, one_rank_dims()).convert(model)
@@ -40,12 +41,26 @@ def test_float8_filter_fqns_keeps_the_gate_high_precision():
 @pytest.mark.slow
 def test_float8_emulated_trains_like_bf16_on_two_fsdp_ranks(run_torchrun, tmp_path):
     # Sequence 64: half the preset's tokens per step, the same 20 steps (CI time).
-    common = ["--job.config_file", "train_configs/grt_debug.toml", "--training.steps", "20",
-              "--training.seq_len", "64", "--validation.no-enable", "--debug.seed", "7", "--metrics.log_freq", "5",
-              "--training.mixed_precision_param", "bfloat16"]
+    common = [
+        "--job.config_file",
+        "train_configs/grt_debug.toml",
+        "--training.steps",
+        "20",
+        "--training.seq_len",
+        "64",
+        "--validation.no-enable",
+        "--debug.seed",
+        "7",
+        "--metrics.log_freq",
+        "5",
+        "--training.mixed_precision_param",
+        "bfloat16",
+    ]
     losses = {}
-    for name, extra in (("bf16", []), ("float8", ["--model.converters", "quantize.linear.float8",
-                                                   "--quantize.linear.float8.emulate"])):
+    for name, extra in (
+        ("bf16", []),
+        ("float8", ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"]),
+    ):
         proc = run_torchrun(2, [*common, *extra, "--job.dump_folder", str(tmp_path / name)], tmp_path / name)
         output = proc.stdout + proc.stderr
         assert proc.returncode == 0, output[-3000:]
@@ -59,15 +74,33 @@ def test_float8_emulated_trains_like_bf16_on_two_fsdp_ranks(run_torchrun, tmp_pa
 def test_float8_tensor_parallel_builds_and_steps_on_fake_backend(tmp_path):
     """gloo cannot run float8 TP; the fake backend checks plans, shapes and a full step."""
     proc = one_process(
-        ["--job.config_file", "train_configs/grt_debug.toml",
-         "--comm.mode", "fake_backend", "--job.dump_folder", str(tmp_path),
-         "--parallelism.data_parallel_shard_degree", "4", "--parallelism.tensor_parallel_degree", "2",
-         "--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate",
-         "--quantize.linear.float8.enable_fsdp_float8_all_gather",
-         "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
-         "--training.steps", "2", "--training.seq_len", "64", "--validation.no-enable",
-         "--metrics.no-enable-tensorboard", "--metrics.log_freq", "1"],
-        env={"NGPU": "8", "WORLD_SIZE": "8"}, timeout=600,
+        [
+            "--job.config_file",
+            "train_configs/grt_debug.toml",
+            "--comm.mode",
+            "fake_backend",
+            "--job.dump_folder",
+            str(tmp_path),
+            "--parallelism.data_parallel_shard_degree",
+            "4",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--model.converters",
+            "quantize.linear.float8",
+            "--quantize.linear.float8.emulate",
+            "--quantize.linear.float8.enable_fsdp_float8_all_gather",
+            "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+            "--training.steps",
+            "2",
+            "--training.seq_len",
+            "64",
+            "--validation.no-enable",
+            "--metrics.no-enable-tensorboard",
+            "--metrics.log_freq",
+            "1",
+        ],
+        env={"NGPU": "8", "WORLD_SIZE": "8"},
+        timeout=600,
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]

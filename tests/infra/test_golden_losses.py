@@ -44,8 +44,9 @@ def test_golden_file_matches_the_script():
     assert set(GOLDEN["variants"]) == set(mg.VARIANTS)
     for name, spec in mg.VARIANTS.items():
         stored = GOLDEN["variants"][name]
-        args = mg.run_args(spec["nproc"], Path("{dump}"), spec["args"],
-                           Path("{seed_checkpoint}") if spec["seed_checkpoint"] else None)
+        args = mg.run_args(
+            spec["nproc"], Path("{dump}"), spec["args"], Path("{seed_checkpoint}") if spec["seed_checkpoint"] else None
+        )
         assert stored["command"] == mg.command(spec["nproc"], args), name
         assert len(stored["losses"]) == mg.STEPS
         assert stored["losses"][-1] < stored["losses"][0] - 2  # it trains (10.7 -> 7.2)
@@ -82,8 +83,11 @@ def test_fsdp2_reproduces_golden(fsdp2):
 # Same layout as the golden run: noise and clipping stay on (each rank draws the same noise
 # with and without checkpointing; the recompute must redraw it exactly).
 @pytest.mark.slow
-@pytest.mark.parametrize("name,extra", [("ac_full", AC_FULL), ("ac_full_per_recurrence_step", AC_PER_STEP)],
-                         ids=["ac_full", "ac_full_per_recurrence_step"])
+@pytest.mark.parametrize(
+    "name,extra",
+    [("ac_full", AC_FULL), ("ac_full_per_recurrence_step", AC_PER_STEP)],
+    ids=["ac_full", "ac_full_per_recurrence_step"],
+)
 def test_activation_checkpointing_reproduces_golden(name, extra, fsdp2, tmp):
     losses = mg.train(tmp, name, 2, extra)
     assert losses == pytest.approx(golden("fsdp2"), rel=GOLDEN_REL)

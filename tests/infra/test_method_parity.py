@@ -12,10 +12,26 @@ from tests.cases import ONE_RANK
 # initial state is drawn per rank like the training noise, so, like the noise, it is off here;
 # its depth law, truncated backprop and overwrite update stay on.
 PARTS = {
-    "poisson": ["--grt.update", "overwrite", "--grt.depth_sampling", "poisson_lognormal",
-                "--grt.backprop_recurrences", "2"],
-    "rrt": ["--grt.injection", "none", "--grt.update", "overwrite", "--grt.depth_sampling", "fixed",
-            "--grt.step_adapter", "lora", "--grt.lora_rank", "4"],
+    "poisson": [
+        "--grt.update",
+        "overwrite",
+        "--grt.depth_sampling",
+        "poisson_lognormal",
+        "--grt.backprop_recurrences",
+        "2",
+    ],
+    "rrt": [
+        "--grt.injection",
+        "none",
+        "--grt.update",
+        "overwrite",
+        "--grt.depth_sampling",
+        "fixed",
+        "--grt.step_adapter",
+        "lora",
+        "--grt.lora_rank",
+        "4",
+    ],
 }
 
 
@@ -30,9 +46,23 @@ def test_method_parts_compiled_fsdp_with_ac_match_one_rank_without_recompiles(me
     # aot_eager_decomp_partition: dynamo's graphs and guards (what a recompile is), AOTAutograd,
     # decompositions and the partitioner as inductor has them, without inductor's C++ code
     # generation; inductor compiles the GRT step in test_parallel_parity.py and MoR's below.
-    args = layout_args(run_dir, seed, 2, {"args": [*parts, "--compile.enable", "--compile.backend",
-                                                   "aot_eager_decomp_partition", "--activation_checkpoint.mode",
-                                                   "selective", "--activation_checkpoint.selective_ac_option", "op"]})
+    args = layout_args(
+        run_dir,
+        seed,
+        2,
+        {
+            "args": [
+                *parts,
+                "--compile.enable",
+                "--compile.backend",
+                "aot_eager_decomp_partition",
+                "--activation_checkpoint.mode",
+                "selective",
+                "--activation_checkpoint.selective_ac_option",
+                "op",
+            ]
+        },
+    )
     proc = run_torchrun(2, args, tmp_path / "compile-log", env={"TORCH_LOGS": "recompiles"})
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
@@ -51,8 +81,10 @@ def test_method_parts_compiled_fsdp_with_ac_match_one_rank_without_recompiles(me
 # functions (measured: grad norms 1e-3 apart), so it is off here; its per-token z-loss, like
 # expert choice's per-row BCE, sums over tokens the same on any layout, and is on.
 TOKEN_CHOICE = {"router_balance_weight": 0.0, "router_z_loss_weight": 0.01}
-ROUTERS = {router: parts_overrides({**MOR_PARTS, "router": router, **extra})
-           for router, extra in (("expert_choice", {}), ("token_choice", TOKEN_CHOICE))}
+ROUTERS = {
+    router: parts_overrides({**MOR_PARTS, "router": router, **extra})
+    for router, extra in (("expert_choice", {}), ("token_choice", TOKEN_CHOICE))
+}
 
 
 @pytest.mark.slow
@@ -66,8 +98,12 @@ def test_mixture_of_recursions_fsdp_compiled_matches_one_rank(router, run_torchr
     ref_losses, ref_norms = train(run_torchrun, tmp_path, seed, "one_rank", 1, {**ONE_RANK, "args": overrides})
     assert len(ref_losses) == STEPS and ref_losses[-1] < ref_losses[0]
     run_dir = tmp_path / "fsdp2_compile"
-    proc = run_torchrun(2, layout_args(run_dir, seed, 2, {"args": [*overrides, "--compile.enable"]}),
-                        tmp_path / "fsdp2-compile-log", env={"TORCH_LOGS": "recompiles"})
+    proc = run_torchrun(
+        2,
+        layout_args(run_dir, seed, 2, {"args": [*overrides, "--compile.enable"]}),
+        tmp_path / "fsdp2-compile-log",
+        env={"TORCH_LOGS": "recompiles"},
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert "Compiled the recurrence step once" in output

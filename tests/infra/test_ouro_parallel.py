@@ -7,8 +7,16 @@ import pytest
 from infra.test_parallel_parity import layout_args, make_seed_checkpoint, scalars
 from tests.cases import ONE_RANK, PARITY_LAYOUTS
 
-OURO = ["--grt.objective", "exit_distribution", "--grt.injection", "none", "--grt.update", "overwrite",
-        "--grt.depth_sampling", "fixed"]
+OURO = [
+    "--grt.objective",
+    "exit_distribution",
+    "--grt.injection",
+    "none",
+    "--grt.update",
+    "overwrite",
+    "--grt.depth_sampling",
+    "fixed",
+]
 
 
 @pytest.mark.slow
@@ -16,13 +24,19 @@ def test_ouro_fsdp_compile_and_tp_match_one_rank(run_torchrun, tmp_path):
     seed = make_seed_checkpoint(tmp_path / "seed", OURO)
     tp_nproc, tp = PARITY_LAYOUTS["tp2"]
     runs = {}
-    for name, nproc, extra in (("one_rank", 1, {**ONE_RANK, "args": OURO}),
-                               ("fsdp2_compile", 2, {"dp": 2, "args": [*OURO, "--compile.enable", "--compile.backend",
-                                                                     "aot_eager_decomp_partition"]}),
-                               ("tp2", tp_nproc, {**tp, "args": OURO})):
+    for name, nproc, extra in (
+        ("one_rank", 1, {**ONE_RANK, "args": OURO}),
+        (
+            "fsdp2_compile",
+            2,
+            {"dp": 2, "args": [*OURO, "--compile.enable", "--compile.backend", "aot_eager_decomp_partition"]},
+        ),
+        ("tp2", tp_nproc, {**tp, "args": OURO}),
+    ):
         run_dir = tmp_path / name
-        proc = run_torchrun(nproc, layout_args(run_dir, seed, nproc, extra), tmp_path / f"{name}-log",
-                            env={"TORCH_LOGS": "recompiles"})
+        proc = run_torchrun(
+            nproc, layout_args(run_dir, seed, nproc, extra), tmp_path / f"{name}-log", env={"TORCH_LOGS": "recompiles"}
+        )
         output = proc.stdout + proc.stderr
         assert proc.returncode == 0, output[-3000:]
         # The start-up log says what the per-step logits cost (steps x batch x seq x vocab).

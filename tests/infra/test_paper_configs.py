@@ -34,9 +34,18 @@ def test_every_row_and_rung_has_a_toml():
         assert {f"{size}_{row}" for row in rows} <= names
     # table 1's isoParams rows: MoR, heavy-tail Poisson and GRT at medium and large
     assert {f"{size}_isoparams_{row}" for size in ("medium", "large") for row in ("mor", "poisson", "grt")} <= names
-    assert sorted(n for n in names if n.startswith("ladder_")) == [rung.config for rung in LADDER] == [
-        "ladder_1_dense", "ladder_2_recurrence", "ladder_3_prelude_coda", "ladder_4_noise",
-        "ladder_5_reinjection", "ladder_6_gate"]
+    assert (
+        sorted(n for n in names if n.startswith("ladder_"))
+        == [rung.config for rung in LADDER]
+        == [
+            "ladder_1_dense",
+            "ladder_2_recurrence",
+            "ladder_3_prelude_coda",
+            "ladder_4_noise",
+            "ladder_5_reinjection",
+            "ladder_6_gate",
+        ]
+    )
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -69,11 +78,25 @@ def test_row_builds_and_is_the_method_it_names(path):
 
 
 def test_ladder_rungs_add_one_component_each():
-    rungs = [model_args(PAPER_CONFIGS / f"{name}.toml") for name in (
-        "ladder_2_recurrence", "ladder_3_prelude_coda", "ladder_4_noise", "ladder_5_reinjection", "ladder_6_gate")]
+    rungs = [
+        model_args(PAPER_CONFIGS / f"{name}.toml")
+        for name in (
+            "ladder_2_recurrence",
+            "ladder_3_prelude_coda",
+            "ladder_4_noise",
+            "ladder_5_reinjection",
+            "ladder_6_gate",
+        )
+    ]
+
     def parts(a):
-        return dict(prelude_coda=(a.n_prelude_layers, a.n_coda_layers) != (0, 0), noise=a.state_noise_std > 0,
-                    injection=a.injection == "proj", gate=a.update == "gate")
+        return dict(
+            prelude_coda=(a.n_prelude_layers, a.n_coda_layers) != (0, 0),
+            noise=a.state_noise_std > 0,
+            injection=a.injection == "proj",
+            gate=a.update == "gate",
+        )
+
     for before, after in zip(rungs, rungs[1:]):
         changed = [k for k in parts(before) if parts(before)[k] != parts(after)[k]]
         assert len(changed) == 1 and parts(after)[changed[0]], (before.method_name, after.method_name)

@@ -17,13 +17,18 @@ from tests.cases import ONE_RANK, PARITY_LAYOUTS
 STEPS = 5
 COMMON = [
     *SHORT_DEBUG_RUN,
-    "--training.steps", str(STEPS),
-    "--grt.state_noise_std", "0",
-    "--grt.gate_noise_std", "0",
-    "--lr_scheduler.warmup_steps", "2",
+    "--training.steps",
+    str(STEPS),
+    "--grt.state_noise_std",
+    "0",
+    "--grt.gate_noise_std",
+    "0",
+    "--lr_scheduler.warmup_steps",
+    "2",
     # No clipping: the clip coefficient uses torch's CPU fp32 norm (~1e-4 relative error,
     # grt_test_helpers.LOGGED_GRAD_NORM_REL), which would make every layout's update differ by that much.
-    "--training.max_norm", "1e6",
+    "--training.max_norm",
+    "1e6",
 ]
 
 
@@ -37,9 +42,20 @@ def scalars(run_dir: Path, tag: str) -> list[float]:
 def make_seed_checkpoint(tmp, extra_args=()):
     from grt_test_helpers import torchrun
 
-    proc = torchrun(1, [*COMMON, *extra_args, "--job.dump_folder", str(tmp), "--checkpoint.enable",
-                        "--checkpoint.create_seed_checkpoint",
-                        "--parallelism.data_parallel_shard_degree", "1"], tmp)
+    proc = torchrun(
+        1,
+        [
+            *COMMON,
+            *extra_args,
+            "--job.dump_folder",
+            str(tmp),
+            "--checkpoint.enable",
+            "--checkpoint.create_seed_checkpoint",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+        ],
+        tmp,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return tmp / "checkpoint" / "step-0"
 
@@ -51,9 +67,18 @@ def seed_checkpoint(module_tmp):
 
 def layout_args(run_dir, seed, nproc, extra, global_batch=4):
     dp = int(extra.get("dp", nproc))
-    args = [*COMMON, "--job.dump_folder", str(run_dir), "--checkpoint.enable",
-            "--checkpoint.initial_load_path", str(seed), "--checkpoint.interval", "1000",
-            "--training.local_batch_size", str(global_batch // dp)]
+    args = [
+        *COMMON,
+        "--job.dump_folder",
+        str(run_dir),
+        "--checkpoint.enable",
+        "--checkpoint.initial_load_path",
+        str(seed),
+        "--checkpoint.interval",
+        "1000",
+        "--training.local_batch_size",
+        str(global_batch // dp),
+    ]
     for key, value in extra.items():
         if key == "args":
             args += value
@@ -153,4 +178,3 @@ def test_llama_blocks_tensor_parallel_match_one_rank(run_torchrun, tmp_path):
         nproc, extra = PARITY_LAYOUTS[layout]
         losses, _ = train(run_torchrun, tmp_path, seed, layout, nproc, {**extra, "args": LLAMA})
         assert losses == pytest.approx(ref_losses, rel=1e-5), layout
-

@@ -50,11 +50,27 @@ COMPILE_BACKEND = "aot_eager_decomp_partition"
 
 def preset_args(path: Path, dump_folder: Path) -> list[str]:
     return [
-        "--comm.mode", "fake_backend", "--job.config_file", str(path), "--job.dump_folder", str(dump_folder),
-        "--compile.backend", COMPILE_BACKEND,
-        "--training.steps", "1", "--training.seq_len", str(SEQ_LEN), "--training.local_batch_size", "1",
-        "--training.global_batch_size", "-1", "--checkpoint.no-enable", "--validation.no-enable",
-        "--metrics.log_freq", "1", "--metrics.no-enable-tensorboard",
+        "--comm.mode",
+        "fake_backend",
+        "--job.config_file",
+        str(path),
+        "--job.dump_folder",
+        str(dump_folder),
+        "--compile.backend",
+        COMPILE_BACKEND,
+        "--training.steps",
+        "1",
+        "--training.seq_len",
+        str(SEQ_LEN),
+        "--training.local_batch_size",
+        "1",
+        "--training.global_batch_size",
+        "-1",
+        "--checkpoint.no-enable",
+        "--validation.no-enable",
+        "--metrics.log_freq",
+        "1",
+        "--metrics.no-enable-tensorboard",
     ]
 
 
@@ -64,8 +80,12 @@ def preset_runs(module_tmp):
     tmp = module_tmp("presets")
 
     def run(path):
-        proc = launch("grt_titan.train", preset_args(path, tmp / path.stem), fake_backend_env(intended_world_size(path)),
-                      timeout=1200)
+        proc = launch(
+            "grt_titan.train",
+            preset_args(path, tmp / path.stem),
+            fake_backend_env(intended_world_size(path)),
+            timeout=1200,
+        )
         (tmp / f"{path.stem}.log").write_text(proc.stdout + proc.stderr)
         return path.stem, proc
 

@@ -25,12 +25,17 @@ from grt_test_helpers import SHORT_DEBUG_RUN, step_losses
 STEPS = 3
 COMMON = [
     *SHORT_DEBUG_RUN,
-    "--training.steps", str(STEPS),
-    "--training.local_batch_size", "4",
+    "--training.steps",
+    str(STEPS),
+    "--training.local_batch_size",
+    "4",
     "--metrics.no-enable-tensorboard",
-    "--debug.seed", "7",
-    "--parallelism.tensor_parallel_degree", "2",
-    "--parallelism.data_parallel_shard_degree", "1",
+    "--debug.seed",
+    "7",
+    "--parallelism.tensor_parallel_degree",
+    "2",
+    "--parallelism.data_parallel_shard_degree",
+    "1",
 ]
 AC = {
     "full": ["--activation_checkpoint.mode", "full"],
@@ -67,8 +72,9 @@ def recompiles_after_step_1(output: str) -> list[str]:
 
 
 def run(run_torchrun, tmp_path, name, args, env=None):
-    proc = run_torchrun(2, [*COMMON, *args, "--job.dump_folder", str(tmp_path / name)], tmp_path / f"{name}-log",
-                        env=env)
+    proc = run_torchrun(
+        2, [*COMMON, *args, "--job.dump_folder", str(tmp_path / name)], tmp_path / f"{name}-log", env=env
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     losses = step_losses(output)
@@ -93,8 +99,16 @@ def eager_losses(module_tmp):
 @pytest.mark.parametrize("style", STYLES)
 @pytest.mark.parametrize("ac", sorted(AC))
 def test_tp2_compile_ac_matches_eager(style, ac, eager_losses, inductor_cache, run_torchrun, tmp_path):
-    args = ["--grt.block_style", style, "--compile.enable", "--compile.components", "model,loss",
-            "--compile.backend", backend(ac, style), *AC[ac]]
+    args = [
+        "--grt.block_style",
+        style,
+        "--compile.enable",
+        "--compile.components",
+        "model,loss",
+        "--compile.backend",
+        backend(ac, style),
+        *AC[ac],
+    ]
     env = {"TORCHINDUCTOR_CACHE_DIR": str(inductor_cache), "TORCH_LOGS": "recompiles"}
     for attempt in ("first", "cached") if backend(ac, style) == "inductor" else ("first",):
         losses, output = run(run_torchrun, tmp_path, f"{attempt}", args, env)

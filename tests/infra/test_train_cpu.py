@@ -50,11 +50,14 @@ def titan_logger(monkeypatch):
     root.setLevel(level)
 
 
-@pytest.mark.parametrize("rank, env, level", [
-    ("0", None, "INFO"),  # rank 0 logs the run
-    ("1", None, "WARNING"),  # other ranks: warnings and errors only, not every line twice
-    ("1", "1", "INFO"),  # GRT_LOG_ALL_RANKS=1: every rank logs
-])
+@pytest.mark.parametrize(
+    "rank, env, level",
+    [
+        ("0", None, "INFO"),  # rank 0 logs the run
+        ("1", None, "WARNING"),  # other ranks: warnings and errors only, not every line twice
+        ("1", "1", "INFO"),  # GRT_LOG_ALL_RANKS=1: every rank logs
+    ],
+)
 def test_only_rank_0_logs_info(titan_logger, monkeypatch, rank, env, level):
     import logging
 

@@ -75,8 +75,9 @@ def uneven_cache(fix: bool, rank: int) -> dict:
     mesh = init_device_mesh("cpu", (2,))
     torch.manual_seed(0)
     head = nn.Linear(16, 5, bias=False)
-    parallelize_module(head, mesh, ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1),
-                                                   use_local_output=False))
+    parallelize_module(
+        head, mesh, ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
+    )
     if fix:
         assert torch_workarounds.disable_autograd_cache_for_uneven_shards(head) == ["weight"]
     from torch.distributed.tensor.parallel import loss_parallel

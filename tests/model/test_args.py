@@ -1,6 +1,5 @@
 """Parameter counts, eq. 1 FLOPs by hand, depth sampling, config validation."""
 
-
 import pytest
 import torch
 
@@ -63,8 +62,11 @@ def test_dense_flops_are_eq1_without_recurrence():
     assert args.forward_flops_per_token(1024) == eq1_by_hand(12, 0, 0, 0, 768, 1024, 50257)
 
 
-@pytest.mark.parametrize("changes", [{}, dict(block_style="llama", n_kv_heads=2), LADDER_PARTS, POISSON_PARTS, RRT_PARTS],
-                         ids=["gpt2", "llama", "ladder_parts", "poisson_parts", "rrt_parts"])
+@pytest.mark.parametrize(
+    "changes",
+    [{}, dict(block_style="llama", n_kv_heads=2), LADDER_PARTS, POISSON_PARTS, RRT_PARTS],
+    ids=["gpt2", "llama", "ladder_parts", "poisson_parts", "rrt_parts"],
+)
 def test_matmul_flops_match_flop_counter(changes):
     """The linear part of the count equals what torch's FlopCounterMode measures at r = 3,
     for both block styles and each set of recurrence parts (W_proj, gate, LoRA present or not)."""

@@ -17,8 +17,12 @@ from grt_test_helpers import build_model, matmul_flops
 VOCAB = 50257
 # Ouro's parts on the debug layout (docs/architecture.md, "Ouro").
 OURO = dict(
-    objective="exit_distribution", injection="none", update="overwrite", depth_sampling="fixed",
-    state_noise_std=0.0, gate_noise_std=0.0,
+    objective="exit_distribution",
+    injection="none",
+    update="overwrite",
+    depth_sampling="fixed",
+    state_noise_std=0.0,
+    gate_noise_std=0.0,
 )
 
 
@@ -39,8 +43,10 @@ def reference_readouts(model, x, steps):
     """hidden_t = norm(coda(h_t)) for h_t = the state after t steps, computed by separate
     calls of the recurrence at depth t (no noise: deterministic), and lambda_t per token."""
     h_pre = model.prelude(model.embed(x), model.freqs_cis)
-    hidden = [model.norm(model.coda(model.recurrence(h_pre, model.freqs_cis, t).state, model.freqs_cis))
-              for t in range(1, steps + 1)]
+    hidden = [
+        model.norm(model.coda(model.recurrence(h_pre, model.freqs_cis, t).state, model.freqs_cis))
+        for t in range(1, steps + 1)
+    ]
     z = [F.linear(h, model.exit_gate.weight, model.exit_gate.bias)[..., 0] for h in hidden]
     return hidden, z
 
@@ -99,8 +105,14 @@ def test_last_step_takes_the_remaining_mass():
     z = torch.tensor([[0.3], [-1.0], [2.0], [40.0]])  # lambda_T is unused
     lam = torch.sigmoid(z)
     p = exit_log_probs(z).exp()
-    expected = torch.stack([lam[0], (1 - lam[0]) * lam[1], (1 - lam[0]) * (1 - lam[1]) * lam[2],
-                            (1 - lam[0]) * (1 - lam[1]) * (1 - lam[2])])
+    expected = torch.stack(
+        [
+            lam[0],
+            (1 - lam[0]) * lam[1],
+            (1 - lam[0]) * (1 - lam[1]) * lam[2],
+            (1 - lam[0]) * (1 - lam[1]) * (1 - lam[2]),
+        ]
+    )
     torch.testing.assert_close(p, expected, rtol=1e-6, atol=0)
     assert p.sum().item() == pytest.approx(1.0, abs=1e-6)
 

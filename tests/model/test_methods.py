@@ -65,8 +65,11 @@ def test_a_row_keeps_its_name_with_other_settings_and_other_mixes_get_ladder_nam
     assert [row.name for row in TABLE_1][:3] == ["dense", "MoR (token choice)", "MoR"]
     # Mixes no row names: the ladder's components they have.
     assert debug.replace(injection="none", state_noise_std=0.05).method_name == (
-        "recurrence + prelude/coda + noise + gate")
+        "recurrence + prelude/coda + noise + gate"
+    )
     assert debug.replace(initial_state="random").method_name == (
-        "recurrence + prelude/coda + noise + re-injection + gate")
+        "recurrence + prelude/coda + noise + re-injection + gate"
+    )
     assert grt_flavors["debug_core_only"].replace(update="overwrite").method_name == (
-        "recurrence + noise + re-injection")
+        "recurrence + noise + re-injection"
+    )

@@ -47,7 +47,7 @@ def test_training_forward_matches_hand_written_recurrence(block_style):
 
     h_pre = prelude_output(model, x)
     h = h_pre
-    for (_, _, _, state_noise, gate_noise) in captured:
+    for _, _, _, state_noise, gate_noise in captured:
         h = reference_step(model.recurrence.step, h, h_pre, state_noise, gate_noise, model.freqs_cis, 0.7)
     # The readout written out as well (elsewhere: model.logits_from_state).
     expected = model.output(model.norm(model.coda(h, model.freqs_cis)))
@@ -203,8 +203,9 @@ def test_recurrence_returns_one_type_on_every_path(parts):
 
     from grt_test_helpers import MOR_PARTS, OURO_PARTS
 
-    changes = {"grt": {}, "ouro": OURO_PARTS, "mor": MOR_PARTS,
-               "token_choice": dict(MOR_PARTS, router="token_choice")}[parts]
+    changes = {"grt": {}, "ouro": OURO_PARTS, "mor": MOR_PARTS, "token_choice": dict(MOR_PARTS, router="token_choice")}[
+        parts
+    ]
     model = build_model(**changes)
     routed = model.model_args.router != "none"
     for training in (True, False):

@@ -40,7 +40,7 @@ def test_overwrite_without_injection_is_the_core_applied_to_its_own_output():
     step.register_forward_pre_hook(lambda m, args: captured.append(args))
     logits = model(x, num_recurrences=3)
     h = prelude_output(model, x)
-    for (_, _, _, state_noise, _) in captured:
+    for _, _, _, state_noise, _ in captured:
         h = step.core(h + state_noise, None)  # figure 5 rung 4: noise, no W_proj, no gate
     assert len(captured) == 3
     torch.testing.assert_close(logits, readout(model, h), rtol=1e-5, atol=1e-5)
@@ -99,7 +99,9 @@ def _merged_block_forward(block, x, adapter):
     attn, ffn = block.attention, block.feed_forward
     qkv_weight = torch.cat([attn.wq.weight, attn.wk.weight, attn.wv.weight]) + s * adapter.qkv[1] @ adapter.qkv[0]
     qkv_bias = torch.cat([attn.wq.bias, attn.wk.bias, attn.wv.bias])
-    y = F.layer_norm(x, (x.shape[-1],), block.attention_norm.weight, block.attention_norm.bias, block.attention_norm.eps)
+    y = F.layer_norm(
+        x, (x.shape[-1],), block.attention_norm.weight, block.attention_norm.bias, block.attention_norm.eps
+    )
     q, k, v = F.linear(y, qkv_weight, qkv_bias).chunk(3, -1)
     bs, seq, _ = x.shape
     q, k, v = (t.view(bs, seq, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))
@@ -161,7 +163,9 @@ def test_method_names():
     assert grt_flavors["debug"].replace(**POISSON).method_name == "Heavy-tail Poisson"
     assert grt_flavors["debug"].replace(**RRT).method_name == "RRT"
     assert grt_flavors["debug"].replace(**LADDER).method_name == "recurrence + prelude/coda"
-    assert grt_flavors["debug_core_only"].replace(**{**LADDER, "state_noise_std": 0.1}).method_name == "recurrence + noise"
+    assert (
+        grt_flavors["debug_core_only"].replace(**{**LADDER, "state_noise_std": 0.1}).method_name == "recurrence + noise"
+    )
     # The two routers are two methods: token choice is not table 1's MoR row (expert choice).
     mor = grt_flavors["debug"].replace(**MOR_PARTS)
     assert (mor.router, mor.method_name) == ("expert_choice", "MoR")
@@ -191,7 +195,9 @@ def test_export_refuses_parts_the_hf_model_does_not_implement():
     parts = dict(router="token_choice")  # MoR's token choice: no HF implementation
     args = grt_flavors["debug"].replace(**parts)
     assert args.non_grt_parts == parts
-    with pytest.raises(ExportError, match=re.escape(args.method_name) + ".*cannot be exported to Hugging Face format yet"):
+    with pytest.raises(
+        ExportError, match=re.escape(args.method_name) + ".*cannot be exported to Hugging Face format yet"
+    ):
         build_hf_config(args)
     ouro = dict(LADDER, objective="exit_distribution")
     for exported in ({}, LADDER, POISSON, RRT, ouro, MOR_PARTS):  # GRT and the parts the HF model implements

@@ -114,7 +114,9 @@ def test_eval_returns_logits_and_depth_is_bounded_by_R():
     x = tokens()
     assert isinstance(model(x), torch.Tensor)
     assert model(x).equal(model(x, num_recurrences=4))
-    torch.testing.assert_close(model(x, num_recurrences=0), model.logits_from_state(model.prelude(model.embed(x), None)))
+    torch.testing.assert_close(
+        model(x, num_recurrences=0), model.logits_from_state(model.prelude(model.embed(x), None))
+    )
     with pytest.raises(ValueError, match="num_recurrences = 5"):
         model(x, num_recurrences=5)
 
@@ -170,8 +172,9 @@ def test_truncated_backprop_flops_skip_the_routed_tokens_of_the_untracked_steps(
     S, d = 1024, 768
     kept = [1024, 921, 819, 716, 614, 512, 409, 307, 204, 102]
     candidates = [1024] + kept[:-1]
-    untracked = sum((k / S) * 24 * d * d + 4 * (k * k / S) * d + (m / S) * 2 * d
-                    for k, m in zip(kept[:7], candidates[:7]))
+    untracked = sum(
+        (k / S) * 24 * d * d + 4 * (k * k / S) * d + (m / S) * 2 * d for k, m in zip(kept[:7], candidates[:7])
+    )
     forward = args.forward_flops_per_token(S, 10, training=True)
     assert args.train_flops_per_token(S) == pytest.approx(3 * forward - 2 * untracked, rel=1e-12)
     whole_steps = 7 * (24 * d * d + 4 * S * d)  # the unrouted count, too much for routed steps
@@ -189,7 +192,8 @@ def test_matmul_flops_match_flop_counter(depth):
     # The CPU SDPA kernel is not counted by FlopCounterMode: remove the attention terms.
     kept = args.router_tokens_kept(S)[:depth]
     attention = (args.n_prelude_layers + args.n_coda_layers) * 4 * S * S * args.dim + args.n_core_layers * sum(
-        4 * k * k * args.dim for k in kept)
+        4 * k * k * args.dim for k in kept
+    )
     assert measured_mm == S * args.forward_flops_per_token(S, depth) - attention
 
 
@@ -277,10 +281,19 @@ def test_router_inference_applies_in_eval_only_and_defaults_to_top_k():
         torch.testing.assert_close(top_k(x), threshold(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("changes,pattern", [
-    ({**MOR, "router_inference": "greedy"}, r"router_inference = 'greedy' is invalid; allowed: 'top_k', 'threshold'"),
-    ({"router_inference": "threshold"}, r"router_inference = 'threshold' is invalid; is used by router = 'expert_choice'"),
-])
+@pytest.mark.parametrize(
+    "changes,pattern",
+    [
+        (
+            {**MOR, "router_inference": "greedy"},
+            r"router_inference = 'greedy' is invalid; allowed: 'top_k', 'threshold'",
+        ),
+        (
+            {"router_inference": "threshold"},
+            r"router_inference = 'threshold' is invalid; is used by router = 'expert_choice'",
+        ),
+    ],
+)
 def test_bad_router_inference_names_the_key(changes, pattern):
     with pytest.raises(ValueError, match=pattern):
         grt_flavors["debug"].replace(**changes).validate()
@@ -333,8 +346,9 @@ def test_block_update_matches_the_released_code(capacity, depth):
         torch.testing.assert_close(block(x, num_recurrences=depth), expected, rtol=1e-5, atol=1e-5)
         block.recurrence.router.inference = "threshold"
         h, _ = reference_threshold_recurrence(block, h_pre, depth, add_block=True)
-        torch.testing.assert_close(block(x, num_recurrences=depth),
-                                   block.output(block.norm(block.coda(h, None))), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            block(x, num_recurrences=depth), block.output(block.norm(block.coda(h, None))), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_router_update_is_an_expert_choice_setting():

@@ -28,7 +28,9 @@ def random_record(seed: int, shape=(2, 5, 8), index=1, depth=2) -> StepRecord:
 
 
 def hand_sums(record: StepRecord) -> dict[str, float]:
-    h, h_new, g, o = (t.numpy().astype(np.float64) for t in (record.state, record.new_state, record.gate, record.proposal))
+    h, h_new, g, o = (
+        t.numpy().astype(np.float64) for t in (record.state, record.new_state, record.gate, record.proposal)
+    )
     delta = h_new - h
     tok = lambda x: np.sqrt((x * x).sum(-1))  # noqa: E731  per-token L2 norms
     return {

@@ -83,7 +83,9 @@ def test_balance_loss_by_hand():
     # Collapsed onto depth 1 with probability p: R P_1 f_1 = R p.
     logits = torch.tensor([2.0, 0.0, 0.0, 0.0]).expand(2, 8, R)
     p = torch.softmax(torch.tensor([2.0, 0.0, 0.0, 0.0]), 0)[0].item()
-    assert router.aux_loss(logits, torch.ones(2, 8, dtype=torch.long)).item() == pytest.approx(0.1 * R * p * 16, rel=1e-6)
+    assert router.aux_loss(logits, torch.ones(2, 8, dtype=torch.long)).item() == pytest.approx(
+        0.1 * R * p * 16, rel=1e-6
+    )
 
 
 def test_core_runs_on_the_padded_active_tokens_each_step():
@@ -159,7 +161,9 @@ def test_eval_depth_is_bounded_by_R():
     model = build_model(**TOKEN_CHOICE).eval()
     x = tokens()
     assert isinstance(model(x), torch.Tensor)
-    torch.testing.assert_close(model(x, num_recurrences=0), model.logits_from_state(model.prelude(model.embed(x), None)))
+    torch.testing.assert_close(
+        model(x, num_recurrences=0), model.logits_from_state(model.prelude(model.embed(x), None))
+    )
     with pytest.raises(ValueError, match="num_recurrences = 5"):
         model(x, num_recurrences=5)
 
@@ -167,7 +171,10 @@ def test_eval_depth_is_bounded_by_R():
 @pytest.mark.parametrize(
     "changes,pattern",
     [
-        ({"router_capacity": [1, 0.5, 0.5, 0.25]}, r"router_capacity = \[1, 0.5, 0.5, 0.25\] is invalid; is used by router = 'expert_choice' only"),
+        (
+            {"router_capacity": [1, 0.5, 0.5, 0.25]},
+            r"router_capacity = \[1, 0.5, 0.5, 0.25\] is invalid; is used by router = 'expert_choice' only",
+        ),
         ({"router_scale": 0.2}, r"router_scale = 0.2 .*'expert_choice' only"),
         ({"router_aux_weight": 0.01}, r"router_aux_weight = 0.01 .* router_balance_weight"),
         ({"router_balance_weight": -1.0}, r"router_balance_weight = -1.0 is invalid; must be >= 0"),
@@ -175,9 +182,14 @@ def test_eval_depth_is_bounded_by_R():
         ({"depth_sampling": "uniform"}, r"router = 'token_choice' needs depth_sampling = 'fixed'"),
         ({"update": "gate"}, r"router = 'token_choice' needs update = 'overwrite'"),
         ({"eval_recurrences": 5}, r"eval_recurrences = 5"),
-        ({"router": "expert_choice", "router_balance_weight": 0.5}, r"router_balance_weight = 0.5 .* 'token_choice' only"),
-        ({"router": "none", "router_z_loss_weight": 0.01, **{k: v for k, v in MOR_PARTS.items() if k != "router"}},
-         r"router_z_loss_weight = 0.01 .* 'token_choice' only"),
+        (
+            {"router": "expert_choice", "router_balance_weight": 0.5},
+            r"router_balance_weight = 0.5 .* 'token_choice' only",
+        ),
+        (
+            {"router": "none", "router_z_loss_weight": 0.01, **{k: v for k, v in MOR_PARTS.items() if k != "router"}},
+            r"router_z_loss_weight = 0.01 .* 'token_choice' only",
+        ),
     ],
 )
 def test_invalid_token_choice_args_name_the_key(changes, pattern):
@@ -195,7 +207,9 @@ def test_tensor_parallel_and_hf_export_are_refused_by_name():
     args = get_train_spec("grt").model_args[config.model.flavor].replace()
     with pytest.raises(ValueError) as info:
         args.update_from_config(config)
-    assert re.search(r"tensor_parallel_degree = 2 is not supported with \[grt\] router = 'token_choice'", str(info.value))
+    assert re.search(
+        r"tensor_parallel_degree = 2 is not supported with \[grt\] router = 'token_choice'", str(info.value)
+    )
     assert "top-k" not in str(info.value)  # not expert choice's reason
     with pytest.raises(ExportError, match=r"router = 'token_choice'.*no token-choice routing"):
         check_exportable(grt_flavors["debug"].replace(**TOKEN_CHOICE))
@@ -207,8 +221,17 @@ def test_compile_with_step_checkpointing_passes_start_up():
     from torchtitan.protocols.train_spec import get_train_spec
 
     overrides = parts_overrides({key: value for key, value in TOKEN_CHOICE.items() if key != "vocab_size"})
-    config = parse_config(*overrides, "--compile.enable", "--activation_checkpoint.mode", "full",
-                          "--grt.recurrence_checkpoint", "step", "--training.seq_len", "4", "--validation.no-enable")
+    config = parse_config(
+        *overrides,
+        "--compile.enable",
+        "--activation_checkpoint.mode",
+        "full",
+        "--grt.recurrence_checkpoint",
+        "step",
+        "--training.seq_len",
+        "4",
+        "--validation.no-enable",
+    )
     args = get_train_spec("grt").model_args[config.model.flavor].replace()
     args.update_from_config(config)
     assert (args.router, args.method_name) == ("token_choice", "MoR (token choice)")
@@ -274,7 +297,8 @@ def test_matmul_flops_match_flop_counter_under_balanced_routing(depth):
     measured_mm = matmul_flops(model, tokens(batch=2, seq=S), num_recurrences=depth)
     kept = [S * share for share in args.token_choice_active_shares[:depth]]
     attention = (args.n_prelude_layers + args.n_coda_layers) * 4 * S * S * args.dim + args.n_core_layers * sum(
-        4 * k * k * args.dim for k in kept)
+        4 * k * k * args.dim for k in kept
+    )
     assert measured_mm == 2 * (S * args.forward_flops_per_token(S, depth) - attention)
 
 

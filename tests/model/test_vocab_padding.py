@@ -17,8 +17,15 @@ VOCAB = 500  # small true vocabulary: 128 pads it to 512
 
 @pytest.mark.parametrize(
     "vocab,multiple,padded",
-    [(50257, 1, 50257), (50257, 128, 50304), (50257, 64, 50304), (500, 128, 512), (512, 128, 512),
-     (50257, 50257, 50257), (3, 8, 8)],
+    [
+        (50257, 1, 50257),
+        (50257, 128, 50304),
+        (50257, 64, 50304),
+        (500, 128, 512),
+        (512, 128, 512),
+        (50257, 50257, 50257),
+        (3, 8, 8),
+    ],
 )
 def test_padded_vocab_size_rounds_up(vocab, multiple, padded):
     args = grt_flavors["debug"].replace(vocab_size=vocab, vocab_multiple_of=multiple)

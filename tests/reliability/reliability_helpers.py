@@ -16,22 +16,36 @@ STEPS = 6
 # the same weights), deterministic kernels, a loss/grad-norm/lr/r scalar at every step.
 COMMON = [
     *SHORT_DEBUG_RUN,
-    "--training.steps", str(STEPS),
-    "--training.local_batch_size", "2",
-    "--lr_scheduler.warmup_steps", "2",
+    "--training.steps",
+    str(STEPS),
+    "--training.local_batch_size",
+    "2",
+    "--lr_scheduler.warmup_steps",
+    "2",
     "--checkpoint.enable",
-    "--checkpoint.interval", "2",
-    "--debug.seed", "7",
+    "--checkpoint.interval",
+    "2",
+    "--debug.seed",
+    "7",
     "--debug.deterministic",
 ]
 NOISE_OFF = ["--grt.state_noise_std", "0", "--grt.gate_noise_std", "0"]
 
 
-def train(nproc: int, dump: Path, *extra: str, env: dict | None = None, timeout: int = 300,
-          max_restarts: int | None = None) -> subprocess.CompletedProcess:
+def train(
+    nproc: int, dump: Path, *extra: str, env: dict | None = None, timeout: int = 300, max_restarts: int | None = None
+) -> subprocess.CompletedProcess:
     """One torchrun job of the worker; its output is kept next to the dump folder."""
-    proc = torchrun(nproc, [*COMMON, "--job.dump_folder", str(dump), *extra], dump.parent, timeout=timeout,
-                    module=WORKER, env=env, max_restarts=max_restarts, log_name=f"{dump.name}.log")
+    proc = torchrun(
+        nproc,
+        [*COMMON, "--job.dump_folder", str(dump), *extra],
+        dump.parent,
+        timeout=timeout,
+        module=WORKER,
+        env=env,
+        max_restarts=max_restarts,
+        log_name=f"{dump.name}.log",
+    )
     dump.mkdir(parents=True, exist_ok=True)
     return proc
 
@@ -73,8 +87,10 @@ def model_tensors(state: dict) -> dict[str, torch.Tensor]:
 def records(folder: Path) -> dict[str, list[tuple[int, int, int]]]:
     """The worker's GRT_TEST_RECORD_DIR: (step, global data position, sequence number) of
     every training sample read, by file (`rank{R}-attempt{A}`)."""
-    return {p.stem: [tuple(map(int, line.split())) for line in p.read_text().splitlines()]
-            for p in sorted(folder.glob("*.txt"))}
+    return {
+        p.stem: [tuple(map(int, line.split())) for line in p.read_text().splitlines()]
+        for p in sorted(folder.glob("*.txt"))
+    }
 
 
 def assert_same_tensors(a: dict, b: dict) -> None:

@@ -20,10 +20,36 @@ GLOBAL_BATCH = 4
 # (name, ranks, data-parallel degree, tensor-parallel degree, arguments, last step of the hop)
 HOPS = [
     ("one_rank", 1, 1, 1, ["--training.local_batch_size", "4"], 3),
-    ("hsdp_2x2", 4, 4, 1, ["--training.local_batch_size", "1", "--parallelism.data_parallel_replicate_degree", "2",
-                           "--parallelism.data_parallel_shard_degree", "2"], 4),
-    ("fsdp2_tp2", 4, 2, 2, ["--training.local_batch_size", "2", "--parallelism.data_parallel_shard_degree", "2",
-                            "--parallelism.tensor_parallel_degree", "2"], STEPS),
+    (
+        "hsdp_2x2",
+        4,
+        4,
+        1,
+        [
+            "--training.local_batch_size",
+            "1",
+            "--parallelism.data_parallel_replicate_degree",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "2",
+        ],
+        4,
+    ),
+    (
+        "fsdp2_tp2",
+        4,
+        2,
+        2,
+        [
+            "--training.local_batch_size",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "2",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+        ],
+        STEPS,
+    ),
 ]
 
 
@@ -60,4 +86,5 @@ def test_resume_across_layouts_reads_every_sequence_once(uninterrupted, tmp_path
     # another batch changes the loss by about 1e-2.
     for s in range(3, STEPS + 1):
         assert got["loss_metrics/global_avg_loss"][s] == pytest.approx(
-            expected["loss_metrics/global_avg_loss"][s], rel=1e-4), s
+            expected["loss_metrics/global_avg_loss"][s], rel=1e-4
+        ), s

@@ -108,8 +108,13 @@ def test_method_resumes_exactly(method, method_runs, tmp_path):
         assert torch.equal(ref[key], res[key]), key
     # The method's own state (W_proj, the adapters, the exit gate, the routers) is among the
     # compared tensors and is trained by the resumed steps: a restore that lost it would show.
-    own = {"poisson": "recurrence.step.proj.", "rrt": "recurrence.step.adapters.", "ouro": "exit_gate.",
-           "mor": "recurrence.router.steps.", "mor_token_choice": "recurrence.router.depth."}[method]
+    own = {
+        "poisson": "recurrence.step.proj.",
+        "rrt": "recurrence.step.adapters.",
+        "ouro": "exit_gate.",
+        "mor": "recurrence.router.steps.",
+        "mor_token_choice": "recurrence.router.depth.",
+    }[method]
     own_keys = [key for key in ref if key.startswith(own)]
     assert own_keys, sorted(ref)
     at_stop = saved_tensors(runs["reference"] / f"checkpoint/step-{STOP}", {key: ref[key] for key in own_keys})

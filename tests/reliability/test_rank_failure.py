@@ -34,8 +34,10 @@ EXACT_TAGS = ("loss_metrics/global_avg_loss", "grad_norm", "lr", "grt/r_last")
 
 def assert_matches_uninterrupted(run, reference, tmp_path):
     final = f"step-{STEPS}"
-    assert_same_tensors(model_tensors(checkpoint_state(reference / "checkpoint" / final, tmp_path)),
-                        model_tensors(checkpoint_state(run / "checkpoint" / final, tmp_path)))
+    assert_same_tensors(
+        model_tensors(checkpoint_state(reference / "checkpoint" / final, tmp_path)),
+        model_tensors(checkpoint_state(run / "checkpoint" / final, tmp_path)),
+    )
     expected, got = scalars(reference), scalars(run)  # the restarted attempt's values win
     for tag in EXACT_TAGS:
         assert got[tag] == expected[tag], tag
@@ -44,9 +46,11 @@ def assert_matches_uninterrupted(run, reference, tmp_path):
 def test_latest_checkpoint_is_the_newest_with_metadata(tmp_path):
     """torchtitan picks the newest step-N folder that has DCP's `.metadata`, which DCP's
     coordinator writes last (to a temporary name, then renamed) after every rank's shard."""
-    for step, files in ((2, ["__0_0.distcp", "__1_0.distcp", ".metadata"]),
-                        (4, ["__0_0.distcp", "__1_0.distcp"]),  # killed before .metadata
-                        (6, [])):  # killed before any shard
+    for step, files in (
+        (2, ["__0_0.distcp", "__1_0.distcp", ".metadata"]),
+        (4, ["__0_0.distcp", "__1_0.distcp"]),  # killed before .metadata
+        (6, []),
+    ):  # killed before any shard
         folder = tmp_path / f"step-{step}"
         folder.mkdir()
         for name in files:
@@ -61,8 +65,14 @@ def test_sigkilled_rank_restarts_and_matches_the_uninterrupted_run(uninterrupted
     args = [*COMMON, *NOISE_OFF, "--job.dump_folder", str(run)]
     # 1 s per step leaves the kill time to land inside step 3, after checkpoint step-2.
     env = job_env({**RESTART_ENV, "GRT_TEST_PID_DIR": str(pids), "GRT_TEST_STEP_SLEEP": "1"})
-    proc = subprocess.Popen(torchrun_command(2, args, WORKER, max_restarts=1), cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        torchrun_command(2, args, WORKER, max_restarts=1),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     killed = {}
 
     def kill_rank_1_after_checkpoint_2():

@@ -23,8 +23,15 @@ from reliability_helpers import (
 
 STOP = 3
 # Scalars that are a pure function of the training state (not timings or memory).
-EXACT_TAGS = ("loss_metrics/global_avg_loss", "loss_metrics/global_max_loss", "grad_norm", "lr",
-              "n_tokens_seen", "grt/r_last", "grt/r_mean")
+EXACT_TAGS = (
+    "loss_metrics/global_avg_loss",
+    "loss_metrics/global_max_loss",
+    "grad_norm",
+    "lr",
+    "n_tokens_seen",
+    "grt/r_last",
+    "grt/r_mean",
+)
 
 
 def noise_args(noise: bool) -> list[str]:
@@ -39,8 +46,9 @@ def stopped(module_tmp):
     def get(noise: bool):
         if noise not in runs:
             run = module_tmp("stopped") / ("noise" if noise else "no_noise")
-            proc = train(2, run, *noise_args(noise), "--checkpoint.interval", str(STOP),
-                         env={"GRT_TEST_STOP_AFTER": str(STOP)})
+            proc = train(
+                2, run, *noise_args(noise), "--checkpoint.interval", str(STOP), env={"GRT_TEST_STOP_AFTER": str(STOP)}
+            )
             assert proc.returncode == 0, output(proc)[-3000:]
             assert (run / "checkpoint" / f"step-{STOP}" / ".metadata").is_file()
             assert sorted(scalars(run)["loss_metrics/global_avg_loss"]) == [1, 2, 3]
@@ -74,8 +82,10 @@ def test_resume_reproduces_every_step(noise, uninterrupted, stopped, tmp_path):
     assert len(set(expected["grt/r_last"].values())) > 1  # the depth really varies
 
     final = f"step-{STEPS}"
-    assert_same_tensors(model_tensors(checkpoint_state(reference / "checkpoint" / final, tmp_path)),
-                        model_tensors(checkpoint_state(run / "checkpoint" / final, tmp_path)))
+    assert_same_tensors(
+        model_tensors(checkpoint_state(reference / "checkpoint" / final, tmp_path)),
+        model_tensors(checkpoint_state(run / "checkpoint" / final, tmp_path)),
+    )
 
 
 @pytest.mark.slow
@@ -85,10 +95,17 @@ def test_two_ranks_resume_on_one_rank_from_the_same_state(stopped, tmp_path):
     does not reshard, so both continuations exclude it and read the data from its start.
     The 1-rank continuation must then match a 2-rank one step for step."""
     first_half = stopped(False)
-    common = [*NOISE_OFF, "--checkpoint.exclude_from_loading", "dataloader",
-              # No clipping: torch's fp32 total norm differs by ~1e-7 between layouts and the
-              # clip coefficient would carry that into every update.
-              "--training.max_norm", "1e6", "--checkpoint.interval", "1000"]
+    common = [
+        *NOISE_OFF,
+        "--checkpoint.exclude_from_loading",
+        "dataloader",
+        # No clipping: torch's fp32 total norm differs by ~1e-7 between layouts and the
+        # clip coefficient would carry that into every update.
+        "--training.max_norm",
+        "1e6",
+        "--checkpoint.interval",
+        "1000",
+    ]
     runs = {}
     for name, nproc, batch in (("two_ranks", 2, 2), ("one_rank", 1, 4)):  # the same global batch
         run = tmp_path / name
@@ -109,5 +126,6 @@ def test_two_ranks_resume_on_one_rank_from_the_same_state(stopped, tmp_path):
     # a model or optimizer state that was not carried over would be off by far more.
     for step in resumed_steps:
         assert one["loss_metrics/global_avg_loss"][step] == pytest.approx(
-            two["loss_metrics/global_avg_loss"][step], rel=1e-5)
+            two["loss_metrics/global_avg_loss"][step], rel=1e-5
+        )
         assert one["grad_norm"][step] == pytest.approx(two["grad_norm"][step], rel=LOGGED_GRAD_NORM_REL)

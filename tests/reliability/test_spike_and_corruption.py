@@ -15,8 +15,16 @@ from reliability_helpers import NOISE_OFF, output, records, train
 
 SPIKE_STEP, SKIP = 5, 2
 GLOBAL_BATCH = 4  # 2 ranks x local_batch_size 2
-SPIKE = ["--loss_spike.enable", "--loss_spike.window", "2", "--loss_spike.skip_batches", str(SKIP),
-         "--loss_spike.max_rewinds", "1", "--checkpoint.no-last_save_model_only"]
+SPIKE = [
+    "--loss_spike.enable",
+    "--loss_spike.window",
+    "2",
+    "--loss_spike.skip_batches",
+    str(SKIP),
+    "--loss_spike.max_rewinds",
+    "1",
+    "--checkpoint.no-last_save_model_only",
+]
 
 
 @pytest.mark.slow

@@ -20,9 +20,20 @@ from grt_test_helpers import DEBUG_TOML, REGISTERED_CONVERTERS, one_process
 
 def launch(tmp_path, *overrides, env=None, config=DEBUG_TOML):
     """`python -m grt_titan.train` as one process (rank 0 of 1, or of NGPU on the fake backend)."""
-    return one_process(["--job.config_file", str(config), "--job.dump_folder", str(tmp_path / "run"),
-                        "--training.seq_len", "64", "--validation.no-enable", "--metrics.no-enable-tensorboard",
-                        *overrides], env=env)
+    return one_process(
+        [
+            "--job.config_file",
+            str(config),
+            "--job.dump_folder",
+            str(tmp_path / "run"),
+            "--training.seq_len",
+            "64",
+            "--validation.no-enable",
+            "--metrics.no-enable-tensorboard",
+            *overrides,
+        ],
+        env=env,
+    )
 
 
 FRAME = re.compile(r'^\s*File "([^"]+)", line \d+', re.MULTILINE)
@@ -51,14 +62,23 @@ def assert_clear_failure(proc, *patterns):
 # in process by tests/test_config_checks.py, which also covers the unknown flavor and R < 1),
 # the data loader, and the parallel plan on a fake-backend mesh.
 ENTRY_CASES = {
-    "seq_len>positions": (["--training.seq_len", "2048"], {}, [r"\[training\] seq_len = 2048 exceeds", r"max_seq_len = 1024"]),
+    "seq_len>positions": (
+        ["--training.seq_len", "2048"],
+        {},
+        [r"\[training\] seq_len = 2048 exceeds", r"max_seq_len = 1024"],
+    ),
     # Raised by the data loader, which torchtitan builds before the model args.
-    "missing_dataset": (["--training.dataset", "/nonexistent/grt-data"], {},
-                        [r"\[training\] dataset = '/nonexistent/grt-data': no such file", r"prepared dataset folder"]),
+    "missing_dataset": (
+        ["--training.dataset", "/nonexistent/grt-data"],
+        {},
+        [r"\[training\] dataset = '/nonexistent/grt-data': no such file", r"prepared dataset folder"],
+    ),
     # 3 fake ranks: a TP degree torchtitan's mesh accepts but the 4-head flavor cannot split.
-    "tp_vs_heads": (["--comm.mode", "fake_backend", "--parallelism.tensor_parallel_degree", "3",
-                     "--training.seq_len", "96"], {"NGPU": "3"},
-                    [r"tensor_parallel_degree = 3 must divide the flavor's n_heads = 4; allowed: 1, 2, 4"]),
+    "tp_vs_heads": (
+        ["--comm.mode", "fake_backend", "--parallelism.tensor_parallel_degree", "3", "--training.seq_len", "96"],
+        {"NGPU": "3"},
+        [r"tensor_parallel_degree = 3 must divide the flavor's n_heads = 4; allowed: 1, 2, 4"],
+    ),
 }
 
 
@@ -74,20 +94,28 @@ def test_entry_point_fails_clearly(name, tmp_path):
 def test_entry_point_reports_toml_problems_together(tmp_path):
     text = DEBUG_TOML.read_text()
     bad = tmp_path / "bad.toml"
-    bad.write_text(text.replace('\ndtype = "float32"', '\ndtype = "fp32"')
-                   .replace('mixed_precision_param = "float32"', 'mixed_precision_param = "bf16"'))
+    bad.write_text(
+        text.replace('\ndtype = "float32"', '\ndtype = "fp32"').replace(
+            'mixed_precision_param = "float32"', 'mixed_precision_param = "bf16"'
+        )
+    )
     proc = launch(tmp_path, config=bad)
-    assert_clear_failure(proc, r"invalid job config:\n",
-                         r"  - \[training\] dtype = 'fp32' is invalid; allowed: 'bfloat16', 'float32'",
-                         r"  - \[training\] mixed_precision_param = 'bf16' is invalid; allowed: 'bfloat16', 'float32'")
+    assert_clear_failure(
+        proc,
+        r"invalid job config:\n",
+        r"  - \[training\] dtype = 'fp32' is invalid; allowed: 'bfloat16', 'float32'",
+        r"  - \[training\] mixed_precision_param = 'bf16' is invalid; allowed: 'bfloat16', 'float32'",
+    )
 
 
 @pytest.mark.slow
 def test_unknown_converter_through_the_entry_point(tmp_path):
     proc = launch(tmp_path, "--model.converters", "float8", "--training.steps", "1")
-    assert_clear_failure(proc, r"ValueError: invalid job config: \[model\] converters: unknown converter "
-                               r"'float8' \(did you mean 'quantize\.linear\.float8'\?\); allowed: "
-                               + re.escape(REGISTERED_CONVERTERS))
+    assert_clear_failure(
+        proc,
+        r"ValueError: invalid job config: \[model\] converters: unknown converter "
+        r"'float8' \(did you mean 'quantize\.linear\.float8'\?\); allowed: " + re.escape(REGISTERED_CONVERTERS),
+    )
     assert "KeyError" not in proc.stdout + proc.stderr
 
 
@@ -111,7 +139,10 @@ def test_extending_a_finished_run(tmp_path):
 
     third = launch(tmp_path, *RUN, "--training.steps", "10")
     path = re.escape(str(tmp_path / "run" / "checkpoint" / "step-8"))
-    assert_clear_failure(third, rf"ValueError: invalid job config: \[checkpoint\] last_save_model_only: {path} "
-                                r"holds only the model weights",
-                         r"--checkpoint\.load_step 4, or start from these weights")
+    assert_clear_failure(
+        third,
+        rf"ValueError: invalid job config: \[checkpoint\] last_save_model_only: {path} "
+        r"holds only the model weights",
+        r"--checkpoint\.load_step 4, or start from these weights",
+    )
     assert "Missing key" not in third.stdout + third.stderr
