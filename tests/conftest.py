@@ -12,6 +12,64 @@ from grt_test_helpers import REPO, torchrun
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+TESTS = Path(__file__).resolve().parent
+
+# The modules that take longest, with roughly what each takes in a full run on CI's 2 cores
+# (its shared fixture's setup included; `--durations=0` of such a run gives them). CI runs
+# `-n 2 --dist loadscope --no-loadscope-reorder`: each worker takes the next whole module in
+# collection order whenever it is nearly done with its own, so collection puts these first,
+# longest first, and every other module after them in its usual order. The run then ends on
+# short modules on both workers instead of one training module on one worker while the other
+# idles. (xdist's default reorder puts the modules with the most tests first, which left the
+# one-test training modules for the end.) The seconds only order; tests/test_schedule.py
+# checks that each module exists.
+LONGEST_FIRST = {
+    "infra/test_presets.py": 190,
+    "infra/test_tp_compile_ac.py": 180,
+    "infra/test_parallel_parity.py": 165,
+    "docs/test_docs.py": 150,
+    "infra/test_method_parity.py": 100,
+    "reliability/test_rank_failure.py": 90,
+    "infra/test_float8.py": 80,
+    "hf/test_retrofit.py": 60,
+    "components/test_observability_e2e.py": 75,
+    "infra/test_golden_losses.py": 65,
+    "reliability/test_resume.py": 50,
+    "infra/test_ouro_parallel.py": 45,
+    "infra/test_torch_workarounds.py": 40,
+    "reliability/test_method_resume.py": 40,
+    "infra/test_activation_checkpoint.py": 40,
+    "reliability/test_startup_errors.py": 40,
+    "hf/test_hf_torchtitan_checkpoint.py": 40,
+    "infra/test_compile.py": 35,
+    "benchmarks/test_gpu_suite.py": 35,
+    "hf/test_hf_parts.py": 35,
+    "reliability/test_spike_and_corruption.py": 30,
+    "infra/test_paper_configs.py": 30,
+    "reliability/test_layouts.py": 30,
+    "components/test_validate.py": 25,
+    "model/test_exit_distribution.py": 25,
+    "test_config_checks.py": 25,
+    "hf/test_hf_ouro.py": 20,
+    "hf/test_hf_export.py": 20,
+    "infra/test_parallel_matrix.py": 20,
+    "hf/test_hf_vocab_padding.py": 20,
+}
+
+
+def module_of(item: pytest.Item) -> str:
+    """The test's module, relative to tests/ (`infra/test_presets.py`)."""
+    try:
+        return item.path.resolve().relative_to(TESTS).as_posix()
+    except ValueError:  # a module outside tests/ (pytester's)
+        return ""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """LONGEST_FIRST's modules first, longest first; a stable sort keeps every module's tests
+    together and in their order, and the other modules in collection order."""
+    items.sort(key=lambda item: -LONGEST_FIRST.get(module_of(item), 0))
+
 
 @pytest.fixture
 def run_torchrun():
