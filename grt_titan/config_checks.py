@@ -24,16 +24,17 @@ import os
 import torch.distributed as dist
 import torchtitan.components.quantization  # noqa: F401  registers the float8 and mx converters
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torchtitan.protocols.model_converter import _registry_model_converter_cls
 
-from grt_titan.components.checkpoint import checkpoint_steps
+from grt_titan.checkpoint_io import resume_problems
 from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
 from grt_titan.field_checks import field_problems
 from grt_titan.job_config import FLOAT8_CONVERTER
+from grt_titan.model.flavors import flavor_from_file
 from grt_titan.model.model import build_meta_model
-from grt_titan.tokenizer import GPT2_VOCAB_SIZE, GPT2Tokenizer, resolve_tokenizer_path
+from grt_titan.model.part import JobSettings
+from grt_titan.tokenizer import GPT2_VOCAB_SIZE, load_tokenizer, resolve_tokenizer_source
 
 # torchtitan's flag in [quantize.linear.float8] filter_fqns that lets torchao skip small layers.
 FLOAT8_AUTO_FILTER = "auto_filter_small_kn"
@@ -52,6 +53,12 @@ class Flavors(dict):
     """The spec's `model_args`: a dict whose missing keys name the allowed flavors."""
 
     def __missing__(self, key):
+        try:  # a flavor file (`grt-titan retrofit`'s model_args.json): a fresh copy per lookup
+            args = flavor_from_file(key)
+        except ValueError as e:
+            raise UnknownFlavorError(str(e)) from None
+        if args is not None:
+            return args
         raise UnknownFlavorError(f"[model] flavor = {key!r} is not a grt flavor; allowed: {', '.join(sorted(self))}")
 
 
@@ -78,6 +85,30 @@ def _world_size(job_config) -> int | None:
         return dist.get_world_size()
     value = os.environ.get("NGPU" if job_config.comm.mode != "default" else "WORLD_SIZE")
     return int(value) if value and value.isdigit() else None
+
+
+def _data_parallel_shard(job_config) -> int | None:
+    """The data-parallel shard degree (-1 resolved as torchtitan does: the ranks the other
+    degrees leave); None when the world size is unknown."""
+    p, world = job_config.parallelism, _world_size(job_config)
+    if not world or p.data_parallel_replicate_degree < 1:
+        return None
+    if p.data_parallel_shard_degree >= 1:
+        return p.data_parallel_shard_degree
+    others = p.data_parallel_replicate_degree * p.tensor_parallel_degree
+    return world // (others * max(p.context_parallel_degree, 1) * max(p.pipeline_parallel_degree, 1))
+
+
+def forwards_per_step(job_config) -> int:
+    """Training forwards per optimizer step: torchtitan's gradient accumulation,
+    global_batch_size / (local_batch_size x data-parallel degree); 1 without it (-1) or when
+    the degrees are unknown. Installed as `GRTModelArgs.job_forwards_per_step` (grt_titan.spec):
+    the depth curriculum counts optimizer steps, the depth sampler forwards."""
+    t, shard = job_config.training, _data_parallel_shard(job_config)
+    dp = job_config.parallelism.data_parallel_replicate_degree * (shard or 0)
+    if t.global_batch_size <= 0 or t.local_batch_size < 1 or dp < 1:
+        return 1
+    return max(1, t.global_batch_size // (t.local_batch_size * dp))
 
 
 def _parallelism_problems(job_config, args) -> list[str]:
@@ -127,12 +158,10 @@ def _parallelism_problems(job_config, args) -> list[str]:
         problems.append(f"[parallelism] data_parallel_replicate_degree = {dp_replicate} is invalid; allowed: >= 1")
     if dp_shard != -1 and dp_shard < 1:
         problems.append(f"[parallelism] data_parallel_shard_degree = {dp_shard} is invalid; allowed: -1 or >= 1")
-    world = _world_size(job_config)
+    shard = _data_parallel_shard(job_config)
     t = job_config.training
-    if not world or dp_replicate < 1:
+    if shard is None or dp_replicate < 1:
         return problems
-    others = dp_replicate * tp * max(p.context_parallel_degree, 1) * max(p.pipeline_parallel_degree, 1)
-    shard = dp_shard if dp_shard >= 1 else world // others
     if dp_replicate > 1 and shard == 1 and tp > 1:
         problems.append(
             f"[parallelism] data_parallel_replicate_degree = {dp_replicate} without sharding is DDP, "
@@ -151,28 +180,24 @@ def _parallelism_problems(job_config, args) -> list[str]:
 
 
 def _method_problems(job_config, args) -> list[str]:
-    """What a method's parts cannot run with (docs/architecture.md, "Methods as parts")."""
-    problems = []
-    tp = job_config.parallelism.tensor_parallel_degree
-    if tp > 1 and args.is_recurrent:
-        if args.step_adapter == "lora":
-            problems.append(
-                f"[grt] step_adapter = 'lora' (RRT) does not support [parallelism] tensor_parallel_degree = {tp}: "
-                "its per-step adapters have no tensor-parallel plan; allowed: tensor_parallel_degree = 1 (FSDP/HSDP)"
-            )
-        if args.initial_state == "random":
-            problems.append(
-                f"[grt] initial_state = 'random' does not support [parallelism] tensor_parallel_degree = {tp}: "
-                "the eval-mode state is drawn per position of the whole sequence, which tensor parallelism "
-                "shards; allowed: tensor_parallel_degree = 1 (FSDP/HSDP)"
-            )
-    if args.per_step_readout and tp > 1 and args.exit_threshold < 1:
-        problems.append(
-            f"[grt] exit_threshold = {args.exit_threshold} is not supported with [parallelism] "
-            f"tensor_parallel_degree = {tp} (Ouro's per-token exit gathers over sequence shards); "
-            "allowed: 1.0 (the last step) or tensor_parallel_degree = 1"
-        )
-    return problems + _router_problems(job_config, args)
+    """What the active parts cannot run with (docs/architecture.md, "Methods as parts"): each
+    part's `job_problems`, written in its method module, on the job's settings it reads."""
+    job = _job_settings(job_config)
+    return [problem for part in args.active_parts for problem in part.job_problems(job, args)]
+
+
+def _job_settings(job_config) -> JobSettings:
+    """The values of a job config that the parts' start-up rules read."""
+    v = job_config.validation
+    seq_lens = {"training": job_config.training.seq_len}
+    if v.enable:
+        seq_lens["validation"] = v.seq_len
+    return JobSettings(
+        tensor_parallel_degree=job_config.parallelism.tensor_parallel_degree,
+        compiled=job_config.compile.enable and "model" in job_config.compile.components,
+        validation=v.enable,
+        seq_lens=seq_lens,
+    )
 
 
 def _sequence_problems(job_config, args) -> list[str]:
@@ -194,64 +219,12 @@ def _sequence_problems(job_config, args) -> list[str]:
     return problems
 
 
-def _router_problems(job_config, args) -> list[str]:
-    """What Mixture-of-Recursions (`[grt] router`) cannot run with. Its model-level rules
-    (llama blocks, sampled depth, other parts) are GRTModelArgs.validate's."""
-    if args.router == "none" or not args.is_recurrent:
-        return []
-    if args.router == "token_choice":
-        return _token_choice_problems(job_config, args)
-    problems, method = [], f"[grt] router = {args.router!r} (Mixture-of-Recursions)"
-    tp = job_config.parallelism.tensor_parallel_degree
-    if tp > 1:
-        problems.append(
-            f"[parallelism] tensor_parallel_degree = {tp} is not supported with {method}: each "
-            "step's top-k runs over the whole sequence, which sequence parallelism shards over "
-            "the TP ranks; allowed: 1 (FSDP/HSDP/DDP only)"
-        )
-    compiled = job_config.compile.enable and "model" in job_config.compile.components
-    if compiled and args.router_inference == "threshold" and job_config.validation.enable:
-        problems.append(
-            f"[grt] router_inference = 'threshold' with {method} and [compile] enable: threshold "
-            "routing runs each row's data-dependent number of active tokens eagerly, one row at a "
-            "time, and is not compiled; allowed: router_inference = 'top_k' (the training rule) "
-            "or [compile] enable = false"
-        )
-    if compiled:
-        sections = [("training", job_config.training)]
-        if job_config.validation.enable:
-            sections.append(("validation", job_config.validation))
-        for name, cfg in sections:
-            if cfg.seq_len >= 1 and min(args.router_tokens_kept(cfg.seq_len)) < 2:
-                problems.append(
-                    f"[grt] router_capacity = {args.router_capacity!r} keeps a single token at "
-                    f"[{name}] seq_len = {cfg.seq_len} with {method} and [compile] enable: "
-                    "torch.compile specializes a one-token step (one more graph per such step); "
-                    "allowed: capacities with capacity x seq_len >= 2 for every step"
-                )
-    return problems
-
-
-def _token_choice_problems(job_config, args) -> list[str]:
-    """What MoR's token-choice routing cannot run with (its model-level rules are
-    GRTModelArgs.validate's)."""
-    tp = job_config.parallelism.tensor_parallel_degree
-    if tp > 1:
-        return [
-            f"[parallelism] tensor_parallel_degree = {tp} is not supported with [grt] router = "
-            "'token_choice' (Mixture-of-Recursions): each step gathers a row's active tokens from "
-            "the whole sequence, which sequence parallelism shards over the TP ranks; allowed: 1 "
-            "(FSDP/HSDP/DDP only)"
-        ]
-    return []
-
-
 def _tokenizer_vocab_size(job_config) -> int:
     model = job_config.model
-    path = resolve_tokenizer_path(getattr(model, "tokenizer_path", None)) or resolve_tokenizer_path(
+    path = resolve_tokenizer_source(getattr(model, "tokenizer_path", None)) or resolve_tokenizer_source(
         getattr(model, "hf_assets_path", None)
     )
-    return GPT2_VOCAB_SIZE if path is None else GPT2Tokenizer(path).get_vocab_size()
+    return GPT2_VOCAB_SIZE if path is None else load_tokenizer(path).get_vocab_size()
 
 
 def _vocab_problems(job_config, args) -> list[str]:
@@ -279,11 +252,12 @@ def _float8_problems(job_config, args) -> list[str]:
     if FLOAT8_AUTO_FILTER in filter_fqns:
         return []  # torchao chooses which layers to convert
     model = build_meta_model(args)
+    skipped = tuple(name for part in args.parts for name in part.float8_skip)
     bad = []
     for fqn, module in model.named_modules():
-        # The LM head (vocabulary rows), Ouro's exit gate (one output) and MoR's routers (d -> 1,
-        # a dot product per token) stay in high precision.
-        if not isinstance(module, nn.Linear) or fqn in ("output", "exit_gate") or fqn.startswith("recurrence.router."):
+        # The LM head (vocabulary rows) and the linears a part names (Part.float8_skip: Ouro's
+        # exit gate, one output; MoR's routers, a dot product per token) stay in high precision.
+        if not isinstance(module, nn.Linear) or fqn == "output" or fqn.startswith(skipped):
             continue
         if any(f in fqn for f in filter_fqns):
             continue
@@ -317,62 +291,6 @@ def _converter_problems(job_config) -> list[str]:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         problems.append(f"[model] converters: unknown converter {name!r}{hint}; allowed: {', '.join(registered)}")
     return problems
-
-
-# torchtitan's checkpoint entries besides the model's (CheckpointManager.states).
-RESUME_STATES = ("train_state", "optimizer", "lr_scheduler", "dataloader")
-
-
-def _resume_problems(job_config) -> list[str]:
-    """A resume whose checkpoint holds only the model weights.
-
-    torchtitan saves the last step model-only while `[checkpoint] last_save_model_only`
-    (default true); extending a finished run (more `[training] steps`, same dump folder)
-    would load that folder and fail inside DCP (`Missing key in checkpoint state_dict:
-    dataloader.global_position`). The folder is the one torchtitan's `CheckpointManager.load`
-    picks: `load_step`, or the newest `step-N` with `.metadata` (or, from
-    `last_save_in_hf`, `model.safetensors.index.json`).
-    """
-    c = job_config.checkpoint
-    if not c.enable:
-        return []
-    folder = os.path.join(job_config.job.dump_folder, c.folder)
-    if not os.path.isdir(folder):
-        return []  # a fresh run (initial_load_path, if any, is loaded as configured)
-    steps = checkpoint_steps(folder)
-    step = c.load_step if c.load_step != -1 else (max(steps) if steps else -1)
-    if step <= 0:
-        return []  # nothing to resume, or step 0 (torchtitan loads it model-only)
-    wanted = [k for k in RESUME_STATES if k not in c.exclude_from_loading]
-    path = os.path.join(folder, f"step-{step}")
-    if not wanted or _saved_states(path) != set():
-        return []
-    full = next(
-        (s for s in sorted(steps, reverse=True) if s < step and _saved_states(os.path.join(folder, f"step-{s}"))), None
-    )
-    earlier = (
-        "" if full is None else (f"resume from the newest full checkpoint with --checkpoint.load_step {full}, or ")
-    )
-    return [
-        f"[checkpoint] last_save_model_only: {path} holds only the model weights (torchtitan "
-        "saves the last step model-only while last_save_model_only = true), so the run cannot "
-        f"resume from it (no {', '.join(RESUME_STATES)}); allowed: {earlier}start from these "
-        "weights with a fresh optimizer and LR schedule in a new folder (--job.dump_folder "
-        f"<new> --checkpoint.initial_load_path {path} --checkpoint.initial_load_model_only); "
-        "set last_save_model_only = false in runs you may extend"
-    ]
-
-
-def _saved_states(path: str) -> set[str] | None:
-    """Which of RESUME_STATES the checkpoint `path` holds: set() for a model-only one (DCP
-    or HF safetensors), None if it cannot be told (missing or unreadable: DCP reports it)."""
-    if not os.path.isfile(os.path.join(path, ".metadata")):
-        return set() if os.path.isfile(os.path.join(path, "model.safetensors.index.json")) else None
-    try:
-        keys = FileSystemReader(path).read_metadata().state_dict_metadata
-    except Exception:
-        return None
-    return {k.split(".", 1)[0] for k in keys} & set(RESUME_STATES)
 
 
 def _dataset_problems(job_config) -> list[str]:
@@ -486,7 +404,7 @@ def check_job_config(job_config, model_args) -> None:
     problems += _converter_problems(job_config)
     problems += _float8_problems(job_config, model_args)
     problems += _dataset_problems(job_config)
-    problems += _resume_problems(job_config)
+    problems += resume_problems(job_config)
     if problems:
         _raise(problems)
 

@@ -14,6 +14,7 @@ from typing import Literal
 from grt_titan.data.config import DataConfig
 from grt_titan.model.args import (
     BlockStyle,
+    DepthCurriculumShape,
     DepthSampling,
     InitialState,
     Injection,
@@ -55,6 +56,17 @@ class GRTSection:
 
     depth_seed: int | None = None
     """Seed of the depth sequence; r of forward t is a function of (seed, t) alone."""
+
+    depth_curriculum_steps: int | None = None
+    """Depth curriculum (McLeish et al. 2025): over the first N optimizer steps the depth law
+    ramps up from r_min (uniform: its maximum r_min -> R; fixed: the depth r_min -> R;
+    poisson_lognormal: the mean r_min -> depth_mean), then stays. Counted in optimizer steps
+    (each of [training] global_batch_size / (local_batch_size x data-parallel degree)
+    forwards); 0 (default) = no curriculum. Refused on a dense model and with a router."""
+
+    depth_curriculum_shape: DepthCurriculumShape | None = None
+    """The ramp's shape at p = step / N: linear (default), p; or 1-sqrt, 1 - sqrt(1 - p) (slow
+    first, cheaper); a depth bound is rounded up (McLeish et al.'s code offers both)."""
 
     state_noise_std: float | None = None
     """sigma_x of the state noise added before W_proj in training (paper: 0.1)."""
@@ -238,7 +250,8 @@ class GRTModelDefaults:
     """grt_titan's defaults for torchtitan's `[model]` section (merged into it)."""
 
     hf_assets_path: str = str(GPT2_TIKTOKEN_PATH)
-    """Tokenizer: a `.tiktoken` rank file or a folder holding one (docs/data.md). Default:
+    """Tokenizer: a `.tiktoken` rank file or a folder holding one, or a Hugging Face
+    tokenizer folder holding `tokenizer.json` (Llama 3.x, Qwen3; docs/data.md). Default:
     the GPT-2 ranks shipped in the package. torchtitan's own default,
     `./tests/assets/tokenizer`, does not exist outside torchtitan's repository, and its
     config loader warns about it on every run."""

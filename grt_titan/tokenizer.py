@@ -1,19 +1,24 @@
-"""GPT-2 BPE tokenizer (50,257 tokens) through tiktoken, with no network at run time.
+"""Tokenizers, with no network at run time: GPT-2's BPE through tiktoken (the default), or
+a Hugging Face tokenizer folder (``tokenizer.json``) through torchtitan's HuggingFaceTokenizer.
 
 The GPT-2 merge ranks ship in the package (``grt_titan/assets/gpt2.tiktoken``, taken from
 the MIT-licensed openai-whisper sdist; see ``grt_titan/assets/README.md``), so building the
 tokenizer never downloads anything. Another ``.tiktoken`` rank file can be used instead by
 pointing ``[model] hf_assets_path`` at it (or at a folder holding exactly one); its
-``<|endoftext|>`` id is then the number of ranks.
+``<|endoftext|>`` id is then the number of ranks. A folder holding ``tokenizer.json`` (Llama
+3.x, Qwen3, GPT-2's own) selects ``HFTokenizer``. Both offer the same interface: ``name``,
+``sha256`` (the identity token shards record), ``eos_id``, ``bos_id``, ``get_vocab_size``,
+``encode`` / ``encode_batch`` / ``decode``, and ``path`` (docs/data.md, "Tokenizer").
 """
 
 import hashlib
+import json
 import os
 from binascii import a2b_base64
 from pathlib import Path
 
 import tiktoken
-from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.tools.logging import logger
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
@@ -117,13 +122,185 @@ class GPT2Tokenizer(BaseTokenizer):
         return self._encoding.n_vocab
 
 
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+"""The files of a Hugging Face tokenizer folder that define its tokens: its identity (``sha256``)
+hashes them, and an HF export copies them."""
+
+# Pre-tokenizer regexes whose long-document cuts are proven safe (docs/data.md, "Parallelism"):
+# Llama 3's (tiktoken's cl100k) and Qwen2/Qwen3's; GPT-2's is ByteLevel's built-in regex.
+LLAMA3_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT_REGEX = LLAMA3_SPLIT_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+_SAFE_SPLIT_REGEXES = (LLAMA3_SPLIT_REGEX, QWEN2_SPLIT_REGEX)
+_PROBE = "Hello world"
+
+
+def hf_tokenizer_sha256(folder: str | os.PathLike) -> str:
+    """The identity of a Hugging Face tokenizer folder: sha256 over, for each of
+    ``HF_TOKENIZER_FILES`` present (in that order), its name, a NUL byte, its size in bytes
+    (decimal), a NUL byte and its bytes."""
+    h = hashlib.sha256()
+    for name in HF_TOKENIZER_FILES:
+        path = Path(folder) / name
+        if path.is_file():
+            data = path.read_bytes()
+            h.update(f"{name}\0{len(data)}\0".encode())
+            h.update(data)
+    return h.hexdigest()
+
+
+def _cut_problem(tokenizer_json: dict, added_tokens) -> str | None:
+    """Why cutting a text before a space or newline that follows an ASCII letter or digit
+    might change its tokens (None: it cannot). Proven for GPT-2's, Llama 3's and Qwen's
+    pre-tokenizers (tests/data/test_tokenizer_folders.py checks it on adversarial text)."""
+    normalizer = tokenizer_json.get("normalizer")
+    if normalizer is not None and normalizer.get("type") != "NFC":
+        return f"normalizer {normalizer.get('type')!r}"
+    pre = tokenizer_json.get("pre_tokenizer") or {}
+    gpt2 = pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and not pre.get("add_prefix_space")
+    steps = pre.get("pretokenizers") or []
+    split_then_bytes = (
+        pre.get("type") == "Sequence"
+        and len(steps) == 2
+        and steps[0].get("type") == "Split"
+        and steps[0].get("pattern", {}).get("Regex") in _SAFE_SPLIT_REGEXES
+        and steps[0].get("behavior") == "Isolated"
+        and not steps[0].get("invert")
+        and steps[1].get("type") == "ByteLevel"
+        and not steps[1].get("use_regex", True)
+        and not steps[1].get("add_prefix_space")
+    )
+    if not (gpt2 or split_then_bytes):
+        return "a pre-tokenizer other than GPT-2's, Llama 3's or Qwen's"
+    for token in added_tokens:
+        if token.lstrip or token.rstrip or token.single_word or any(c.isspace() for c in token.content):
+            return f"added token {token.content!r} (whitespace, lstrip, rstrip or single_word)"
+    return None
+
+
+class HFTokenizer(HuggingFaceTokenizer):
+    """A Hugging Face tokenizer folder through torchtitan's ``HuggingFaceTokenizer``.
+
+    torchtitan's class reads ``tokenizer.json`` and ``tokenizer_config.json`` and decides
+    the special tokens: ``encode`` adds what the source adds (Llama 3's post-processor puts
+    ``<|begin_of_text|>`` first; GPT-2 and Qwen3 add nothing). On top of it:
+
+    - text is ordinary text: a literal special token in it (``<|endoftext|>``) is encoded
+      as text, as ``GPT2Tokenizer`` does (``encode_special_tokens``);
+    - ``eos_id`` falls back to ``eos_token`` of tokenizer_config.json or
+      special_tokens_map.json, then to an added ``<|endoftext|>`` (GPT-2's own folder names
+      its EOS like its BOS, which torchtitan takes as BOS only); a folder without one is
+      refused: documents are separated by EOS;
+    - ``decode`` keeps special tokens and takes arrays and tensors, like ``GPT2Tokenizer``.
+
+    Args:
+        folder: A folder holding ``tokenizer.json`` (and usually ``tokenizer_config.json``).
+        expected_sha256: Checked against the folder's identity when given.
+
+    Attributes:
+        path: The folder.
+        name: The folder's name.
+        sha256: ``hf_tokenizer_sha256(folder)``; token shards record it (docs/data.md).
+        document_prefix, document_suffix: The ids ``encode(doc, add_eos=True)`` puts before
+            and after a document's text (Llama 3: ``[bos]``, ``[eos]``).
+        cut_problem: None when long documents may be cut into pieces before a space or
+            newline that follows an ASCII letter or digit (``grt-titan prepare``), else why not.
+    """
+
+    def __init__(self, folder: str | os.PathLike, expected_sha256: str | None = None):
+        folder = Path(folder)
+        tokenizer_file = folder / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise FileNotFoundError(f"{folder}: no tokenizer.json (a Hugging Face tokenizer folder holds one)")
+        self.sha256 = hf_tokenizer_sha256(folder)
+        if expected_sha256 is not None and self.sha256 != expected_sha256:
+            raise ValueError(
+                f"{folder}: tokenizer sha256 {self.sha256} does not match the expected {expected_sha256}; "
+                "the tokenizer files differ"
+            )
+        try:
+            super().__init__(str(folder))
+            tokenizer_json = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+        except Exception as e:  # tokenizers raises its own Exception type
+            raise ValueError(f"{folder}: not a readable Hugging Face tokenizer ({e})") from e
+        self.path = folder
+        self.name = folder.resolve().name
+        self.tokenizer.encode_special_tokens = True
+        if self.eos_id is None:
+            self.eos_id = self._fallback_eos_id()
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        self._vocab_size = max(vocab.values()) + 1
+        self.document_prefix, self.document_suffix = self._document_specials()
+        self.cut_problem = _cut_problem(tokenizer_json, self.tokenizer.get_added_tokens_decoder().values())
+
+    def _fallback_eos_id(self) -> int:
+        names = []
+        if self.config:
+            names.append(self._get_token_from_config(self.config, "eos_token"))
+        special_map = self.path / "special_tokens_map.json"
+        if special_map.is_file():
+            names.append(self._get_token_from_config(json.loads(special_map.read_text(encoding="utf-8")), "eos_token"))
+        added = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special}
+        names.append(ENDOFTEXT if ENDOFTEXT in added else None)
+        for name in names:
+            if name is not None and self.tokenizer.token_to_id(name) is not None:
+                self.eos_token = name
+                return self.tokenizer.token_to_id(name)
+        raise ValueError(
+            f"{self.path}: no end-of-text token (tokenizer_config.json and special_tokens_map.json "
+            'name no "eos_token" the vocabulary has); documents are separated by it: add '
+            '"eos_token" to tokenizer_config.json'
+        )
+
+    def _document_specials(self) -> tuple[list[int], list[int]]:
+        full = super().encode(_PROBE, add_eos=True)
+        body = self.encode_ordinary(_PROBE)
+        for i in range(len(full) - len(body) + 1):
+            if full[i : i + len(body)] == body:
+                prefix, suffix = full[:i], full[i + len(body) :]
+                if self.eos_id in suffix:
+                    return prefix, suffix
+        raise ValueError(
+            f"{self.path}: encoding {_PROBE!r} gives {full}, which is not the text's tokens "
+            f"{body} between special tokens ending with EOS {self.eos_id}; unsupported post-processor"
+        )
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """The tokens of ``text`` alone: no special token added, none recognised in it."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str], num_threads: int = 8, add_eos: bool = False) -> list[list[int]]:
+        """``[encode(t, add_eos=add_eos) for t in texts]``; ``num_threads`` is accepted for
+        ``GPT2Tokenizer``'s interface."""
+        return [self.encode(text, add_eos=add_eos) for text in texts]
+
+    def decode(self, ids, **kwargs) -> str:
+        """Decodes ids (a list, tuple, numpy array or tensor) to text, special tokens kept
+        unless ``skip_special_tokens=True``."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        kwargs.setdefault("skip_special_tokens", False)
+        return self.tokenizer.decode(list(ids), **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def get_vocab_size(self) -> int:
+        """The number of ids the tokenizer can emit: its largest id + 1."""
+        return self._vocab_size
+
+
 def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:
-    """The ``.tiktoken`` file selected by ``[model] hf_assets_path``, or None (shipped GPT-2).
+    """The ``.tiktoken`` file selected by ``[model] hf_assets_path``, or None.
 
     A path ending in ``.tiktoken`` must exist. A folder is used only if it holds a
     ``.tiktoken`` file: ``gpt2.tiktoken`` if present, else the only one (several -> error).
     Anything else (torchtitan's default ``./tests/assets/tokenizer``, an HF tokenizer folder
-    without ``.tiktoken`` files) selects the shipped GPT-2 ranks.
+    without ``.tiktoken`` files) gives None; ``resolve_tokenizer_source`` also finds HF
+    tokenizer folders.
     """
     if not hf_assets_path:
         return None
@@ -147,15 +324,67 @@ def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:
     return None
 
 
-def build_tokenizer(job_config) -> GPT2Tokenizer:
-    """The train spec's ``build_tokenizer_fn``: GPT-2 unless hf_assets_path names a .tiktoken."""
+def resolve_tokenizer_source(hf_assets_path: str | None) -> Path | None:
+    """The tokenizer selected by ``[model] hf_assets_path``: a ``.tiktoken`` file (as
+    ``resolve_tokenizer_path``), else a Hugging Face tokenizer folder (a folder holding
+    ``tokenizer.json``, or that file itself), else None (the shipped GPT-2 ranks)."""
+    path = resolve_tokenizer_path(hf_assets_path)
+    if path is not None or not hf_assets_path:
+        return path
+    p = Path(hf_assets_path)
+    if p.name == "tokenizer.json" and p.is_file():
+        return p.parent
+    if (p / "tokenizer.json").is_file():
+        return p
+    return None
+
+
+def load_tokenizer(path: str | os.PathLike | None = None) -> "GPT2Tokenizer | HFTokenizer":
+    """The tokenizer at ``path``: None = the shipped GPT-2 ranks; a ``.tiktoken`` file, or a
+    folder holding one (as ``resolve_tokenizer_path``) = ``GPT2Tokenizer``; a folder holding
+    ``tokenizer.json``, or that file = ``HFTokenizer``; another file = ``GPT2Tokenizer`` (a
+    rank file by another name)."""
+    if path is None:
+        return GPT2Tokenizer()
+    p = Path(path)
+    if p.is_dir():
+        ranks = resolve_tokenizer_path(str(p))
+        if ranks is not None:
+            return GPT2Tokenizer(ranks)
+        if not (p / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"tokenizer folder {str(p)!r} holds no .tiktoken file and no tokenizer.json")
+        return HFTokenizer(p)
+    if p.name == "tokenizer.json" and p.is_file():
+        return HFTokenizer(p.parent)
+    return GPT2Tokenizer(p)
+
+
+def export_tokenizer(folder: str | os.PathLike) -> "GPT2Tokenizer | HFTokenizer":
+    """The tokenizer of an exported folder (`grt-titan analyze` without a TOML): the shipped
+    GPT-2 ranks for the GPT-2 files `grt-titan export-hf` derives from them
+    (tokenizer_config.json: ``tokenizer_class`` GPT2Tokenizer, ``split_special_tokens``) or
+    a folder without tokenizer.json; else the folder's tokenizer.json (an export carries its
+    source's tokenizer files unchanged, so its identity is the source's)."""
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file():
+        return GPT2Tokenizer()
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    if config.get("tokenizer_class") == "GPT2Tokenizer" and config.get("split_special_tokens") is True:
+        return GPT2Tokenizer()
+    return HFTokenizer(folder)
+
+
+def build_tokenizer(job_config) -> "GPT2Tokenizer | HFTokenizer":
+    """The train spec's ``build_tokenizer_fn``: GPT-2 unless hf_assets_path names a
+    ``.tiktoken`` file or a Hugging Face tokenizer folder (``resolve_tokenizer_source``)."""
     model_cfg = job_config.model
-    path = resolve_tokenizer_path(getattr(model_cfg, "tokenizer_path", None))
+    path = resolve_tokenizer_source(getattr(model_cfg, "tokenizer_path", None))
     if path is not None:
         logger.warning("[model] tokenizer_path is deprecated in torchtitan; use hf_assets_path")
     else:
-        path = resolve_tokenizer_path(getattr(model_cfg, "hf_assets_path", None))
-    tokenizer = GPT2Tokenizer(path)
+        path = resolve_tokenizer_source(getattr(model_cfg, "hf_assets_path", None))
+    tokenizer = load_tokenizer(path)
     logger.info(
         f"Tokenizer {tokenizer.name} ({tokenizer.path}, vocab {tokenizer.get_vocab_size()}, "
         f"sha256 {tokenizer.sha256[:12]})"

@@ -1,8 +1,9 @@
 """Load a trained GRT into one process for analysis: checkpoint + config, or an HF export.
 
-Reading and checking weights is grt_titan.model.checkpoint's job (`load_checkpoint` reads
+Reading and checking weights is grt_titan.checkpoint_io's job (`load_checkpoint` reads
 DCP step folders, full or model-only, and `last_save_in_hf` safetensors;
-`native_state_from_hf` reads exported folders); this module only picks the route.
+`native_state_from_hf` reads exported folders, grt_titan.hf.config_map their config.json);
+this module only picks the route.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grt_titan.model import GRTModel
-from grt_titan.model.args import GRTModelArgs
-from grt_titan.model.checkpoint import (
+from grt_titan.checkpoint_io import (
     latest_step_folder,
     load_checkpoint,
     load_model_args,
-    model_args_from_hf_config,
     model_from_state,
     native_state_from_hf,
     read_hf_weights,
 )
-from grt_titan.tokenizer import GPT2Tokenizer, build_tokenizer, resolve_tokenizer_path
+from grt_titan.hf.config_map import model_args_from_hf_config
+from grt_titan.model import GRTModel
+from grt_titan.model.args import GRTModelArgs
+from grt_titan.tokenizer import build_tokenizer, export_tokenizer
 
 
 @dataclass
@@ -66,10 +67,9 @@ def load_model(path: str | Path, config_file: str | Path | None = None, device: 
             args = dataclasses.replace(args, eval_recurrences=cfg_args.eval_recurrences)
         state = native_state_from_hf(read_hf_weights(path), args)
         source = {"kind": "hf_export", "path": str(path), "step": None}
-        # An export carries HF tokenizer files, not tiktoken ranks: GPT-2 unless --config says.
-        tokenizer = (
-            build_tokenizer(job_config) if job_config is not None else GPT2Tokenizer(resolve_tokenizer_path(str(path)))
-        )
+        # The export's own tokenizer files (GPT-2's ranks for the GPT-2 files export-hf derives
+        # from them), unless --config names the run's tokenizer.
+        tokenizer = build_tokenizer(job_config) if job_config is not None else export_tokenizer(path)
     else:
         if cfg_args is None:
             raise ValueError(

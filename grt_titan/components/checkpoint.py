@@ -15,6 +15,10 @@ wrong weights or stops later with an error that points at the data. Here:
   the run stops. A checkpoint without checksums (older, or saved with `[checkpoint]
   checksums = false`) loads unverified, with a log line saying so.
 
+The spec's state-dict adapter is here too (`ShardedGRTStateDictAdapter`): the model's HF
+key map (grt_titan/model/state_dict_adapter.py, plain tensors) on the sharded state dict
+the CheckpointManager hands it.
+
 Also the layout-independent resume of the data position: `dcp_load` tells the dataloader
 which of its state formats the checkpoint holds (`select_saved_state`), so checkpoints with
 torchtitan's per-rank dataloader keys still load at their own degree.
@@ -24,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import zlib
 from typing import Any
 
@@ -34,14 +37,18 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.storage import WriteResult
+from torch.distributed.tensor import DTensor, Replicate
 from torch.futures import Future
 from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import GarbageCollection
 
+from grt_titan.checkpoint_io import METADATA_FILE, checkpoint_steps
+from grt_titan.model.args import GRTModelArgs
+from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
+
 CHECKSUM_FILE = "grt_checksums.json"
 CHECKSUM_FORMAT = "grt_titan.checkpoint_checksums"
-METADATA_FILE = ".metadata"
 _CHECKSUM_INDEX = MetadataIndex("__grt_titan_checksums__")  # travels in the write results only
 _CHUNK = 16 << 20
 
@@ -57,23 +64,6 @@ def file_crc32(path: str | os.PathLike) -> str:
         while chunk := f.read(_CHUNK):
             crc = zlib.crc32(chunk, crc)
     return f"{crc:08x}"
-
-
-def checkpoint_steps(folder: str | os.PathLike) -> list[int]:
-    """The steps torchtitan's `_find_load_step` considers complete: `step-N` with DCP's
-    `.metadata` or an HF `model.safetensors.index.json`."""
-    steps = []
-    if not os.path.isdir(folder):
-        return steps
-    for name in os.listdir(folder):
-        match = re.search(r"step-(\d+)", name)  # as _find_load_step
-        path = os.path.join(folder, name)
-        if match and (
-            os.path.isfile(os.path.join(path, METADATA_FILE))
-            or os.path.isfile(os.path.join(path, "model.safetensors.index.json"))
-        ):
-            steps.append(int(match.group(1)))
-    return steps
 
 
 class ChecksumFileSystemWriter(FileSystemWriter):
@@ -224,7 +214,8 @@ class GRTCheckpointManager(CheckpointManager):
 
     def verified_step(self, step: int) -> int:
         """`step` (an explicit `load_step`) if it verifies, else raise; for -1 the newest
-        complete step that verifies, warning about every newer one that does not."""
+        complete step (grt_titan.checkpoint_io.checkpoint_steps) that verifies, warning about
+        every newer one that does not."""
         if step != -1:
             problems = _all_problems(self._create_checkpoint_id(step))
             if problems:
@@ -262,3 +253,33 @@ class GRTCheckpointManager(CheckpointManager):
                 "--job.dump_folder"
             )
         return -1
+
+
+class ShardedGRTStateDictAdapter(GRTStateDictAdapter):
+    """The spec's `state_dict_adapter`: GRTStateDictAdapter on the DTensors torchtitan's
+    CheckpointManager hands it (`last_save_in_hf`, `initial_load_in_hf`).
+
+    The key map is the model's; what sharding adds is the padded vocabulary
+    (`vocab_multiple_of`): `to_hf` of a weight sharded over the vocabulary comes back
+    replicated (DTensor's narrow gathers it), and `from_hf` re-shards the padded weight as
+    `to_hf` saw it. Here and not in model/, which imports nothing from torch.distributed.
+    """
+
+    def __init__(self, model_args: GRTModelArgs, hf_assets_path: str | None):
+        super().__init__(model_args, hf_assets_path)
+        # (mesh, placements) of the padded DTensors `to_hf` trimmed, for `from_hf` to restore.
+        self._vocab_layouts: dict[str, tuple[Any, tuple]] = {}
+
+    def _trim_vocab(self, key: str, value: Any) -> Any:
+        if isinstance(value, DTensor) and self._padding_applies(value, self.padded_vocab_size):
+            self._vocab_layouts[key] = (value.device_mesh, tuple(value.placements))
+        return super()._trim_vocab(key, value)
+
+    def _pad_vocab(self, key: str, value: Any) -> Any:
+        if not isinstance(value, DTensor) or not self._padding_applies(value, self.vocab_size):
+            return super()._pad_vocab(key, value)
+        mesh, placements = self._vocab_layouts.get(key, (value.device_mesh, tuple(value.placements)))
+        padded = super()._pad_vocab(key, value.full_tensor())
+        # Replicated -> the native sharding: a local split, no communication.
+        replicated = DTensor.from_local(padded, mesh, [Replicate()] * mesh.ndim, run_check=False)
+        return replicated.redistribute(mesh, placements)

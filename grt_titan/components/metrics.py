@@ -3,7 +3,10 @@
 torchtitan fixes `num_flops_per_token` at start-up (the expectation over the depth
 distribution, `GRTModelArgs.get_nparams_and_flops`); for the GRT it depends on r. Before
 each log this processor sets it to the mean training count over the depths sampled since
-the last log (so MFU and TFLOPS are right), and logs `grt/r_mean` and `grt/r_last`.
+the last log (so MFU and TFLOPS are right, a depth curriculum's ramp included: the sampler's
+history holds the depths drawn), and logs `grt/r_mean` and `grt/r_last`. Its builder prints
+the start-up line `Training depth: ...` (`depth_line`): the law, the start-up FLOPs, and the
+depth curriculum when it is on.
 
 With `[grt_metrics] enable = true` (the default) it also logs, for the step being logged,
 the sampled depth `grt/r` and per recurrence step i (paper appendix E, figure 10):
@@ -330,6 +333,35 @@ def console_line(metrics: dict[str, float]) -> str:
     return f"grt  r: {r_text}  gate: {row('gate_mean')}  copy: {row('gate_copy_frac')}  rho: {row('update_ratio')}"
 
 
+def depth_line(args: GRTModelArgs, seq_len: int) -> str:
+    """The start-up line on the training depth: its law, the start-up FLOPs per token (the
+    expectation over the law), that the logged ones follow the sampled depths, and the depth
+    curriculum when it is on (its first steps run shallower than the start-up value says)."""
+    law = args.part("depth_sampling")
+    if law.choice == "fixed":
+        depth = f"r = {args.num_recurrences}"
+    elif law.choice == "uniform":
+        depth = f"r ~ Uniform{{{args.min_recurrences}..{args.num_recurrences}}}"
+    else:
+        depth = f"r ~ Poisson(tau) + 1, E[r] = {args.expected_recurrences:g}"
+    flops = args.expected_train_flops_per_token(seq_len)
+    line = (
+        f"Training depth: {depth}; {flops:.4g} training FLOPs per token at start-up (over that law), "
+        "the logged TFLOPS and MFU follow the depths sampled"
+    )
+    steps = args.depth_curriculum_steps
+    if steps:
+        end = (
+            f"E[r] = {args.expected_recurrences:g}" if law.choice == "poisson_lognormal" else f"{args.num_recurrences}"
+        )
+        line += (
+            f"; depth curriculum on: {law.ramps} ramps {args.min_recurrences} -> {end} ({args.depth_curriculum_shape}) "
+            f"over the first {steps} optimizer steps ({steps * args.forwards_per_step} forwards, "
+            f"{args.forwards_per_step} per step), which cost less than the start-up value"
+        )
+    return line
+
+
 def build_grt_metrics_processor(job_config, parallel_dims, model_args=None, tag=None) -> GRTMetricsProcessor:
     """The spec's processor; rank 0 also writes the run record (grt_titan/run_record.py).
 
@@ -343,4 +375,6 @@ def build_grt_metrics_processor(job_config, parallel_dims, model_args=None, tag=
         record = build_run_record(job_config, model_args, parallel_dims.world_size, batch_degree)
         path = write_run_record(job_config.job.dump_folder, record)
         logger.info(f"Run record: {path}")
+        if model_args.is_recurrent:
+            logger.info(depth_line(model_args, job_config.training.seq_len))
     return GRTMetricsProcessor(job_config, parallel_dims, model_args, tag)

@@ -42,14 +42,15 @@ def ensure_prepared(tokenizer, data_cfg: DataConfig, location: str | None = None
     """The prepared grt_default folder for ``tokenizer``, preparing it if needed.
 
     Args:
-        tokenizer: A ``GPT2Tokenizer`` (its rank file is used to prepare the corpus).
+        tokenizer: A ``GPT2Tokenizer`` or ``HFTokenizer`` (its rank file or tokenizer folder
+            is used to prepare the corpus).
         data_cfg: The ``[data]`` section (cache folder, val fraction).
         location: ``dataset_path`` from the TOML: use this folder instead of the cache.
     """
     path = getattr(tokenizer, "path", None)
     if path is None or getattr(tokenizer, "sha256", None) is None:
         raise ValueError(
-            f"dataset {NAME!r} is tokenized with grt_titan's GPT2Tokenizer; got "
+            f"dataset {NAME!r} is tokenized with grt_titan's GPT2Tokenizer or HFTokenizer; got "
             f"{type(tokenizer).__name__} (use the `grt` train spec's build_tokenizer)"
         )
     if location:

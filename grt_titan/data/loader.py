@@ -285,7 +285,7 @@ def open_dataset_split(
             f"{type(tokenizer).__name__} has no sha256; cannot check that "
             f"{root} was prepared with it (vocabulary size checked only)"
         )
-    return sh.open_split(root, manifest, split, sha, tokenizer.get_vocab_size())
+    return sh.open_split(root, manifest, split, sha, tokenizer.get_vocab_size(), getattr(tokenizer, "name", None))
 
 
 def _build(

@@ -1,14 +1,19 @@
 """`grt-titan prepare INPUT... --out DIR`: tokenize local text into token shards.
 
-Reads documents (see ``sources.py``), encodes them with the GPT-2 tokenizer on all cores,
-and writes one token stream per split (every document followed by ``<|endoftext|>``) as
-shard files plus ``manifest.json`` (``shards.py``). Everything is written into a temporary
-folder next to ``--out`` and renamed at the end, so an error leaves nothing behind.
+Reads documents (see ``sources.py``), encodes them with the tokenizer (GPT-2 by default, or
+``--tokenizer``: a ``.tiktoken`` file or a Hugging Face tokenizer folder) on all cores, and
+writes one token stream per split (every document followed by EOS, and preceded by BOS for
+a tokenizer that adds one, such as Llama 3's) as shard files plus ``manifest.json``
+(``shards.py``). Everything is written into a temporary folder next to ``--out`` and
+renamed at the end, so an error leaves nothing behind.
 
 Deterministic: the same inputs and options give byte-identical shards whatever
 ``--workers`` is. Long documents are cut into pieces at a boundary where tokenization
-cannot change (a non-space character followed by a space or newline: no GPT-2
-pre-tokenizer piece spans it), so that a single huge document still uses every core.
+cannot change, so that a single huge document still uses every core: for GPT-2's tiktoken
+ranks a non-space character followed by a space or newline (no GPT-2 pre-tokenizer piece
+spans it); for a Hugging Face tokenizer an ASCII letter or digit followed by a space or
+newline, and only for the pre-tokenizers where that is proven (``HFTokenizer.cut_problem``:
+GPT-2's, Llama 3's, Qwen's); other tokenizers encode each document whole.
 """
 
 import argparse
@@ -36,17 +41,21 @@ DEFAULT_VAL_FRACTION = 0.005
 # Unicode White_Space (what the tokenizer's regex \s means); Python's str \s differs.
 _WS = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 _CUT = re.compile(f"[^{_WS}][ \n]")
+_HF_CUT = re.compile("[A-Za-z0-9][ \n]")
+"""Where an HFTokenizer without a ``cut_problem`` may cut: ASCII letters and digits are
+\\p{L} / \\p{N} in every Unicode version and never compose (NFC) with what follows."""
 
-_ENC = None  # the worker's tiktoken Encoding
+_ENC = None  # the worker's tokenizer
 
 
-def split_long_text(text: str, piece_chars: int = PIECE_CHARS) -> list[str]:
-    """Cuts ``text`` into pieces whose separate encodings concatenate to its encoding."""
-    if len(text) <= piece_chars:
+def split_long_text(text: str, piece_chars: int = PIECE_CHARS, cut: re.Pattern | None = _CUT) -> list[str]:
+    """Cuts ``text`` into pieces whose separate encodings concatenate to its encoding, at
+    matches of ``cut`` (after its first character); None: never cut."""
+    if len(text) <= piece_chars or cut is None:
         return [text]
     pieces, pos = [], 0
     while len(text) - pos > piece_chars:
-        m = _CUT.search(text, pos + piece_chars)
+        m = cut.search(text, pos + piece_chars)
         if m is None:
             break
         pieces.append(text[pos : m.start() + 1])
@@ -62,23 +71,46 @@ def is_val_document(index: int, val_fraction: float) -> bool:
 
 def _init_worker(tokenizer_path: str) -> None:
     global _ENC
-    from grt_titan.tokenizer import GPT2Tokenizer
+    from grt_titan.tokenizer import load_tokenizer
 
-    _ENC = GPT2Tokenizer(tokenizer_path)
+    _ENC = load_tokenizer(tokenizer_path)
 
 
-def _encode_task(task: list[tuple[str, int, bool]]) -> list[np.ndarray]:
-    """Encodes ``(piece, split, ends_document)`` items to one token array per split."""
-    enc = _ENC.encoding
+def document_specials(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids written before and after every document's text: ``([], [eos])`` for GPT-2;
+    a Hugging Face tokenizer's ``document_prefix`` / ``document_suffix`` (what its
+    ``encode(doc, add_eos=True)`` adds: Llama 3 ``([bos], [eos])``)."""
+    return list(getattr(tokenizer, "document_prefix", [])), list(
+        getattr(tokenizer, "document_suffix", [tokenizer.eos_id])
+    )
+
+
+def document_cut(tokenizer) -> re.Pattern | None:
+    """Where long documents may be cut for ``tokenizer`` (None: nowhere)."""
+    if not hasattr(tokenizer, "cut_problem"):  # GPT2Tokenizer
+        return _CUT
+    return _HF_CUT if tokenizer.cut_problem is None else None
+
+
+def _encode_task(task: list[tuple[str, int, bool, bool]]) -> list[np.ndarray]:
+    """Encodes ``(piece, split, starts_document, ends_document)`` items to one token array
+    per split."""
     dtype = sh.dtype_for_vocab(_ENC.get_vocab_size())
-    eot = np.array([_ENC.eos_id], dtype)
+    prefix, suffix = (np.array(ids, dtype) for ids in document_specials(_ENC))
+    tiktoken_encoding = getattr(_ENC, "encoding", None)
     out: list[list[np.ndarray]] = [[] for _ in sh.SPLITS]
-    for piece, split, ends_doc in task:
-        # == encode_ordinary (no special tokens allowed, none rejected), but straight into
-        # a numpy buffer: no Python int per token.
-        out[split].append(enc.encode_to_numpy(piece, allowed_special=set(), disallowed_special=()).astype(dtype))
+    for piece, split, starts_doc, ends_doc in task:
+        if starts_doc and prefix.size:
+            out[split].append(prefix)
+        if tiktoken_encoding is not None:
+            # == encode_ordinary (no special tokens allowed, none rejected), but straight
+            # into a numpy buffer: no Python int per token.
+            ids = tiktoken_encoding.encode_to_numpy(piece, allowed_special=set(), disallowed_special=())
+            out[split].append(ids.astype(dtype))
+        else:
+            out[split].append(np.array(_ENC.encode_ordinary(piece), dtype))
         if ends_doc:
-            out[split].append(eot)
+            out[split].append(suffix)
     return [np.concatenate(arrays) if arrays else np.zeros(0, dtype) for arrays in out]
 
 
@@ -90,7 +122,7 @@ class _Stats:
         self.first_invalid: list[str] = []
 
 
-def _tasks(docs, val_fraction: float, invalid_utf8: str, stats: _Stats, writers):
+def _tasks(docs, val_fraction: float, invalid_utf8: str, stats: _Stats, writers, cut: re.Pattern | None):
     """Groups documents into tasks of about TASK_CHARS characters, in input order."""
     task, chars = [], 0
     for text, where in docs:
@@ -107,9 +139,9 @@ def _tasks(docs, val_fraction: float, invalid_utf8: str, stats: _Stats, writers)
         split = int(is_val_document(stats.documents, val_fraction))
         stats.documents += 1
         writers[split].documents += 1
-        pieces = split_long_text(text)
+        pieces = split_long_text(text, cut=cut)
         for k, piece in enumerate(pieces):
-            task.append((piece, split, k == len(pieces) - 1))
+            task.append((piece, split, k == 0, k == len(pieces) - 1))
             chars += len(piece)
             if chars >= TASK_CHARS:
                 yield task
@@ -138,7 +170,8 @@ def prepare(
         inputs: Files or folders (.txt, .jsonl, .parquet, .gz of the first two, HF
             ``save_to_disk`` folders).
         out: Output folder; created atomically (temporary sibling, then rename).
-        tokenizer_path: A ``.tiktoken`` file; None = the shipped GPT-2 ranks.
+        tokenizer_path: A ``.tiktoken`` file or a Hugging Face tokenizer folder (holding
+            ``tokenizer.json``); None = the shipped GPT-2 ranks (``load_tokenizer``).
         text_field: JSON field / column holding the text.
         val_fraction: Share of documents (evenly spread) put in the ``val`` split.
         shard_tokens: Tokens per shard file (the last one of a split is shorter).
@@ -154,7 +187,7 @@ def prepare(
         FileExistsError: ``out`` exists and ``overwrite`` is False.
         ValueError: unsupported/empty/invalid input or bad option values.
     """
-    from grt_titan.tokenizer import GPT2Tokenizer
+    from grt_titan.tokenizer import load_tokenizer
 
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"--val-fraction {val_fraction}: must be in [0, 1)")
@@ -170,14 +203,16 @@ def prepare(
     if out.exists() and not overwrite:
         raise FileExistsError(f"--out {str(out)!r} exists; pass --overwrite to replace it")
     sources = collect_inputs(inputs)
-    tokenizer = GPT2Tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path)
     dtype = sh.dtype_for_vocab(tokenizer.get_vocab_size())
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(out, overwrite) as tmp:
         writers = [sh.ShardWriter(tmp, s, shard_tokens, dtype) for s in sh.SPLITS]
         stats = _Stats()
-        tasks = _tasks(iter_documents(sources, text_field), val_fraction, invalid_utf8, stats, writers)
+        tasks = _tasks(
+            iter_documents(sources, text_field), val_fraction, invalid_utf8, stats, writers, document_cut(tokenizer)
+        )
         _run(tasks, writers, tokenizer, workers, progress)
         split_info = {w.split: w.close() for w in writers}
         if stats.documents == 0:
@@ -199,14 +234,9 @@ def prepare(
         manifest = {
             "format": sh.FORMAT_NAME,
             "version": sh.FORMAT_VERSION,
-            "tokenizer": {
-                "name": tokenizer.name,
-                "sha256": tokenizer.sha256,
-                "vocab_size": tokenizer.get_vocab_size(),
-                "eot_id": tokenizer.eos_id,
-            },
+            "tokenizer": _tokenizer_record(tokenizer),
             "dtype": dtype.name,
-            "document_separator": "eot_after_each_document",
+            "document_separator": _document_separator(tokenizer),
             "inputs": input_labels or [str(p) for p in inputs],
             "text_field": text_field,
             "val_fraction": val_fraction,
@@ -217,6 +247,26 @@ def prepare(
         }
         sh.write_manifest(tmp, manifest)
     return manifest
+
+
+def _tokenizer_record(tokenizer) -> dict[str, Any]:
+    record = {
+        "name": tokenizer.name,
+        "sha256": tokenizer.sha256,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "eot_id": tokenizer.eos_id,
+    }
+    if hasattr(tokenizer, "document_prefix"):  # a Hugging Face tokenizer folder
+        prefix, suffix = document_specials(tokenizer)
+        record.update(kind="huggingface", bos_id=tokenizer.bos_id, document_prefix=prefix, document_suffix=suffix)
+    return record
+
+
+def _document_separator(tokenizer) -> str:
+    prefix, suffix = document_specials(tokenizer)
+    if prefix == [] and suffix == [tokenizer.eos_id]:
+        return "eot_after_each_document"
+    return "document_prefix_and_suffix"  # listed in the manifest's tokenizer record
 
 
 def _run(tasks, writers, tokenizer, workers: int, progress: bool) -> None:
@@ -261,8 +311,8 @@ def _run(tasks, writers, tokenizer, workers: int, progress: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="grt-titan prepare",
-        description="Tokenize local text (GPT-2 BPE) into uint16 token shards + manifest.json "
-        "for grt_titan's loader. See docs/data.md.",
+        description="Tokenize local text (GPT-2 BPE, or --tokenizer) into uint16 (uint32 for "
+        "vocabularies over 65,536) token shards + manifest.json for grt_titan's loader. See docs/data.md.",
     )
     p.add_argument(
         "inputs",
@@ -289,8 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tokenizer",
         default=None,
-        metavar="FILE.tiktoken",
-        help="tiktoken rank file (default: the shipped GPT-2 ranks)",
+        metavar="FILE.tiktoken|HF_FOLDER",
+        help="a tiktoken rank file, or a Hugging Face tokenizer folder holding tokenizer.json "
+        "(default: the shipped GPT-2 ranks)",
     )
     p.add_argument(
         "--invalid-utf8",

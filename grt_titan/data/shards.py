@@ -3,7 +3,7 @@
 A prepared dataset is a folder::
 
     manifest.json
-    train_000000.bin  train_000001.bin ...   raw little-endian uint16 (or uint32) token ids
+    train_000000.bin  train_000001.bin ...   raw little-endian uint16 (uint32 above 65,536 ids)
     val_000000.bin ...
 
 Each split is one token stream cut into shards of ``shard_tokens`` tokens (the last one
@@ -168,8 +168,10 @@ def open_split(
     split: str,
     tokenizer_sha256: str | None,
     vocab_size: int,
+    tokenizer_name: str | None = None,
 ) -> SplitStream:
-    """Checks a split against the manifest and the tokenizer in use, then opens it.
+    """Checks a split against the manifest and the tokenizer in use (its sha256 and name),
+    then opens it.
 
     Raises:
         ValueError: other tokenizer, ids beyond the vocabulary, unknown split.
@@ -179,11 +181,12 @@ def open_split(
     manifest_path = dataset_dir / MANIFEST_NAME
     tok = manifest["tokenizer"]
     if tokenizer_sha256 is not None and tok["sha256"] != tokenizer_sha256:
+        sha = f"sha256 {tokenizer_sha256[:12]}..."
+        in_use = f"is {tokenizer_name!r} ({sha})" if tokenizer_name else f"has {sha}"
         raise ValueError(
             f"{manifest_path}: prepared with tokenizer {tok['name']!r} (sha256 "
-            f"{tok['sha256'][:12]}...), but the tokenizer in use has sha256 "
-            f"{tokenizer_sha256[:12]}...; prepare the data again with this tokenizer or "
-            "select the matching one with [model] hf_assets_path"
+            f"{tok['sha256'][:12]}...), but the tokenizer in use {in_use}; prepare the data "
+            "again with this tokenizer or select the matching one with [model] hf_assets_path"
         )
     if tok["vocab_size"] > vocab_size:
         raise ValueError(

@@ -1,11 +1,14 @@
 """Hugging Face export / import of GRT checkpoints, and the `trust_remote_code` model.
 
-- configuration_grt.py, modeling_grt.py: the transformers model (self-contained; copied
-  into every exported folder).
-- convert.py: writing (and verifying) an exported folder. Reading checkpoints, exported
-  weights and the args <-> HF config map is grt_titan/model/checkpoint.py's (shared with
-  `grt-titan analyze`).
+- configuration_grt.py, modeling_grt.py and the files it imports (layers_grt.py,
+  cache_grt.py, routing_grt.py, exit_grt.py): the transformers model (self-contained
+  remote code, copied into every exported folder; docs/hf_export.md, "Remote code").
+- convert.py: writing (and verifying) an exported folder. Reading checkpoints and exported
+  weights is grt_titan/checkpoint_io.py's (shared with `grt-titan analyze`).
+- config_map.py: the args <-> HF config.json map (read by `grt-titan analyze` too).
 - export.py / importer.py: the `grt-titan export-hf` / `import-hf` commands.
+- stock.py: dense models <-> stock GPT-2 / Llama folders (GPT2LMHeadModel, LlamaForCausalLM;
+  no remote code): the default export of a dense model, and its import.
 - tokenizer_files.py: GPT-2 tokenizer files from the tiktoken ranks.
 
 Importing this package imports nothing heavy; transformers is needed by the modules that

@@ -2,13 +2,19 @@
 
 Self-contained (imports transformers only): `grt-titan export-hf` copies this file next to
 config.json, and `AutoConfig.from_pretrained(dir, trust_remote_code=True)` loads it.
+
+Depth has the training args' names: `num_recurrences` is R, the depth the model was trained
+at (one router or adapter set per step up to it), and `eval_recurrences` the default depth
+of a call (None: R); a call may pass its own, `forward(..., num_recurrences=r)`. A
+config.json written before these names (`num_recurrences` the default depth,
+`train_recurrences` R) loads with the same depths (`legacy_depth_keys`).
 """
 
 from transformers import PretrainedConfig
 
 BLOCK_STYLES = ("gpt2", "llama")
 
-# KV-cache strategies across recurrence steps; see `GRTCache` in modeling_grt.py.
+# KV-cache strategies across recurrence steps; see `GRTCache` in cache_grt.py.
 KV_CACHE_STRATEGIES = ("per_step", "first", "last", "average")
 # Those that Ouro's per-token exit (objective "exit_distribution", exit_threshold < 1) runs
 # exactly: every step's coda needs that step's K/V of the earlier tokens.
@@ -31,8 +37,8 @@ PART_SETTINGS = {
     ("objective", "exit_distribution"): ("exit_threshold",),
     ("router", "expert_choice"): ("router_capacity", "router_scale", "router_inference", "router_update"),
 }
-# Mixture-of-Recursions: how a forward routes tokens through the steps (see `MoRCache` and
-# `GRTModel._routed_recurrence` in modeling_grt.py). threshold is causal (generation).
+# Mixture-of-Recursions: how a forward routes tokens through the steps (see `MoRRouter` in
+# routing_grt.py and `MoRCache` in cache_grt.py). threshold is causal (generation).
 ROUTER_INFERENCE = ("threshold", "top_k")
 # Mixture-of-Recursions: how a routed token's state takes the core output o = core(h) with
 # router weight g. delta: h + g (o - h) (the paper's H + g f(H)); block: h + g o, the released
@@ -43,6 +49,34 @@ ROUTER_UPDATES = ("delta", "block")
 MOR_REQUIRED_PARTS = dict(
     block_style="gpt2", injection="none", update="overwrite", initial_state="prelude", step_adapter="none"
 )
+
+
+# The key of R in a config.json written before R had one name across grt_titan (there,
+# `num_recurrences` was the default depth of a call).
+LEGACY_R_KEY = "train_recurrences"
+
+
+def legacy_depth_keys(num_recurrences, eval_recurrences, kwargs: dict) -> tuple:
+    """(num_recurrences = R, eval_recurrences) of the config's arguments; pops an old
+    config.json's `train_recurrences` from `kwargs`.
+
+    Old form: `num_recurrences` = the default depth r, `train_recurrences` = R (None when
+    unknown: dense models, configs built by hand). It becomes R = train_recurrences (else
+    r) and eval_recurrences = r (None when r = R: the default depth then follows R, as in
+    training), so the model computes what it did.
+    """
+    if LEGACY_R_KEY not in kwargs:
+        return num_recurrences, eval_recurrences
+    R = kwargs.pop(LEGACY_R_KEY)
+    if eval_recurrences is not None:
+        raise ValueError(
+            f"{LEGACY_R_KEY} (R in a config.json before eval_recurrences existed) and eval_recurrences = "
+            f"{eval_recurrences!r} cannot be combined; allowed: num_recurrences (R) and eval_recurrences"
+        )
+    depth = num_recurrences
+    if R is None:
+        return depth, None
+    return R, None if depth == R else depth
 
 
 def check_exit_settings(objective: str, exit_threshold: float, kv_cache_strategy: str, num_core_layers: int) -> None:
@@ -93,10 +127,14 @@ class GRTConfig(PretrainedConfig):
             `original_max_position_embeddings`) or None for plain RoPE.
         num_prelude_layers, num_core_layers, num_coda_layers: p, n, c. A dense model has
             num_core_layers = 0 (no projection, no gate).
-        num_recurrences: default inference depth r (0 = prelude + coda only, r < R early
-            exit, r > R extrapolation). Overridable per call: `forward(...,
-            num_recurrences=r)` / `generate(..., num_recurrences=r)`.
-        train_recurrences: R, the largest depth seen in training (informational).
+        num_recurrences: R, the depth the model was trained at (the training args'
+            `num_recurrences`): RRT has one adapter set and MoR one router per step up to R.
+            0 for a model without core layers.
+        eval_recurrences: the default depth r of a call (the training args'
+            `eval_recurrences`); None = R. 0 = prelude + coda only, r < R early exit, r > R
+            extrapolation. Overridable per call: `forward(..., num_recurrences=r)` /
+            `generate(..., num_recurrences=r)`. A config.json of the old form
+            (`train_recurrences`) is read by `legacy_depth_keys`.
         gate_hidden_size: hidden size of the gate MLP; None = hidden_size.
         gate_temperature: tau; the gate is sigmoid(f_g(.) / tau).
         gate_override: constant gate in [0, 1] (ablation models), None = learned gate.
@@ -109,7 +147,7 @@ class GRTConfig(PretrainedConfig):
             the CPU from `initial_state_seed`: heavy-tail Poisson's state at inference).
         step_adapter: "none", or "lora" (RRT: one LoRA per (core block, step) on the gpt2
             block's fused q/k/v, attention output, MLP input and output, of rank
-            `lora_rank` and output scale `lora_scale`; depths above train_recurrences
+            `lora_rank` and output scale `lora_scale`; depths above R = num_recurrences
             have no adapter and are refused).
         objective: "final" (logits of the last step, GRT) or "exit_distribution" (Ouro: an
             exit gate `model.exit_gate`, Linear(d, 1), reads every step's coda + norm output;
@@ -120,7 +158,7 @@ class GRTConfig(PretrainedConfig):
             step, which needs no per-step readout. q < 1 runs all r steps, reads each out and
             gathers each token's exit step; it needs kv_cache_strategy "per_step".
         router: "none", or "expert_choice" (Mixture-of-Recursions: one bias-free
-            Linear(d, 1) router per step up to train_recurrences; a routed token's state
+            Linear(d, 1) router per step up to R = num_recurrences; a routed token's state
             becomes h + g (core(h) - h) with g = router_scale x sigmoid(logit), the others
             keep theirs). Needs gpt2 blocks, injection "none", update "overwrite".
         router_inference: MoR's routing rule, "threshold" (a token goes on to step i while
@@ -161,7 +199,7 @@ class GRTConfig(PretrainedConfig):
         num_core_layers=1,
         num_coda_layers=1,
         num_recurrences=4,
-        train_recurrences=None,
+        eval_recurrences=None,
         gate_hidden_size=None,
         gate_temperature=1.0,
         gate_override=None,
@@ -190,55 +228,7 @@ class GRTConfig(PretrainedConfig):
         tie_word_embeddings=None,
         **kwargs,
     ):
-        if block_style not in BLOCK_STYLES:
-            raise ValueError(f"block_style = {block_style!r}; allowed: {BLOCK_STYLES}")
-        if kv_cache_strategy not in KV_CACHE_STRATEGIES:
-            raise ValueError(f"kv_cache_strategy = {kv_cache_strategy!r}; allowed: {KV_CACHE_STRATEGIES}")
-        if hidden_size % num_attention_heads:
-            raise ValueError(
-                f"hidden_size = {hidden_size} is not divisible by num_attention_heads = {num_attention_heads}"
-            )
-        if num_recurrences < 0 or (num_core_layers == 0 and num_recurrences):
-            raise ValueError(
-                f"num_recurrences = {num_recurrences} is invalid; r >= 0, and 0 for a model without core layers"
-            )
-        parts = dict(
-            injection=injection,
-            update=update,
-            initial_state=initial_state,
-            step_adapter=step_adapter,
-            objective=objective,
-            router=router,
-        )
-        for name, value in parts.items():
-            if value not in RECURRENCE_PARTS[name]:
-                raise ValueError(f"{name} = {value!r}; allowed: {RECURRENCE_PARTS[name]}")
-        check_exit_settings(objective, exit_threshold, kv_cache_strategy, num_core_layers)
-        if initial_state_std <= 0:
-            raise ValueError(f"initial_state_std = {initial_state_std!r} is invalid; must be > 0")
-        if step_adapter == "lora":
-            if block_style != "gpt2":
-                raise ValueError("step_adapter = 'lora' is implemented for block_style = 'gpt2' only")
-            if lora_rank < 1:
-                raise ValueError(f"lora_rank = {lora_rank!r} is invalid; must be >= 1")
-            if not train_recurrences:
-                raise ValueError("step_adapter = 'lora' needs train_recurrences (R, one adapter set per step)")
-            if num_recurrences > train_recurrences:
-                raise ValueError(
-                    f"num_recurrences = {num_recurrences} is invalid with step_adapter = 'lora': "
-                    f"there is one adapter per step up to train_recurrences = {train_recurrences}"
-                )
-        if router != "none":
-            _check_router(
-                parts,
-                block_style,
-                num_recurrences,
-                train_recurrences,
-                router_capacity,
-                router_scale,
-                router_inference,
-                router_update,
-            )
+        num_recurrences, eval_recurrences = legacy_depth_keys(num_recurrences, eval_recurrences, kwargs)
         self.block_style = block_style
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -253,7 +243,7 @@ class GRTConfig(PretrainedConfig):
         self.num_core_layers = num_core_layers
         self.num_coda_layers = num_coda_layers
         self.num_recurrences = num_recurrences
-        self.train_recurrences = train_recurrences
+        self.eval_recurrences = eval_recurrences
         self.gate_hidden_size = gate_hidden_size or hidden_size
         self.gate_temperature = gate_temperature
         self.gate_override = gate_override
@@ -282,7 +272,52 @@ class GRTConfig(PretrainedConfig):
         if tie_word_embeddings is None:
             tie_word_embeddings = block_style == "gpt2"
         self.tie_word_embeddings = tie_word_embeddings
+        self.check_settings()
         super().__init__(**kwargs)
+
+    def check_settings(self) -> None:
+        """ValueError naming the field for a setting the model cannot run (run by __init__)."""
+        if self.block_style not in BLOCK_STYLES:
+            raise ValueError(f"block_style = {self.block_style!r}; allowed: {BLOCK_STYLES}")
+        if self.kv_cache_strategy not in KV_CACHE_STRATEGIES:
+            raise ValueError(f"kv_cache_strategy = {self.kv_cache_strategy!r}; allowed: {KV_CACHE_STRATEGIES}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size = {self.hidden_size} is not divisible by num_attention_heads = {self.num_attention_heads}"
+            )
+        for name, depth in (("num_recurrences", self.num_recurrences), ("eval_recurrences", self.eval_recurrences)):
+            if depth is not None and (depth < 0 or (self.num_core_layers == 0 and depth)):
+                raise ValueError(f"{name} = {depth} is invalid; r >= 0, and 0 for a model without core layers")
+        for name, choices in RECURRENCE_PARTS.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: {choices}")
+        self.check_exit_settings()
+        if self.initial_state_std <= 0:
+            raise ValueError(f"initial_state_std = {self.initial_state_std!r} is invalid; must be > 0")
+        if self.step_adapter == "lora":
+            if self.block_style != "gpt2":
+                raise ValueError("step_adapter = 'lora' is implemented for block_style = 'gpt2' only")
+            if self.lora_rank < 1:
+                raise ValueError(f"lora_rank = {self.lora_rank!r} is invalid; must be >= 1")
+            self._check_per_step("step_adapter = 'lora'", "adapter set")
+        if self.router != "none":
+            _check_router(self)
+
+    def _check_per_step(self, part: str, what: str) -> None:
+        """RRT's adapters and MoR's routers exist per step up to R: R >= 1, the default depth <= R."""
+        R = self.num_recurrences
+        if R < 1:
+            raise ValueError(f"{part} needs num_recurrences >= 1 (R, one {what} per step)")
+        if self.eval_depth > R:
+            raise ValueError(
+                f"eval_recurrences = {self.eval_recurrences} is invalid with {part}: there is one {what} "
+                f"per step up to R = num_recurrences = {R}"
+            )
+
+    @property
+    def eval_depth(self) -> int:
+        """The depth of a call without `num_recurrences`: eval_recurrences, default R."""
+        return self.num_recurrences if self.eval_recurrences is None else self.eval_recurrences
 
     @property
     def has_grt_parts(self) -> bool:
@@ -320,37 +355,24 @@ class GRTConfig(PretrainedConfig):
         return self.num_prelude_layers + self.num_core_layers + self.num_coda_layers
 
 
-def _check_router(
-    parts,
-    block_style,
-    num_recurrences,
-    train_recurrences,
-    router_capacity,
-    router_scale,
-    router_inference,
-    router_update="delta",
-) -> None:
+def _check_router(config: GRTConfig) -> None:
     """Mixture-of-Recursions' settings (router = "expert_choice"); ValueError naming the key."""
-    for name, value in dict(parts, block_style=block_style).items():
-        if name in MOR_REQUIRED_PARTS and value != MOR_REQUIRED_PARTS[name]:
+    for name in (*RECURRENCE_PARTS, "block_style"):
+        if name in MOR_REQUIRED_PARTS and getattr(config, name) != MOR_REQUIRED_PARTS[name]:
             raise ValueError(
-                f"{name} = {value!r} is invalid with router = 'expert_choice'; allowed: {MOR_REQUIRED_PARTS[name]!r}"
+                f"{name} = {getattr(config, name)!r} is invalid with router = 'expert_choice'; "
+                f"allowed: {MOR_REQUIRED_PARTS[name]!r}"
             )
-    if router_inference not in ROUTER_INFERENCE:
-        raise ValueError(f"router_inference = {router_inference!r} is invalid; allowed: {ROUTER_INFERENCE}")
-    if router_update not in ROUTER_UPDATES:
-        raise ValueError(f"router_update = {router_update!r} is invalid; allowed: {ROUTER_UPDATES}")
-    if not train_recurrences:
-        raise ValueError("router = 'expert_choice' needs train_recurrences (R, one router per step)")
-    if num_recurrences > train_recurrences:
+    if config.router_inference not in ROUTER_INFERENCE:
+        raise ValueError(f"router_inference = {config.router_inference!r} is invalid; allowed: {ROUTER_INFERENCE}")
+    if config.router_update not in ROUTER_UPDATES:
+        raise ValueError(f"router_update = {config.router_update!r} is invalid; allowed: {ROUTER_UPDATES}")
+    config._check_per_step("router = 'expert_choice'", "router")
+    R = config.num_recurrences
+    if config.router_capacity is not None and len(config.router_capacity) != R:
         raise ValueError(
-            f"num_recurrences = {num_recurrences} is invalid with router = 'expert_choice': there is "
-            f"one router per step up to train_recurrences = {train_recurrences}"
+            f"router_capacity = {config.router_capacity!r} is invalid; allowed: one share per step "
+            f"(R = num_recurrences = {R}) or None for (R - i) / R"
         )
-    if router_capacity is not None and len(router_capacity) != train_recurrences:
-        raise ValueError(
-            f"router_capacity = {router_capacity!r} is invalid; allowed: one share per step "
-            f"(train_recurrences = {train_recurrences}) or None for (R - i) / R"
-        )
-    if not router_scale > 0:
-        raise ValueError(f"router_scale = {router_scale!r} is invalid; must be > 0")
+    if not config.router_scale > 0:
+        raise ValueError(f"router_scale = {config.router_scale!r} is invalid; must be > 0")

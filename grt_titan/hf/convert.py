@@ -1,8 +1,9 @@
 """GRTModelArgs <-> GRTConfig, and writing / reading an exported Hugging Face folder.
 
-An exported folder holds: config.json (model_type "grt", auto_map), configuration_grt.py,
-modeling_grt.py, model.safetensors (or model-0000i-of-0000N.safetensors + index above
-`max_shard_size`), generation_config.json, GPT-2 tokenizer files and README.md (model card).
+An exported folder holds: config.json (model_type "grt", auto_map), the remote code
+(`REMOTE_CODE_FILES`: configuration_grt.py, modeling_grt.py and the files it imports),
+model.safetensors (or model-0000i-of-0000N.safetensors + index above `max_shard_size`),
+generation_config.json, GPT-2 tokenizer files and README.md (model card).
 It is written into a temporary sibling folder and renamed into place only when complete,
 so a failure never leaves a partial output folder.
 
@@ -23,22 +24,32 @@ from typing import Any
 import torch
 
 from grt_titan.atomic_dir import atomic_directory
-from grt_titan.model.args import GRTModelArgs
-from grt_titan.model.checkpoint import (
-    HF_PARTS,
+from grt_titan.checkpoint_io import (
     INDEX_FILE,
     SINGLE_FILE,
     CheckpointError,
     check_hf_keys,
     check_native_shapes,
-    hf_config_kwargs,
     model_from_state,
     read_hf_weights,
 )
+from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, GRTStateDictAdapter
 
+from .config_map import HF_PARTS, hf_config_kwargs
+
 HF_DIR = Path(__file__).resolve().parent
-REMOTE_CODE_FILES = ("configuration_grt.py", "modeling_grt.py")
+# The remote code, copied into every export: the model, its configuration and the sibling
+# files modeling_grt.py imports (transformers copies each relatively imported file too;
+# tests/hf/test_hf_copies.py checks that this is exactly that closure).
+REMOTE_CODE_FILES = (
+    "configuration_grt.py",
+    "modeling_grt.py",
+    "layers_grt.py",
+    "cache_grt.py",
+    "routing_grt.py",
+    "exit_grt.py",
+)
 AUTO_MAP = {
     "AutoConfig": "configuration_grt.GRTConfig",
     "AutoModelForCausalLM": "modeling_grt.GRTForCausalLM",
@@ -76,13 +87,14 @@ def check_exportable(args: GRTModelArgs) -> None:
     )
 
 
-def build_hf_config(args: GRTModelArgs, dtype: str = "float32", eos_id: int | None = None):
-    """The HF config of `args`; `eos_id`: the tokenizer's `<|endoftext|>` (None: no BOS/EOS)."""
+def build_hf_config(args: GRTModelArgs, dtype: str = "float32", eos_id: int | None = None, bos_id: int | None = None):
+    """The HF config of `args`; `eos_id` / `bos_id`: the tokenizer's (None: none; a missing BOS
+    is the EOS, as HF's GPT-2 writes it)."""
     from .configuration_grt import GRTConfig
 
     check_exportable(args)
     try:
-        config = GRTConfig(**hf_config_kwargs(args, eos_id))
+        config = GRTConfig(**hf_config_kwargs(args, eos_id, bos_id))
     except ValueError as e:  # e.g. RRT with a default depth above R: no adapters for it
         raise ExportError(f"cannot export {args.method_name}: {e}") from e
     config.architectures = ["GRTForCausalLM"]
@@ -208,15 +220,10 @@ def write_hf_folder(
 
     out = Path(out)
     check_exportable(model_args)
-    if out.exists() and not overwrite:
-        raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
-    if not out.parent.is_dir():
-        raise ExportError(f"parent folder of {out} does not exist")
-    if dtype not in EXPORT_DTYPES:
-        raise ExportError(f"dtype = {dtype!r} cannot be exported; allowed: {sorted(EXPORT_DTYPES)}")
-    from grt_titan.tokenizer import GPT2Tokenizer
+    check_export_target(out, overwrite, dtype)
+    from grt_titan.tokenizer import load_tokenizer
 
-    tokenizer = GPT2Tokenizer(tokenizer_path)  # its <|endoftext|> is the export's BOS / EOS / pad
+    tokenizer = load_tokenizer(tokenizer_path)  # its EOS is the export's EOS and pad
     adapter = GRTStateDictAdapter(model_args, None)
     native = {k: v for k, v in native_state_dict.items() if k not in TRAINING_ONLY_KEYS}
     check_native_shapes(model_args, native, "state dict")
@@ -229,14 +236,12 @@ def write_hf_folder(
 
     with atomic_directory(out, overwrite) as tmp:
         files = write_weights(tmp, hf, max_shard_size)
-        eos_id = _eos_id(tokenizer, model_args)
-        config = build_hf_config(model_args, dtype, eos_id)
+        eos_id, bos_id = special_ids(tokenizer, model_args)
+        config = build_hf_config(model_args, dtype, eos_id, bos_id)
         config.to_json_file(str(tmp / "config.json"), use_diff=False)
-        _write_generation_config(tmp, eos_id)
         for name in REMOTE_CODE_FILES:
             shutil.copyfile(HF_DIR / name, tmp / name)
-        if write_tokenizer:
-            _write_tokenizer(tmp, tokenizer, model_args)
+        write_tokenizer_files_and_generation_config(tmp, tokenizer, model_args, write_tokenizer)
         card = dict(card or {})
         card.setdefault("dtype", dtype)
         card["weight_files"] = files
@@ -249,26 +254,77 @@ def write_hf_folder(
     return out
 
 
-def _eos_id(tokenizer, model_args: GRTModelArgs) -> int | None:
-    """The tokenizer's `<|endoftext|>` id, or None where the model's vocabulary lacks it (a
-    model trained without that tokenizer: tests' small vocabularies)."""
-    return tokenizer.eos_id if tokenizer.eos_id < model_args.vocab_size else None
+def check_export_target(out: Path, overwrite: bool, dtype: str) -> None:
+    """ExportError for an existing `out` (without `overwrite`), a missing parent or an unknown dtype."""
+    if out.exists() and not overwrite:
+        raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
+    if not out.parent.is_dir():
+        raise ExportError(f"parent folder of {out} does not exist")
+    if dtype not in EXPORT_DTYPES:
+        raise ExportError(f"dtype = {dtype!r} cannot be exported; allowed: {sorted(EXPORT_DTYPES)}")
 
 
-def _write_generation_config(folder: Path, eos_id: int | None) -> None:
+def special_ids(tokenizer, model_args: GRTModelArgs) -> tuple[int | None, int | None]:
+    """(eos_id, bos_id) of the export: the tokenizer's, where the vocabulary has them."""
+    return _special_id(tokenizer, "eos_id", model_args), _special_id(tokenizer, "bos_id", model_args)
+
+
+def write_tokenizer_files_and_generation_config(
+    folder: Path, tokenizer, model_args: GRTModelArgs, write_tokenizer: bool = True
+) -> None:
+    """generation_config.json (bos, eos, pad) and, with `write_tokenizer`, the tokenizer files."""
+    eos_id, bos_id = special_ids(tokenizer, model_args)
+    _write_generation_config(folder, eos_id, bos_id)
+    if write_tokenizer:
+        _write_tokenizer(folder, tokenizer, model_args)
+
+
+def _special_id(tokenizer, name: str, model_args: GRTModelArgs) -> int | None:
+    """The tokenizer's `eos_id` or `bos_id` (GPT-2's `<|endoftext|>` and no BOS; a Hugging Face
+    tokenizer folder's `eos_token` / `bos_token`), or None where there is none or the model's
+    vocabulary lacks it (a model trained without that tokenizer: tests' small vocabularies)."""
+    token_id = getattr(tokenizer, name, None)
+    return token_id if token_id is not None and token_id < model_args.vocab_size else None
+
+
+def _write_generation_config(folder: Path, eos_id: int | None, bos_id: int | None = None) -> None:
     from transformers import GenerationConfig
 
-    GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id).save_pretrained(str(folder))
+    bos_id = eos_id if bos_id is None else bos_id
+    GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id).save_pretrained(str(folder))
 
 
 def _write_tokenizer(folder: Path, tokenizer, model_args: GRTModelArgs) -> None:
+    """The export's tokenizer files: a Hugging Face tokenizer folder's own (tokenizer.json,
+    tokenizer_config.json, special_tokens_map.json where present), copied unchanged so that
+    the export's tokenizer identity is the source's; for tiktoken ranks, the GPT-2 files
+    derived from them."""
+    from grt_titan.tokenizer import HF_TOKENIZER_FILES, HFTokenizer
+
     from .tokenizer_files import write_tokenizer_files
 
     if tokenizer.get_vocab_size() > model_args.vocab_size:
         raise ExportError(
             f"the tokenizer has {tokenizer.get_vocab_size()} ids but the model's vocab_size is {model_args.vocab_size}"
         )
+    if isinstance(tokenizer, HFTokenizer):
+        for name in HF_TOKENIZER_FILES:
+            if (tokenizer.path / name).is_file():
+                shutil.copyfile(tokenizer.path / name, folder / name)
+        return
     write_tokenizer_files(folder, tokenizer.encoding._mergeable_ranks, model_args.max_seq_len)
+
+
+def logits_difference(native, hf_model, model_args: GRTModelArgs, batch: int = 1) -> float:
+    """Max |logits difference| of the torchtitan model `native` and the transformers model
+    `hf_model` (both in eval mode) on seeded random tokens."""
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model_args.vocab_size, (batch, min(16, model_args.max_seq_len)), generator=generator)
+    with torch.no_grad():
+        # The HF model has the true vocabulary; drop the padded columns (vocab_multiple_of).
+        ref = native(tokens)[..., : model_args.vocab_size]
+        got = hf_model(tokens).logits
+    return (ref - got).abs().max().item()
 
 
 def verify_hf_folder(
@@ -286,13 +342,7 @@ def verify_hf_folder(
     hf_model.load_state_dict(read_hf_weights(folder), strict=not model_args.tie_embeddings)
     if model_args.tie_embeddings:
         hf_model.tie_weights()
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, model_args.vocab_size, (1, min(16, model_args.max_seq_len)), generator=generator)
-    with torch.no_grad():
-        # The HF model has the true vocabulary; drop the padded columns (vocab_multiple_of).
-        ref = native(tokens)[..., : model_args.vocab_size]
-        got = hf_model(tokens).logits
-    diff = (ref - got).abs().max().item()
+    diff = logits_difference(native, hf_model, model_args)
     if not diff < atol:
         raise ExportError(f"verification failed: exported logits differ by {diff:.3g} (> {atol})")
     return diff

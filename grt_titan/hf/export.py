@@ -6,20 +6,30 @@
 The checkpoint is a step folder or a `checkpoint/` folder (its latest step). The config gives the flavor and `[grt]` overrides (the architecture); the checkpoint may
 be a DCP step folder (full or model-only) or the HF-named safetensors that
 `[checkpoint] last_save_in_hf = true` writes. See docs/hf_export.md.
+
+`--format`: `auto` (default) writes a dense model (no core) as the stock transformers class
+of its block style (GPT2LMHeadModel / LlamaForCausalLM, grt_titan/hf/stock.py) and a recurrent
+one as model_type "grt" (remote code); `stock` and `grt` force one (`stock` refuses a model
+without a stock form in one line). A dense model that `auto` cannot write as stock falls back
+to "grt" with a note on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from grt_titan.model.checkpoint import CheckpointError, latest_step_folder, load_checkpoint, load_model_args
-from grt_titan.tokenizer import resolve_tokenizer_path
+from grt_titan.checkpoint_io import CheckpointError, latest_step_folder, load_checkpoint, load_model_args
+from grt_titan.tokenizer import resolve_tokenizer_source
 
 from .convert import DEFAULT_MAX_SHARD_SIZE, ExportError, check_exportable, write_hf_folder
+from .stock import STOCK_CLASSES, check_stock_exportable, stock_export_problems, write_stock_folder
+
+EXPORT_FORMATS = ("auto", "stock", "grt")
 
 
 def tensorboard_scalar(checkpoint: Path, job_config, tag: str, step: int | None) -> tuple[int, float] | None:
@@ -78,6 +88,27 @@ def training_tokens(checkpoint: Path, job_config, facts: dict[str, Any]) -> tupl
     return None, f"no n_tokens_seen logged at step {step}, global batch not fixed in the config"
 
 
+def resolve_format(args, fmt: str = "auto") -> str:
+    """What `--format fmt` writes for `args`, "stock" or "grt" (module docstring)."""
+    if fmt not in EXPORT_FORMATS:
+        raise ExportError(f"format = {fmt!r}; allowed: {list(EXPORT_FORMATS)}")
+    if fmt == "stock":
+        check_stock_exportable(args)
+        return "stock"
+    if fmt == "grt" or args.is_recurrent:
+        return "grt"
+    problems = stock_export_problems(args)
+    if problems:
+        print(
+            "grt-titan export-hf: note: this dense model has no stock transformers form ("
+            + "; ".join(problems)
+            + "); exporting as model_type 'grt' (trust_remote_code), as --format grt would",
+            file=sys.stderr,
+        )
+        return "grt"
+    return "stock"
+
+
 def export_checkpoint(
     checkpoint: str | Path,
     config_file: str | Path,
@@ -89,17 +120,20 @@ def export_checkpoint(
     validation_step: int | None = None,
     overwrite: bool = False,
     verify: bool = True,
+    fmt: str = "auto",
 ) -> Path:
     """Export `checkpoint` (a step folder, or a checkpoint folder: its latest step), trained
-    with `config_file`, to the HF folder `out` (parent folders are created)."""
+    with `config_file`, to the HF folder `out` (parent folders are created); `fmt`: `--format`."""
     checkpoint = latest_step_folder(Path(checkpoint))
     out = Path(out)
     if out.exists() and not overwrite:  # fail before the (slow) checkpoint read
         raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
     args, job_config = load_model_args(config_file)
-    check_exportable(args)  # before the (slow) checkpoint read
+    fmt = resolve_format(args, fmt)  # before the (slow) checkpoint read
+    if fmt == "grt":
+        check_exportable(args)
     if tokenizer_path is None:
-        tokenizer_path = resolve_tokenizer_path(getattr(job_config.model, "hf_assets_path", None))
+        tokenizer_path = resolve_tokenizer_source(getattr(job_config.model, "hf_assets_path", None))
     native, facts = load_checkpoint(checkpoint, args)
     if validation_loss is None:
         found = tensorboard_scalar(checkpoint, job_config, "validation_metrics/loss", facts.get("step"))
@@ -117,7 +151,8 @@ def export_checkpoint(
         "validation_step": validation_step,
     }
     out.parent.mkdir(parents=True, exist_ok=True)  # as import-hf: `--out exports/x` just works
-    return write_hf_folder(
+    writer = write_stock_folder if fmt == "stock" else write_hf_folder
+    return writer(
         out,
         native,
         args,
@@ -145,8 +180,8 @@ def portable_path(path: str | Path) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="grt-titan export-hf",
-        description="Export a torchtitan GRT checkpoint to a Hugging Face folder "
-        "(AutoModelForCausalLM with trust_remote_code=True).",
+        description="Export a torchtitan GRT checkpoint to a Hugging Face folder (AutoModelForCausalLM: "
+        "with trust_remote_code=True for a recurrent model; a dense one as stock GPT-2 / Llama).",
     )
     p.add_argument(
         "--checkpoint",
@@ -162,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="split the weights into shards above this size (default 5GB)",
     )
     p.add_argument(
-        "--tokenizer", default=None, help=".tiktoken rank file (default: the run's hf_assets_path, else shipped GPT-2)"
+        "--tokenizer",
+        default=None,
+        help=".tiktoken rank file or Hugging Face tokenizer folder (default: the run's hf_assets_path, else shipped GPT-2)",
     )
     p.add_argument(
         "--validation-loss",
@@ -175,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="the step --validation-loss was measured at, for the model card",
+    )
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=EXPORT_FORMATS,
+        help="stock: GPT2LMHeadModel / LlamaForCausalLM (dense models only); grt: model_type 'grt' with "
+        "remote code; auto (default): stock for a dense model, grt for a recurrent one",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument(
@@ -200,11 +244,14 @@ def main(argv: list[str] | None = None) -> int:
             validation_step=args.validation_step,
             overwrite=args.overwrite,
             verify=not args.no_verify,
+            fmt=args.format,
         )
     except (CheckpointError, FileNotFoundError) as e:
         print(f"grt-titan export-hf: error: {e}", file=sys.stderr)
         return 1
-    print(f"exported {latest_step_folder(Path(args.checkpoint))} -> {out}")
+    config = json.loads((out / "config.json").read_text())
+    stock = f" (stock {STOCK_CLASSES[config['model_type']]})" if config.get("model_type") in STOCK_CLASSES else ""
+    print(f"exported {latest_step_folder(Path(args.checkpoint))} -> {out}{stock}")
     return 0
 
 

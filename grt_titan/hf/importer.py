@@ -10,6 +10,10 @@ Export -> import is exact for float32 exports; the depth sampler's counter
 (`recurrence.depth_sampler.draws`, never exported) starts at 0. With `vocab_multiple_of` > 1 the
 embedding / LM head rows beyond vocab_size (not exported) are imported as zeros, so
 export -> import -> export gives the same weights.
+
+A stock GPT-2 / Llama folder (config.json model_type "gpt2" / "llama": what export-hf writes
+for a dense model, or a transformers model of that architecture) imports as the dense model
+(grt_titan/hf/stock.py); settings grt_titan's blocks cannot compute are refused by name.
 """
 
 from __future__ import annotations
@@ -20,17 +24,19 @@ import sys
 from pathlib import Path
 
 from grt_titan.atomic_dir import atomic_directory
-from grt_titan.model.args import GRTModelArgs
-from grt_titan.model.checkpoint import (
+from grt_titan.checkpoint_io import (
     CheckpointError,
     load_model_args,
-    model_args_from_hf_config,
+    model_from_state,
     native_state_from_hf,
     read_hf_weights,
     save_checkpoint,
 )
+from grt_titan.model.args import GRTModelArgs
 
+from .config_map import model_args_from_hf_config
 from .convert import ExportError
+from .stock import dense_args_from_stock_config, is_stock_config, stock_to_native_state_dict
 
 # Fields that fix the weights' names and shapes: a --config must agree on them.
 # `vocab_multiple_of` is not one: the HF weights have vocab_size rows whatever the padding,
@@ -53,12 +59,18 @@ ARCHITECTURE_FIELDS = (
     "router",  # MoR's routers are weights
     "multiple_of",
     "ffn_dim_multiplier",
+    "ffn_dim",  # a retrofitted source's explicit sizes (grt_titan/hf/retrofit.py)
+    "attention_head_dim",
+    "tie_word_embeddings",
 )
 
 
-def _check_against_config(hf_args: GRTModelArgs, config_file: str | Path) -> GRTModelArgs:
+def _check_against_config(hf_args: GRTModelArgs, config_file: str | Path, stock: bool = False) -> GRTModelArgs:
     cfg_args, _ = load_model_args(config_file)
     fields = list(ARCHITECTURE_FIELDS)
+    if stock:  # a stock config.json gives the MLP width and the tying, not how the args spell them
+        spellings = ("multiple_of", "ffn_dim_multiplier", "ffn_dim", "tie_word_embeddings")
+        fields = [f for f in fields if f not in spellings] + ["ffn_hidden_dim", "tie_embeddings"]
     if cfg_args.block_style == "gpt2":
         fields.append("max_seq_len")  # learned positions are weights
     diffs = [
@@ -84,10 +96,15 @@ def import_hf(
         config = json.loads((hf_dir / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise ExportError(f"{hf_dir / 'config.json'}: not valid JSON: {e}") from e
-    args = model_args_from_hf_config(config)
+    stock = is_stock_config(config)
+    args = dense_args_from_stock_config(config) if stock else model_args_from_hf_config(config)
     if config_file is not None:
-        args = _check_against_config(args, config_file)
-    state = native_state_from_hf(read_hf_weights(hf_dir), args)
+        args = _check_against_config(args, config_file, stock)
+    if stock:
+        model = model_from_state(stock_to_native_state_dict(read_hf_weights(hf_dir), args), args)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # fp32, as native_state_from_hf
+    else:
+        state = native_state_from_hf(read_hf_weights(hf_dir), args)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(out, overwrite) as tmp:
         save_checkpoint(tmp, state)
@@ -97,9 +114,12 @@ def import_hf(
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="grt-titan import-hf",
-        description="Convert an exported GRT Hugging Face folder back to a torchtitan checkpoint.",
+        description="Convert an exported GRT Hugging Face folder (or a stock GPT-2 / Llama one, as a dense "
+        "model) back to a torchtitan checkpoint.",
     )
-    p.add_argument("--hf-dir", required=True, help="folder written by grt-titan export-hf")
+    p.add_argument(
+        "--hf-dir", required=True, help="folder written by grt-titan export-hf, or a stock GPT-2 / Llama folder"
+    )
     p.add_argument("--out", required=True, help="checkpoint folder to create, e.g. <dump>/checkpoint/step-0")
     p.add_argument(
         "--config", default=None, help="training TOML to check the model against (flavor and [grt] overrides)"

@@ -133,7 +133,8 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         # Ouro below q = 1 reads every step out: the coda runs once per step.
         coda_runs = depth if args.per_step_readout and args.exit_threshold < 1 else 1
         lines += [
-            f"- default inference depth r = {depth} ({training_depths(args)})",
+            f"- default inference depth r = {depth} (config.json: `eval_recurrences`, null = R = "
+            f"`num_recurrences`; {training_depths(args)})",
             f"- block executions per token at r = {depth}: "
             f"{args.n_prelude_layers + args.n_core_layers * depth + args.n_coda_layers * coda_runs}",
         ]
@@ -158,7 +159,8 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         "## Use",
         "",
         f"From the folder that holds `{name}/` (or with its hub id in place of `{name}`). "
-        "The model runs this folder's `modeling_grt.py` (`trust_remote_code=True`); the "
+        "The model runs this folder's `modeling_grt.py` and the files it imports "
+        "(`trust_remote_code=True`); the "
         "tokenizer is GPT-2's, but transformers reads the folder's config to find it, so it "
         "takes the same flag (without it, transformers asks on stdin):",
         "",

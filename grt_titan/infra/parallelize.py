@@ -13,7 +13,8 @@ times per forward, so:
 - AC: `block` checkpoints every block call (r calls of a core block = r regions);
   `step` checkpoints each whole recurrence step, keeping only the state between steps.
   The step takes its noise as inputs, so recomputation is exact.
-- TP: blocks use torchtitan's llama plan; W_proj, the gate MLP and its norms are
+- TP: blocks use torchtitan's llama plan (qwen3 blocks its qwen3 plan, q_norm / k_norm
+  included); W_proj, the gate MLP and its norms are
   per-leaf SequenceParallel (weights replicated over TP, tokens sharded), which makes the
   concatenation [h ; h_pre] a local op on sequence shards.
 """
@@ -157,7 +158,10 @@ def log_per_step_logits(args, job_config, fsdp_enabled: bool) -> None:
 
 
 def _block_tp_plan(block_style: str, colwise, rowwise, prepare_input) -> dict:
-    """torchtitan's llama block plan; the gpt2 block has no w3 and a 1-input attention."""
+    """torchtitan's llama block plan; the gpt2 block has no w3 and a 1-input attention; the
+    qwen3 block takes torchtitan's qwen3 plan (`_qwen3_block_tp_plan`)."""
+    if block_style == "qwen3":
+        return _qwen3_block_tp_plan(colwise, rowwise, prepare_input)
     llama = block_style == "llama"
     # llama attention takes (x, freqs_cis, attention_masks, positions); gpt2 attention takes x.
     attention_inputs = 4 if llama else 1
@@ -179,6 +183,37 @@ def _block_tp_plan(block_style: str, colwise, rowwise, prepare_input) -> dict:
     if llama:  # SwiGLU's gate projection
         plan["feed_forward.w3"] = colwise()
     return plan
+
+
+def _qwen3_block_tp_plan(colwise, rowwise, prepare_input) -> dict:
+    """torchtitan 0.2.2's qwen3 dense block plan (models/qwen3/infra/parallelize.py,
+    `apply_non_moe_tp`, without context parallelism): q/k/v stay DTensors sharded over heads
+    so the per-head q_norm / k_norm run as SequenceParallel on the head dimension (dim 2), and
+    the RoPE cos/sin cache enters the attention replicated. One addition: q, k, v enter SDPA
+    as this rank's heads (local tensors, as in the llama plan), since DTensor has no sharding
+    rule for CPU's SDPA kernel (gloo runs); the output re-enters wo as its Shard(-1) input."""
+    heads = (Shard(1),) * 3  # q, k, v [B, heads, S, head_dim], sharded over heads
+    return {
+        "attention_norm": SequenceParallel(),
+        "attention": prepare_input(
+            input_layouts=(Shard(1), Replicate(), None, None),
+            desired_input_layouts=(Replicate(), Replicate(), None, None),
+        ),
+        "attention.wq": colwise(use_local_output=False),
+        "attention.wk": colwise(use_local_output=False),
+        "attention.wv": colwise(use_local_output=False),
+        "attention.q_norm": SequenceParallel(sequence_dim=2),
+        "attention.k_norm": SequenceParallel(sequence_dim=2),
+        "attention.inner_attention": PrepareModuleInput(
+            input_layouts=heads, desired_input_layouts=heads, use_local_output=True
+        ),
+        "attention.wo": rowwise(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": colwise(),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+        "feed_forward.w3": colwise(),
+    }
 
 
 def apply_tp(

@@ -3,6 +3,7 @@
 from .args import GRTModelArgs
 from .flavors import grt_flavors
 from .model import GRTModel
+from .parts import PARTS  # installs the table of parts as GRTModelArgs.parts
 from .recurrence import DepthSampler, Gate, Recurrence, RecurrenceOutput, RecurrenceStep
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "Gate",
     "GRTModel",
     "GRTModelArgs",
+    "PARTS",
     "Recurrence",
     "RecurrenceOutput",
     "RecurrenceStep",

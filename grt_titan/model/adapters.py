@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .args import GRTModelArgs
+from .part import Bad, JobSettings, Part, tensor_parallel_problems
 
 
 class BlockAdapter(NamedTuple):
@@ -78,3 +79,38 @@ class StepAdapters(nn.Module):
             nn.init.uniform_(a, -bound, bound)
         for b in self.b.values():
             nn.init.zeros_(b)
+
+
+class LoraAdapters(Part):
+    """step_adapter = "lora" (RRT): the `StepAdapters` above, a fixed depth R, GPT-2 blocks."""
+
+    key, choice = "step_adapter", "lora"
+    per_step = True
+
+    def check(self, args: GRTModelArgs, bad: Bad) -> None:
+        if args.lora_rank < 1:
+            raise bad("lora_rank", args.lora_rank, "must be >= 1")
+        if args.step_adapter != self.choice:
+            return
+        if args.depth_sampling != "fixed":
+            raise bad(
+                "step_adapter", "lora", "needs depth_sampling = 'fixed' (one adapter per step of a fixed depth R)"
+            )
+        if args.block_style != "gpt2":
+            raise bad("step_adapter", "lora", "is implemented for block_style = 'gpt2' (the paper's blocks)")
+
+    def job_problems(self, job: JobSettings, args: GRTModelArgs) -> list[str]:
+        return tensor_parallel_problems(
+            job,
+            "[grt] step_adapter = 'lora' (RRT) does not support [parallelism] tensor_parallel_degree = {tp}: "
+            "its per-step adapters have no tensor-parallel plan; allowed: tensor_parallel_degree = 1 (FSDP/HSDP)",
+        )
+
+    def build(self, args: GRTModelArgs) -> StepAdapters:
+        return StepAdapters(args)
+
+    def step_params(self, args: GRTModelArgs) -> int:
+        """r (in + out) per adapted linear: r (4d + 2d + 5d + 5d) = 16 d r per core block (unmerged:
+        two thin matmuls per linear)."""
+        per_block = sum(fan_in + fan_out for fan_in, fan_out in _linear_shapes(args.dim).values())
+        return args.n_core_layers * per_block * args.lora_rank

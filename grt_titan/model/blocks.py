@@ -3,7 +3,10 @@
 `gpt2`: the paper's nanoGPT block (pre-LayerNorm, biased linears, GELU MLP 4d); positions
 are added to the embeddings by the model, so the block ignores `freqs_cis`.
 `llama`: torchtitan's own llama3 TransformerBlock (RMSNorm, SwiGLU, RoPE, GQA), reused as is.
-Both keep torchtitan's parameter names (`attention.wq`, `feed_forward.w1`, `attention_norm`,
+`qwen3`: torchtitan's own qwen3 TransformerBlock (llama's plus q/k RMSNorm per head and an
+explicit head width), reused as is; its RoPE table is qwen3's cos/sin cache, not llama's
+complex `freqs_cis` (the model precomputes the table of its style: `rope_table`).
+All keep torchtitan's parameter names (`attention.wq`, `feed_forward.w1`, `attention_norm`,
 ...) so torchtitan's TP plans, float8 filters and AC lists apply unchanged.
 """
 
@@ -15,8 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torchtitan.models.attention import ScaledDotProductAttentionWrapper
-from torchtitan.models.llama3.model.args import TransformerModelArgs
+from torchtitan.models.llama3.model.args import RoPEScalingArgs, TransformerModelArgs
+from torchtitan.models.llama3.model.model import FeedForward as LlamaFeedForward
 from torchtitan.models.llama3.model.model import TransformerBlock as LlamaBlock
+from torchtitan.models.llama3.model.model import precompute_freqs_cis
+from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
+from torchtitan.models.qwen3.model.model import TransformerBlock as TorchtitanQwen3Block
+from torchtitan.models.qwen3.model.model import precompute_rope_cache
 from torchtitan.models.utils import trunc_normal_
 
 from .adapters import BlockAdapter, lora_delta
@@ -52,8 +60,8 @@ class GPT2Attention(nn.Module):
 class GPT2FeedForward(nn.Module):
     def __init__(self, args: GRTModelArgs):
         super().__init__()
-        self.w1 = nn.Linear(args.dim, 4 * args.dim)
-        self.w2 = nn.Linear(4 * args.dim, args.dim)
+        self.w1 = nn.Linear(args.dim, args.ffn_hidden_dim)  # 4d unless `ffn_dim` says otherwise
+        self.w2 = nn.Linear(args.ffn_hidden_dim, args.dim)
 
     def forward(self, x: torch.Tensor, adapter: BlockAdapter | None = None) -> torch.Tensor:
         if adapter is None:
@@ -121,13 +129,74 @@ def llama_block_args(args: GRTModelArgs) -> TransformerModelArgs:
         max_seq_len=args.max_seq_len,
         # Depth-scaled init by the unrolled depth, not the position in a stack that is reused.
         depth_init=False,
+        **({} if args.rope_scaling is None else {"rope_scaling_args": rope_scaling_args(args.rope_scaling)}),
     )
+
+
+def rope_scaling_args(values: list[float]) -> RoPEScalingArgs:
+    """torchtitan's llama3 RoPE scaling of `GRTModelArgs.rope_scaling` (factor 1: none)."""
+    factor, low, high, original = values
+    return RoPEScalingArgs(
+        scaling_factor=float(factor),
+        low_freq_factor=float(low),
+        high_freq_factor=float(high),
+        original_max_position_embeddings=int(original),
+    )
+
+
+class Qwen3Block(TorchtitanQwen3Block):
+    """torchtitan's qwen3 TransformerBlock as is; only `init_weights` takes no argument, as the
+    other styles' (its `buffer_device` serves MoE layers, and these blocks are dense)."""
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        super().init_weights(buffer_device)
+
+
+def qwen3_block_args(args: GRTModelArgs) -> Qwen3ModelArgs:
+    """torchtitan qwen3 args carrying the fields its TransformerBlock reads (dense, qk-norm)."""
+    return Qwen3ModelArgs(
+        dim=args.dim,
+        n_layers=args.unrolled_layers,
+        n_heads=args.n_heads,
+        n_kv_heads=args.n_kv_heads or args.n_heads,
+        vocab_size=args.vocab_size,
+        head_dim=args.head_dim,
+        hidden_dim=args.ffn_hidden_dim,
+        norm_eps=args.norm_eps,
+        rope_theta=args.rope_theta,
+        qk_norm=True,
+        max_seq_len=args.max_seq_len,
+        depth_init=False,
+    )
+
+
+def rope_table(args: GRTModelArgs) -> torch.Tensor | None:
+    """The RoPE table the blocks of `args.block_style` read: llama's complex `freqs_cis`
+    [max_seq_len, head_dim / 2] (with its llama3 scaling), qwen3's cos/sin cache
+    [max_seq_len, 2 head_dim]; None for gpt2 (learned positions)."""
+    if args.block_style == "llama":
+        a = llama_block_args(args)
+        return precompute_freqs_cis(args.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling_args)
+    if args.block_style == "qwen3":
+        return precompute_rope_cache(args.head_dim, args.max_seq_len, args.rope_theta)
+    return None
+
+
+def _llama_ffn_hidden(ffn_dim: int) -> int:
+    """The `hidden_dim` argument for which torchtitan's llama3 FeedForward (multiple_of 1, no
+    multiplier) builds exactly `ffn_dim` hidden units: int(2 h / 3) = ffn_dim."""
+    return -(-3 * ffn_dim // 2)
 
 
 def build_block(args: GRTModelArgs, layer_id: int) -> nn.Module:
     """One block of the configured style; init std scaled by the unrolled depth p + nR + c."""
     if args.block_style == "llama":
-        return LlamaBlock(layer_id, llama_block_args(args))
+        block = LlamaBlock(layer_id, llama_block_args(args))
+        if args.ffn_dim is not None:  # an explicit MLP width (a retrofitted source's)
+            block.feed_forward = LlamaFeedForward(args.dim, _llama_ffn_hidden(args.ffn_dim), 1, None)
+        return block
+    if args.block_style == "qwen3":
+        return Qwen3Block(layer_id, qwen3_block_args(args))
     return GPT2Block(args, residual_init_std=0.02 / math.sqrt(2 * args.unrolled_layers))
 
 

@@ -1,13 +1,179 @@
-"""The heavy-tail depth law of the Poisson baseline (Geiping et al. 2025): its sampler, which
-the recurrence's DepthSampler draws from, and its probabilities, which the args' FLOP
-expectation sums over. A leaf: both sides import it.
+"""The depth laws, `[grt] depth_sampling` (docs/architecture.md, "Depth sampling"): the
+training depth r of every forward, its mean E[r] and the expectation of a count over r (the
+start-up FLOPs, grt_titan/model/flops.py). The recurrence's DepthSampler draws from the law
+of its args (grt_titan/model/recurrence.py).
+
+    uniform             r ~ Uniform{r_min..R}                   (GRT)
+    fixed               r = R                                   (ablations, RRT, Ouro, MoR)
+    poisson_lognormal   r = Poisson(tau) + 1, tau log-normal    (heavy-tail Poisson)
+
+The depth curriculum (`[grt] depth_curriculum_steps`, McLeish et al. 2025) ramps each law over
+the first N optimizer steps: uniform's maximum, fixed's depth and Poisson's mean rise from
+r_min to their configured value (`DepthLaw.scheduled`, `curriculum_fraction`); a forward's
+law is a function of its index, so the depth stays a pure function of (seed, index).
+
+A leaf: the args and the recurrence both read it.
 """
 
 from __future__ import annotations
 
 import math
+import random
+from typing import Callable
 
 import numpy as np
+
+from .part import Bad, Part
+
+# The ramp's shapes: the share of the ramp done at progress p = step / N (McLeish et al. 2025's
+# code offers these two warm-ups of its mean recurrence: transformers' warmup_stable_decay).
+CURRICULUM_SHAPES: dict[str, Callable[[float], float]] = {
+    "linear": lambda p: p,
+    "1-sqrt": lambda p: 1.0 - math.sqrt(1.0 - p),
+}
+
+
+def curriculum_fraction(shape: str, step: int, steps: int) -> float:
+    """Share of the depth ramp done at optimizer step `step` (0-based) of a `steps`-step ramp:
+    shape(step / steps), 1 from step `steps` on and without a ramp (`steps` = 0)."""
+    if steps <= 0 or step >= steps:
+        return 1.0
+    return CURRICULUM_SHAPES[shape](step / steps)
+
+
+def ramp_bound(start: int, end: int, fraction: float) -> int:
+    """An integer depth bound `fraction` of the way from `start` to `end`, rounded up as
+    McLeish et al. round their mean recurrence (1e-9: the float error of an exact integer)."""
+    return min(end, max(start, math.ceil(start + (end - start) * fraction - 1e-9)))
+
+
+class DepthLaw(Part):
+    """One choice of `depth_sampling`: how r is drawn, its mean and expectations over it."""
+
+    key = "depth_sampling"
+    # What the depth curriculum ramps (`scheduled`), for the start-up line: uniform's maximum
+    # and fixed's depth (both `high`, from r_min up to R); HeavyTailPoisson ramps its mean.
+    ramps = "the largest depth"
+
+    def mean_depth(self, args) -> float:
+        """E[r] of the law on the recurrent `args`."""
+        return (args.min_recurrences + args.num_recurrences) / 2
+
+    def draw(self, seed: int, low: int, high: int, mean: float) -> int:
+        """The depth a forward draws from the generator seeded by `seed` (r_min, R, E[r])."""
+        raise NotImplementedError
+
+    def expected(self, args, count: Callable[[float], float], affine_from: int) -> float:
+        """E_r[count(r)]; `count` is affine in r from r = `affine_from` on."""
+        return count(self.mean_depth(args))
+
+    def scheduled(self, low: int, high: int, mean: float, fraction: float) -> tuple[int, int, float]:
+        """The law's (r_min, R, E[r]) `fraction` of the way through the depth curriculum:
+        here the largest depth rises from r_min to R (uniform: Uniform{r_min..high}; fixed:
+        r = high)."""
+        if fraction >= 1.0:
+            return low, high, mean
+        return low, ramp_bound(low, high, fraction), mean
+
+    def validate(self, args, bad: Bad) -> None:
+        """The curriculum's fields too, on a dense model (which has no depth to ramp)."""
+        if not args.is_recurrent and args.depth_curriculum_steps != 0:
+            raise bad(
+                "depth_curriculum_steps",
+                args.depth_curriculum_steps,
+                "a dense model (n_core_layers = 0) has no depth to ramp; allowed: 0",
+            )
+        super().validate(args, bad)
+
+    def check(self, args, bad: Bad) -> None:
+        if args.depth_curriculum_steps < 0:
+            raise bad("depth_curriculum_steps", args.depth_curriculum_steps, "must be >= 0 (0: no depth curriculum)")
+        if args.forwards_per_step < 1:
+            raise bad(
+                "forwards_per_step", args.forwards_per_step, "must be >= 1 (training forwards per optimizer step)"
+            )
+        if args.depth_curriculum_steps and args.router != "none":
+            raise bad(
+                "depth_curriculum_steps",
+                args.depth_curriculum_steps,
+                f"router = {args.router!r} routes per step of the fixed depth R (its capacities and "
+                "balancing assume every step runs); allowed: 0",
+            )
+
+
+class UniformDepth(DepthLaw):
+    choice = "uniform"
+
+    def draw(self, seed: int, low: int, high: int, mean: float) -> int:
+        return random.Random(seed).randint(low, high)
+
+    def expected(self, args, count: Callable[[float], float], affine_from: int) -> float:
+        depths = range(args.min_recurrences, args.num_recurrences + 1)
+        return sum(count(r) for r in depths) / len(depths)
+
+
+class FixedDepth(DepthLaw):
+    choice = "fixed"
+    ramps = "the depth"
+
+    def mean_depth(self, args) -> float:
+        return float(args.num_recurrences)
+
+    def draw(self, seed: int, low: int, high: int, mean: float) -> int:
+        return high
+
+
+class HeavyTailPoisson(DepthLaw):
+    """Huginn's law (Geiping et al. 2025); `depth_mean` sets E[r], default the uniform
+    sampler's (r_min + R) / 2, so both spend the same expected compute."""
+
+    choice = "poisson_lognormal"
+
+    def mean_depth(self, args) -> float:
+        return super().mean_depth(args) if args.depth_mean is None else args.depth_mean
+
+    def draw(self, seed: int, low: int, high: int, mean: float) -> int:
+        return heavy_tail_depth(np.random.default_rng(seed), mean)
+
+    def expected(self, args, count: Callable[[float], float], affine_from: int) -> float:
+        """The law is unbounded; the count is affine from r = k on, so the exact sum over
+        P(r = j), j < k, plus that line at the mean of the rest (E[r] known)."""
+        k, mean = affine_from, self.mean_depth(args)
+        head = heavy_tail_depth_probabilities(mean, k)  # P(r = j), j = 1..k-1
+        counts = [count(j) for j in range(1, k + 2)]  # r = 1..k+1
+        slope = counts[k] - counts[k - 1]  # per step from r = k on
+        tail_mass = 1.0 - sum(head)
+        tail_mean_minus_k = mean - sum(j * p for j, p in enumerate(head, 1)) - k * tail_mass
+        return sum(f * p for f, p in zip(counts, head)) + tail_mass * counts[k - 1] + slope * tail_mean_minus_k
+
+    ramps = "the mean depth"
+
+    def scheduled(self, low: int, high: int, mean: float, fraction: float) -> tuple[int, int, float]:
+        """The mean rises from r_min to E[r] (`depth_mean`); the law stays unbounded."""
+        if fraction >= 1.0:
+            return low, high, mean
+        return low, high, low + (mean - low) * fraction
+
+    def check(self, args, bad: Bad) -> None:
+        super().check(args, bad)
+        if args.depth_mean is not None and args.depth_mean < 1:
+            raise bad("depth_mean", args.depth_mean, "must be >= 1 (the Poisson depth is at least 1)")
+        if args.depth_mean is not None and args.depth_sampling != self.choice:
+            raise bad("depth_mean", args.depth_mean, "is used by depth_sampling = 'poisson_lognormal' only")
+        if (
+            args.depth_curriculum_steps
+            and args.depth_sampling == self.choice
+            and self.mean_depth(args) < args.min_recurrences
+        ):
+            raise bad(
+                "depth_mean",
+                args.depth_mean,
+                f"the depth curriculum ramps the mean up from min_recurrences = {args.min_recurrences}; "
+                "allowed: >= min_recurrences",
+            )
+
+
+LAWS: tuple[DepthLaw, ...] = (UniformDepth(), FixedDepth(), HeavyTailPoisson())
 
 
 def heavy_tail_depth(rng: np.random.Generator, mean: float, sigma: float = 0.5) -> int:
@@ -23,7 +189,7 @@ def heavy_tail_depth(rng: np.random.Generator, mean: float, sigma: float = 0.5) 
 
 def heavy_tail_depth_probabilities(mean: float, below: int, sigma: float = 0.5) -> list[float]:
     """P(r = j) for j = 1..below-1 of `heavy_tail_depth`'s r (the FLOP expectation needs the
-    head of the distribution only: GRTModelArgs.expected_train_flops_per_token).
+    head of the distribution only: `HeavyTailPoisson.expected`).
 
     P(r = j) = E_tau[Poisson(j - 1; tau)], the mean over the log-normal tau by 80-point
     Gauss-Hermite quadrature in log tau (the integrand is smooth: exact to ~1e-12).

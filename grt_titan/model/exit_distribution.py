@@ -26,7 +26,9 @@ from torch import nn
 from torchtitan.models.utils import trunc_normal_
 
 from .args import GRTModelArgs
+from .flops import block_flops
 from .output import TrainingOutput
+from .part import Bad, JobSettings, Part, tensor_parallel_problems
 
 
 class ExitGate(nn.Linear):
@@ -105,3 +107,60 @@ def exit_forward(model: nn.Module, states: list[torch.Tensor]) -> torch.Tensor |
         step_weights=log_p.exp(),
         aux_loss_sum=-args.exit_entropy_weight * exit_entropy(log_p).sum(),
     )
+
+
+class ExitDistribution(Part):
+    """objective = "exit_distribution" (Ouro): the `ExitGate` on every step's readout, the
+    expected loss over the exit distribution, Q-exit at inference."""
+
+    key, choice = "objective", "exit_distribution"
+    reads_every_step = True
+    float8_skip = ("exit_gate",)  # Linear(d, 1): one output
+
+    def validate(self, args: GRTModelArgs, bad: Bad) -> None:
+        if args.objective == self.choice and not args.is_recurrent:
+            raise bad(
+                "objective", args.objective, "needs a recurrent flavor (n_core_layers >= 1); allowed for dense: 'final'"
+            )
+        super().validate(args, bad)
+
+    def check(self, args: GRTModelArgs, bad: Bad) -> None:
+        if args.exit_entropy_weight < 0:
+            raise bad("exit_entropy_weight", args.exit_entropy_weight, "must be >= 0")
+        if not 0.0 < args.exit_threshold <= 1.0:
+            raise bad("exit_threshold", args.exit_threshold, "must be in (0, 1]")
+        if args.exit_threshold != 1.0 and args.objective != self.choice:
+            raise bad(
+                "exit_threshold",
+                args.exit_threshold,
+                "is used by objective = 'exit_distribution' only (no exit gate otherwise)",
+            )
+        if args.objective == self.choice and args.router != "none":
+            raise bad(
+                "objective", args.objective, f"cannot be combined with router = {args.router!r} (one method per run)"
+            )
+
+    def job_problems(self, job: JobSettings, args: GRTModelArgs) -> list[str]:
+        if args.exit_threshold >= 1:
+            return []  # the last step: no per-token exit
+        return tensor_parallel_problems(
+            job,
+            f"[grt] exit_threshold = {args.exit_threshold} is not supported with [parallelism] "
+            "tensor_parallel_degree = {tp} (Ouro's per-token exit gathers over sequence shards); "
+            "allowed: 1.0 (the last step) or tensor_parallel_degree = 1",
+        )
+
+    def build(self, args: GRTModelArgs) -> ExitGate:
+        return ExitGate(args)
+
+    def extra_flops(self, args: GRTModelArgs, seq_len: int, depth: float, training: bool) -> float:
+        """The exit gate on every step (2 d each) and the readouts of steps 1..r-1 (coda:
+        c (24 d^2 + 4 S d) each; training also the LM head, 2 d V each). Eval with
+        exit_threshold = 1 is the plain forward (no extra)."""
+        r = depth
+        if r <= 0 or (not training and args.exit_threshold >= 1):
+            return 0.0
+        extra = (r - 1) * args.n_coda_layers * block_flops(args, seq_len) + r * 2 * args.dim
+        if training:
+            extra += (r - 1) * 2 * args.dim * args.padded_vocab_size
+        return extra

@@ -1,9 +1,38 @@
 """Named architectures (the spec's `model_args`). Run recipes live in train_configs/*.toml.
 
 `dense_X` is the isoFLOP twin of `X`: the same code with no core, p + n R + c layers.
+
+A flavor may also be a JSON file of GRTModelArgs fields (`[model] flavor =
+"<folder>/model_args.json"`): the architecture of a model retrofitted from a Hugging Face
+source (`grt-titan retrofit`, docs/retrofit.md), whose widths no named flavor has.
 """
 
+import dataclasses
+import json
+from pathlib import Path
+
 from .args import GRTModelArgs
+
+FLAVOR_FILE_SUFFIX = ".json"
+
+
+def flavor_from_file(name: str) -> GRTModelArgs | None:
+    """The args of a flavor named by a `.json` file of GRTModelArgs fields; None for other
+    names. ValueError naming the file when it is missing, unreadable or holds unknown fields."""
+    if not name.endswith(FLAVOR_FILE_SUFFIX):
+        return None
+    path = Path(name)
+    if not path.is_file():
+        raise ValueError(f"[model] flavor = {name!r}: no such file (a flavor file holds GRTModelArgs fields)")
+    try:
+        fields = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"[model] flavor = {name!r}: cannot be read as JSON: {e}") from e
+    known = {f.name for f in dataclasses.fields(GRTModelArgs)}
+    unknown = sorted(set(fields) - known) if isinstance(fields, dict) else ["(not an object)"]
+    if unknown:
+        raise ValueError(f"[model] flavor = {name!r}: unknown GRTModelArgs field {unknown[0]!r}")
+    return GRTModelArgs(**fields)
 
 
 def _gpt2(*, dim: int, n_heads: int, prelude: int, core: int, recurrences: int, coda: int) -> GRTModelArgs:

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchtitan.models.llama3.model.model import precompute_freqs_cis
 from torchtitan.models.utils import trunc_normal_
 from torchtitan.protocols.model import AttentionMasksType
 from torchtitan.protocols.train_spec import ModelProtocol
 
 from .args import GRTModelArgs
-from .blocks import BlockStack, llama_block_args
-from .exit_distribution import ExitGate, exit_forward
+from .blocks import BlockStack, rope_table
+from .exit_distribution import exit_forward
 from .output import TrainingOutput
+from .part import build_module
 from .recurrence import Recurrence
 
 
@@ -47,7 +47,7 @@ class GRTModel(ModelProtocol):
         self.model_args = args = model_args
         self.tok_embeddings = nn.Embedding(args.padded_vocab_size, args.dim)
         self.pos_embeddings = nn.Embedding(args.max_seq_len, args.dim) if args.block_style == "gpt2" else None
-        if args.block_style == "llama":
+        if args.block_style != "gpt2":  # llama: complex freqs_cis; qwen3: cos/sin cache
             self.register_buffer("freqs_cis", self._precompute_freqs_cis(), persistent=False)
         else:
             self.freqs_cis = None
@@ -57,8 +57,8 @@ class GRTModel(ModelProtocol):
         norm_cls = nn.LayerNorm if args.block_style == "gpt2" else nn.RMSNorm
         self.norm = norm_cls(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.padded_vocab_size, bias=False)
-        # Ouro (objective = "exit_distribution"): the exit gate on each step's readout.
-        self.exit_gate = ExitGate(args) if args.per_step_readout else None
+        # The objective's module: Ouro's exit gate on each step's readout (objective = "exit_distribution").
+        self.exit_gate = build_module(args, "objective")
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -67,12 +67,12 @@ class GRTModel(ModelProtocol):
             self.output.weight = self.tok_embeddings.weight
 
     def _precompute_freqs_cis(self) -> torch.Tensor:
-        args = llama_block_args(self.model_args)
-        return precompute_freqs_cis(args.dim // args.n_heads, args.max_seq_len, args.rope_theta, args.rope_scaling_args)
+        """The RoPE table of the block style (`blocks.rope_table`), held in `freqs_cis`."""
+        return rope_table(self.model_args)
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         args = self.model_args
-        if args.block_style == "llama":
+        if args.block_style != "gpt2":
             buffer_device = buffer_device or self.freqs_cis.device
             with torch.device(buffer_device):
                 self.freqs_cis = self._precompute_freqs_cis()

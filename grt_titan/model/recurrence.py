@@ -15,6 +15,10 @@ of this one loop (docs/architecture.md, "Methods as parts"):
     initial_state = random h_0     = TruncNormal(0, s^2)        (heavy-tail Poisson)
     step_adapter = lora    core_t  = core + the step's LoRA     (RRT)
 
+The parts of GRT itself (W_proj, the gate, the random initial state) are `Part`s here, beside
+their math, with their rules and FLOPs terms; the step and the loop hold each slot's module as
+the table of parts builds it (grt_titan/model/parts.py, docs/methods.md).
+
 `RecurrenceStep` is one iteration with no randomness inside: the noise is drawn by the
 eager loop in `Recurrence` and passed in, so a step is a pure function of its inputs.
 That is what lets activation checkpointing recompute it exactly and lets torch.compile
@@ -23,22 +27,19 @@ build one graph that every step and every sampled depth reuses.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torchtitan.models.utils import trunc_normal_
 
-from .adapters import StepAdapters
 from .args import GRTModelArgs
 from .blocks import BlockStack
-from .depth_law import heavy_tail_depth
-from .routing import ExpertChoiceRouter, RoutedStep
-from .token_choice import TokenChoiceRouter
+from .depth_law import curriculum_fraction
+from .part import Bad, JobSettings, Part, build_module, tensor_parallel_problems
+from .routing import RoutedStep
 
 
 class DepthSampler(nn.Module):
@@ -46,27 +47,33 @@ class DepthSampler(nn.Module):
 
     The index lives in a persistent buffer, so it is saved in checkpoints and a resumed
     run continues the same sequence; every rank computes the same r with no
-    communication and no rank-local RNG state.
+    communication and no rank-local RNG state. The depth curriculum keeps it so: the law's
+    bounds at forward t are a function of t too (its step t // forwards_per_step).
     """
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
         self.min_recurrences = args.min_recurrences
         self.max_recurrences = args.num_recurrences
-        self.mode = args.depth_sampling
+        self.law = args.part("depth_sampling")  # grt_titan/model/depth_law.py
         self.seed = args.depth_seed
         self.mean = args.expected_recurrences  # poisson_lognormal: E[r]
+        self.curriculum_steps = args.depth_curriculum_steps  # 0: no curriculum
+        self.curriculum_shape = args.depth_curriculum_shape
+        self.forwards_per_step = args.forwards_per_step
         self.register_buffer("draws", torch.zeros((), dtype=torch.int64), persistent=True)
         self._draws: int | None = None  # host mirror of `draws`: no device sync per step
         self.history: list[int] = []  # depths sampled since the metrics last read them
 
+    def law_at(self, index: int) -> tuple[int, int, float]:
+        """(r_min, R, E[r]) of the law forward `index` draws from: the configured ones, or
+        where the depth curriculum has ramped them by its optimizer step."""
+        step = index // self.forwards_per_step
+        fraction = curriculum_fraction(self.curriculum_shape, step, self.curriculum_steps)
+        return self.law.scheduled(self.min_recurrences, self.max_recurrences, self.mean, fraction)
+
     def depth_at(self, index: int) -> int:
-        if self.mode == "fixed":
-            return self.max_recurrences
-        if self.mode == "poisson_lognormal":
-            return heavy_tail_depth(np.random.default_rng(self.seed * 1_000_003 + index), self.mean)
-        rng = random.Random(self.seed * 1_000_003 + index)
-        return rng.randint(self.min_recurrences, self.max_recurrences)
+        return self.law.draw(self.seed * 1_000_003 + index, *self.law_at(index))
 
     @property
     def forwards(self) -> int:
@@ -125,6 +132,42 @@ class Gate(nn.Module):
         nn.init.constant_(self.w_out.bias, self.bias_init)
 
 
+class ProjInjection(Part):
+    """injection = "proj": the step's input is W_proj [h + eps_x ; h_pre] (eq. 2), a bias-free
+    Linear(2d -> d); Huginn's adapter Linear(2d -> d) on [state ; prelude output] is the same map."""
+
+    key, choice = "injection", "proj"
+
+    def build(self, args: GRTModelArgs) -> nn.Linear:
+        return nn.Linear(2 * args.dim, args.dim, bias=False)
+
+    def step_params(self, args: GRTModelArgs) -> int:
+        return 2 * args.dim * args.dim
+
+
+class GateUpdate(Part):
+    """update = "gate": h <- g h + (1 - g) o (eq. 4) with the `Gate` above."""
+
+    key, choice = "update", "gate"
+
+    def check(self, args: GRTModelArgs, bad: Bad) -> None:
+        if args.gate_temperature <= 0:
+            raise bad("gate_temperature", args.gate_temperature, "must be > 0")
+        if args.gate_override is not None and not 0.0 <= args.gate_override <= 1.0:
+            raise bad("gate_override", args.gate_override, "must be in [0, 1] or unset")
+        if args.gate_override is not None and args.update != self.choice:
+            raise bad(
+                "gate_override", args.gate_override, f"needs update = 'gate' (update = {args.update!r} has no gate)"
+            )
+
+    def build(self, args: GRTModelArgs) -> Gate:
+        return Gate(args)
+
+    def step_params(self, args: GRTModelArgs) -> int:
+        hidden = args.gate_hidden_dim or args.dim  # f_g: 2d x d_gate, d_gate x d
+        return 2 * args.dim * hidden + hidden * args.dim
+
+
 @dataclass
 class StepRecord:
     """What one recurrence step did, handed to `Recurrence.observer` (metrics, analysis)."""
@@ -159,11 +202,12 @@ class RecurrenceStep(nn.Module):
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
-        # W_proj (eq. 2); Huginn's adapter Linear(2d -> d) on [state; prelude output] is the same map.
-        self.proj = nn.Linear(2 * args.dim, args.dim, bias=False) if args.injection == "proj" else None
+        # The slots of the step, each the module of its key's part (grt_titan/model/parts.py):
+        # W_proj (injection = "proj"), the gate (update = "gate"), RRT's adapters (step_adapter = "lora").
+        self.proj = build_module(args, "injection")
         self.core = BlockStack(args, args.n_core_layers, first_layer_id=args.n_prelude_layers)
-        self.gate = Gate(args) if args.update == "gate" else None
-        self.adapters = StepAdapters(args) if args.step_adapter == "lora" else None
+        self.gate = build_module(args, "update")
+        self.adapters = build_module(args, "step_adapter")
 
     def forward(
         self,
@@ -207,6 +251,24 @@ def eval_initial_state(seed: int, max_seq_len: int, dim: int, std: float) -> tor
     return nn.init.trunc_normal_(state, std=std, a=-3 * std, b=3 * std, generator=generator)
 
 
+class RandomInitialState(Part):
+    """initial_state = "random": h_0 ~ TruncNormal(0, initial_state_std^2) (`Recurrence.initial_state`)."""
+
+    key, choice = "initial_state", "random"
+
+    def check(self, args: GRTModelArgs, bad: Bad) -> None:
+        if args.initial_state_std <= 0:
+            raise bad("initial_state_std", args.initial_state_std, "must be > 0")
+
+    def job_problems(self, job: JobSettings, args: GRTModelArgs) -> list[str]:
+        return tensor_parallel_problems(
+            job,
+            "[grt] initial_state = 'random' does not support [parallelism] tensor_parallel_degree = {tp}: "
+            "the eval-mode state is drawn per position of the whole sequence, which tensor parallelism "
+            "shards; allowed: tensor_parallel_degree = 1 (FSDP/HSDP)",
+        )
+
+
 class Recurrence(nn.Module):
     """The shared core iterated r times from the prelude output h_pre.
 
@@ -216,11 +278,10 @@ class Recurrence(nn.Module):
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
-        self.step = RecurrenceStep(args) if args.router == "none" else RoutedStep(args)
         # MoR (router = expert_choice, grt_titan/model/routing.py): a router per step picks
         # the tokens that step updates; token_choice (token_choice.py): each token its depth.
-        routers = {"expert_choice": ExpertChoiceRouter, "token_choice": TokenChoiceRouter}
-        self.router = routers[args.router](args) if args.router != "none" else None
+        self.step = RecurrenceStep(args) if args.part("router") is None else RoutedStep(args)
+        self.router = build_module(args, "router")
         self.depth_sampler = DepthSampler(args)
         self.state_noise_std = args.state_noise_std
         self.gate_noise_std = args.gate_noise_std
@@ -235,9 +296,9 @@ class Recurrence(nn.Module):
         # an uninterrupted one would, and every rank (DP or TP shard) draws its own noise.
         self.noise_seed = args.depth_seed
         self.noise_rank: int | None = None
-        self.random_initial_state = args.initial_state == "random"
+        self.random_initial_state = isinstance(args.part("initial_state"), RandomInitialState)
         self.initial_state_std = args.initial_state_std
-        self.has_step_adapters = args.step_adapter == "lora"
+        self.has_step_adapters = args.part("step_adapter") is not None  # RRT: one adapter set per step
         self.max_recurrences = args.num_recurrences
         self.max_seq_len = args.max_seq_len
         self._eval_state_table: torch.Tensor | None = None  # cache of eval_initial_state

@@ -36,6 +36,8 @@ from torch import nn
 
 from .args import GRTModelArgs
 from .blocks import BlockStack
+from .flops import routed_core_flops
+from .part import Bad, JobSettings, Part, tensor_parallel_problems
 
 
 class RoutedStep(nn.Module):
@@ -175,3 +177,111 @@ class ExpertChoiceRouter(nn.Module):
 def _rows(positions: torch.Tensor, dim: int) -> torch.Tensor:
     """[B, k] sequence positions -> [B, k, d] gather/scatter indices."""
     return positions.unsqueeze(-1).expand(-1, -1, dim)
+
+
+# What a routed recurrence (either router) needs of the other parts: (value, why).
+ROUTED_PARTS = {
+    "block_style": (
+        "gpt2",
+        "the routed core gathers tokens; llama blocks would need their RoPE positions gathered too",
+    ),
+    "depth_sampling": ("fixed", "one router and one capacity per step of a fixed depth R"),
+    "injection": ("none", "MoR does not re-inject the prelude output"),
+    "update": ("overwrite", "the router weight replaces the gate on routed tokens (router_update)"),
+    "initial_state": ("prelude", "MoR starts from the prelude output"),
+    "step_adapter": ("none", "MoR shares the core strictly"),
+    "objective": ("final", "MoR's loss is CE at the last step plus the router's auxiliary loss"),
+    "state_noise_std": (0.0, "MoR has no state noise"),
+}
+
+
+def check_routed(args: GRTModelArgs, bad: Bad) -> None:
+    """MoR (either router) is prelude + core x R + coda with routed steps only: no
+    re-injection, no gate, no noise, a fixed depth R (one router per step)."""
+    for name, (value, why) in ROUTED_PARTS.items():
+        if getattr(args, name) != value:
+            raise bad(name, getattr(args, name), f"router = {args.router!r} needs {name} = {value!r} ({why})")
+    if args.eval_recurrences is not None and args.eval_recurrences > args.num_recurrences:
+        raise bad(
+            "eval_recurrences",
+            args.eval_recurrences,
+            f"router = {args.router!r} has one router per step: at most num_recurrences = {args.num_recurrences}",
+        )
+
+
+class ExpertChoice(Part):
+    """router = "expert_choice": the `ExpertChoiceRouter` above over `RoutedStep`s."""
+
+    key, choice = "router", "expert_choice"
+    per_step = True
+    float8_skip = ("recurrence.router.",)  # Linear(d, 1) per step: a dot product per token
+
+    def check(self, args: GRTModelArgs, bad: Bad) -> None:
+        if args.router_scale <= 0:
+            raise bad("router_scale", args.router_scale, "must be > 0")
+        if args.router_aux_weight < 0:
+            raise bad("router_aux_weight", args.router_aux_weight, "must be >= 0")
+        for name, default in (("router_inference", "top_k"), ("router_update", "delta")):
+            if getattr(args, name) != default and args.router != self.choice:
+                raise bad(
+                    name,
+                    getattr(args, name),
+                    f"is used by router = 'expert_choice' only (router = {args.router!r}); allowed: {default!r}",
+                )
+        if args.router == self.choice:
+            check_routed(args, bad)
+            self._check_capacities(args, bad)
+
+    def _check_capacities(self, args: GRTModelArgs, bad: Bad) -> None:
+        if args.router_capacity is None:
+            return
+        capacities = args.router_capacities
+        if len(capacities) != args.num_recurrences:
+            raise bad(
+                "router_capacity",
+                args.router_capacity,
+                f"needs one capacity per step (num_recurrences = {args.num_recurrences}), got {len(capacities)}",
+            )
+        if not all(0.0 < c <= 1.0 for c in capacities):
+            raise bad("router_capacity", args.router_capacity, "capacities must be in (0, 1]")
+        if any(b > a for a, b in zip(capacities, capacities[1:])):
+            raise bad(
+                "router_capacity",
+                args.router_capacity,
+                "capacities must not increase (step i chooses among the tokens step i-1 kept)",
+            )
+
+    def job_problems(self, job: JobSettings, args: GRTModelArgs) -> list[str]:
+        method = f"[grt] router = {args.router!r} (Mixture-of-Recursions)"
+        problems = tensor_parallel_problems(
+            job,
+            "[parallelism] tensor_parallel_degree = {tp} is not supported with " + method + ": each "
+            "step's top-k runs over the whole sequence, which sequence parallelism shards over "
+            "the TP ranks; allowed: 1 (FSDP/HSDP/DDP only)",
+        )
+        if job.compiled and args.router_inference == "threshold" and job.validation:
+            problems.append(
+                f"[grt] router_inference = 'threshold' with {method} and [compile] enable: threshold "
+                "routing runs each row's data-dependent number of active tokens eagerly, one row at a "
+                "time, and is not compiled; allowed: router_inference = 'top_k' (the training rule) "
+                "or [compile] enable = false"
+            )
+        for name, seq_len in job.seq_lens.items() if job.compiled else ():
+            if seq_len >= 1 and min(args.router_tokens_kept(seq_len)) < 2:
+                problems.append(
+                    f"[grt] router_capacity = {args.router_capacity!r} keeps a single token at "
+                    f"[{name}] seq_len = {seq_len} with {method} and [compile] enable: "
+                    "torch.compile specializes a one-token step (one more graph per such step); "
+                    "allowed: capacities with capacity x seq_len >= 2 for every step"
+                )
+        return problems
+
+    def build(self, args: GRTModelArgs) -> ExpertChoiceRouter:
+        return ExpertChoiceRouter(args)
+
+    def routed_step_flops(self, args: GRTModelArgs, seq_len: int, depth: int) -> list[float]:
+        """Step i runs the core on its k_i = max(1, int(capacity_i S)) kept tokens and its router
+        on its m_i candidates (m_0 = S, m_i = k_{i-1}), (m_i / S) 2 d per token of the sequence."""
+        kept = args.router_tokens_kept(seq_len)[:depth]
+        routers = [(m / seq_len) * 2 * args.dim for m in [seq_len] + kept[:-1]]
+        return routed_core_flops(args, seq_len, kept, routers)

@@ -21,7 +21,8 @@ The HF names are those of grt_titan/hf/modeling_grt.py (a `trust_remote_code` mo
 
 <block>: attention_norm -> input_layernorm, attention.w{q,k,v,o} -> self_attn.{q,k,v,o}_proj,
 ffn_norm -> post_attention_layernorm, feed_forward.w2 -> mlp.down_proj; feed_forward.w1 ->
-mlp.gate_proj and w3 -> mlp.up_proj (llama SwiGLU), w1 -> mlp.up_proj (gpt2 GELU MLP).
+mlp.gate_proj and w3 -> mlp.up_proj (llama SwiGLU), w1 -> mlp.up_proj (gpt2 GELU MLP);
+qwen3 adds attention.{q,k}_norm -> self_attn.{q,k}_norm.
 
 Values are passed through untouched (no wq/wk permutation: modeling_grt.py applies RoPE on
 interleaved pairs exactly like torchtitan), so `to_hf` works on DTensors and on the empty
@@ -30,11 +31,13 @@ inverse.
 
 One exception, with `vocab_multiple_of` > 1 (`padded_vocab_size` > `vocab_size`): the HF
 side holds the true vocabulary. `to_hf` keeps the first `vocab_size` rows of
-tok_embeddings.weight and output.weight (a view for plain tensors; a DTensor sharded over the
-vocabulary comes back replicated, i.e. gathered), and `from_hf` appends zero rows up to
-`padded_vocab_size`, restoring the sharding `to_hf` saw. torchtitan's `last_save_in_hf` thus
-writes what `grt-titan export-hf` writes, and `initial_load_in_hf` / import leave the padded
-rows at zero (they are never a target or an input id).
+tok_embeddings.weight and output.weight (a view), and `from_hf` appends zero rows up to
+`padded_vocab_size`. torchtitan's `last_save_in_hf` thus writes what `grt-titan export-hf`
+writes, and `initial_load_in_hf` / import leave the padded rows at zero (they are never a
+target or an input id). Here on plain tensors: model/ imports nothing from torch.distributed
+(tests/test_layers.py). The spec registers `ShardedGRTStateDictAdapter`
+(grt_titan/components/checkpoint.py), which does the same on the vocabulary-sharded
+DTensors torchtitan's CheckpointManager hands it.
 """
 
 from __future__ import annotations
@@ -73,6 +76,12 @@ _BLOCK_COMMON = {
 _BLOCK_BY_STYLE = {
     "llama": {**_BLOCK_COMMON, "feed_forward.w1": "mlp.gate_proj", "feed_forward.w3": "mlp.up_proj"},
     "gpt2": {**_BLOCK_COMMON, "feed_forward.w1": "mlp.up_proj"},
+}
+# qwen3: llama's plus the per-head q/k RMSNorms (Qwen3's `self_attn.{q,k}_norm`).
+_BLOCK_BY_STYLE["qwen3"] = {
+    **_BLOCK_BY_STYLE["llama"],
+    "attention.q_norm": "self_attn.q_norm",
+    "attention.k_norm": "self_attn.k_norm",
 }
 
 _TOP_LEVEL = {
@@ -153,8 +162,6 @@ class GRTStateDictAdapter(StateDictAdapter):
         self.fqn_to_index_mapping = self._read_index(hf_assets_path)
         self.vocab_size = model_args.vocab_size
         self.padded_vocab_size = model_args.padded_vocab_size
-        # (mesh, placements) of the padded DTensors `to_hf` trimmed, for `from_hf` to restore.
-        self._vocab_layouts: dict[str, tuple[Any, tuple]] = {}
 
     def _read_index(self, hf_assets_path: str | None) -> dict[str, int] | None:
         if not hf_assets_path or not os.path.isdir(hf_assets_path):
@@ -210,30 +217,20 @@ class GRTStateDictAdapter(StateDictAdapter):
     # ---- vocabulary padding (vocab_multiple_of) ---------------------------------------
 
     def _trim_vocab(self, key: str, value: Any) -> Any:
-        """The first vocab_size rows of a padded vocabulary weight; other shapes unchanged
-        (a mismatched checkpoint is reported by the shape checks, not here)."""
-        if self.padded_vocab_size == self.vocab_size or value.shape[0] != self.padded_vocab_size:
+        """The first vocab_size rows of a padded vocabulary weight (a view: a DCP load into it
+        fills the original rows); other shapes unchanged (a mismatched checkpoint is reported
+        by the shape checks, not here)."""
+        if not self._padding_applies(value, self.padded_vocab_size):
             return value
-        from torch.distributed.tensor import DTensor
-
-        if isinstance(value, DTensor):
-            self._vocab_layouts[key] = (value.device_mesh, tuple(value.placements))
-        # Plain tensor: a view (a DCP load into it fills the original rows). DTensor sharded
-        # over dim 0: DTensor gathers it (Replicate), every rank then holds the full rows.
         return value.narrow(0, 0, self.vocab_size)
 
     def _pad_vocab(self, key: str, value: Any) -> Any:
         """vocab_size rows -> padded_vocab_size rows, the new rows zero; other shapes unchanged."""
-        if self.padded_vocab_size == self.vocab_size or value.shape[0] != self.vocab_size:
+        if not self._padding_applies(value, self.vocab_size):
             return value
-        from torch.distributed.tensor import DTensor, Replicate
-
         extra = self.padded_vocab_size - self.vocab_size
-        if not isinstance(value, DTensor):
-            return torch.cat([value, value.new_zeros((extra, *value.shape[1:]))])
-        mesh, placements = self._vocab_layouts.get(key, (value.device_mesh, tuple(value.placements)))
-        full = value.full_tensor()
-        padded = torch.cat([full, full.new_zeros((extra, *full.shape[1:]))])
-        # Replicated -> the native sharding: a local split, no communication.
-        replicated = DTensor.from_local(padded, mesh, [Replicate()] * mesh.ndim, run_check=False)
-        return replicated.redistribute(mesh, placements)
+        return torch.cat([value, value.new_zeros((extra, *value.shape[1:]))])
+
+    def _padding_applies(self, value: Any, rows: int) -> bool:
+        """Whether the vocabulary is padded and `value` has the `rows` rows of one side."""
+        return self.padded_vocab_size != self.vocab_size and value.shape[0] == rows

@@ -25,6 +25,7 @@ the token dimension is marked dynamic, so torch.compile builds one graph for eve
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -32,6 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .args import GRTModelArgs
+from .flops import routed_core_flops
+from .part import Bad, JobSettings, Part, tensor_parallel_problems
+from .routing import check_routed
 
 
 class TokenChoiceRouter(nn.Module):
@@ -125,3 +129,62 @@ class TokenChoiceRouter(nn.Module):
                     )
             h = new_h
         return h, aux
+
+
+class TokenChoice(Part):
+    """router = "token_choice": the `TokenChoiceRouter` above over routing.RoutedStep; its own
+    loss weights, none of expert choice's fields."""
+
+    key, choice = "router", "token_choice"
+    per_step = True
+    float8_skip = ("recurrence.router.",)  # Linear(d, R): R outputs
+    OWN_FIELDS = ("router_balance_weight", "router_z_loss_weight")
+    # Expert choice's fields, which token choice leaves unset, and why.
+    EXPERT_CHOICE_FIELDS = (
+        ("router_capacity", "each token chooses its own depth"),
+        ("router_scale", "the weight is the softmax probability itself (alpha = 1)"),
+        ("router_aux_weight", "token choice's auxiliary loss is router_balance_weight"),
+    )
+
+    def check(self, args: GRTModelArgs, bad: Bad) -> None:
+        defaults = {f.name: f.default for f in dataclasses.fields(args)}
+        for name in self.OWN_FIELDS:
+            if getattr(args, name) < 0:
+                raise bad(name, getattr(args, name), "must be >= 0")
+        if args.router != self.choice:
+            for name in self.OWN_FIELDS:
+                if getattr(args, name) != defaults[name]:
+                    raise bad(
+                        name, getattr(args, name), f"is used by router = 'token_choice' only (router = {args.router!r})"
+                    )
+            return
+        for name, why in self.EXPERT_CHOICE_FIELDS:
+            if getattr(args, name) != defaults[name]:
+                raise bad(
+                    name,
+                    getattr(args, name),
+                    f"is used by router = 'expert_choice' only ({why}); leave it unset with router = 'token_choice'",
+                )
+        check_routed(args, bad)
+
+    def job_problems(self, job: JobSettings, args: GRTModelArgs) -> list[str]:
+        return tensor_parallel_problems(
+            job,
+            "[parallelism] tensor_parallel_degree = {tp} is not supported with [grt] router = "
+            "'token_choice' (Mixture-of-Recursions): each step gathers a row's active tokens from "
+            "the whole sequence, which sequence parallelism shards over the TP ranks; allowed: 1 "
+            "(FSDP/HSDP/DDP only)",
+        )
+
+    def build(self, args: GRTModelArgs) -> TokenChoiceRouter:
+        return TokenChoiceRouter(args)
+
+    def routed_step_flops(self, args: GRTModelArgs, seq_len: int, depth: int) -> list[float]:
+        """Balanced routing (each depth chosen by S / R tokens): step i runs the core on the
+        k_i = S (R - i) / R tokens that chose a depth > i (pads not counted); no router in a step."""
+        kept = [share * seq_len for share in args.token_choice_active_shares[:depth]]
+        return routed_core_flops(args, seq_len, kept, [0.0] * len(kept))
+
+    def extra_flops(self, args: GRTModelArgs, seq_len: int, depth: float, training: bool) -> float:
+        """The router Linear(d, R) once on every token, before the steps (none at r = 0)."""
+        return 2 * args.dim * args.num_recurrences if round(depth) > 0 else 0

@@ -1,4 +1,7 @@
-"""Helpers of the data tests: small corpora, synthetic shard sets, job configs."""
+"""Helpers of the data tests: small corpora, synthetic shard sets, job configs, and tiny
+Hugging Face tokenizer folders built offline with the `tokenizers` library (a byte-level BPE
+trained on a few sentences, with the pre-tokenizer, normalizer, special tokens and
+tokenizer_config.json of the tokenizer each style imitates)."""
 
 import json
 from pathlib import Path
@@ -6,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from grt_titan.data.config import DataConfig
+from grt_titan.tokenizer import LLAMA3_SPLIT_REGEX, QWEN2_SPLIT_REGEX
 
 from grt_test_helpers import write_token_dataset
 
@@ -26,6 +30,16 @@ def write_jsonl(path: Path, docs, field: str = "text") -> Path:
         for d in docs:
             f.write(json.dumps({field: d, "id": len(d)}) + "\n")
     return path
+
+
+def split_tokens(out: Path, split: str) -> np.ndarray:
+    """A prepared dataset's `split` as one token array (its manifest's dtype)."""
+    from grt_titan.data import shards as sh
+
+    manifest = json.loads((out / sh.MANIFEST_NAME).read_text())
+    dtype = np.dtype(manifest["dtype"])
+    parts = [np.fromfile(out / s["file"], dtype=dtype) for s in manifest["splits"][split]["shards"]]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
 def make_synthetic_dataset(
@@ -61,3 +75,104 @@ def job_config(
     jc.validation.dataloader.num_workers = num_workers
     jc.data = DataConfig(seed=seed, cache_dir=cache_dir)
     return jc
+
+
+STYLES = ("llama3", "qwen3", "gpt2", "metaspace")
+"""llama3: Llama 3's split regex, BOS added by the post-processor, <|end_of_text|> as EOS;
+qwen3: NFC + Qwen's split regex, no BOS, <|endoftext|> as EOS, chat tokens;
+gpt2: ByteLevel's GPT-2 regex and a tokenizer_config.json naming no special token (as
+openai-community/gpt2's); metaspace: a SentencePiece-style pre-tokenizer (no proven cut)."""
+
+TRAINING_TEXT = [
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+    "must be in want of a wife.",
+    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy disposition, "
+    "seemed to unite some of the best blessings of existence; 1811, 1813, 2024.",
+    "The family of Dashwood had long been settled in Sussex.\nTheir estate was large.\n\n",
+    "Unicode: café, naïve, 東京, emoji 🙂, don't, we'll, I'm, they've.",
+]
+
+
+def make_hf_tokenizer(folder: Path, style: str = "llama3", vocab_size: int | None = None) -> Path:
+    """Writes tokenizer.json + tokenizer_config.json of a tiny `style` tokenizer into `folder`.
+
+    `vocab_size`: pad the BPE vocabulary with unused tokens so the special tokens come
+    after it (e.g. 70_000: ids beyond uint16, as Llama 3's 128k and Qwen3's 151k).
+    """
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    assert style in STYLES, style
+    folder.mkdir(parents=True, exist_ok=True)
+    byte_level = style != "metaspace"
+    if style == "llama3":
+        pre = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(LLAMA3_SPLIT_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    elif style == "qwen3":
+        pre = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    elif style == "gpt2":
+        pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        pre = pre_tokenizers.Metaspace()
+    tok = Tokenizer(models.BPE(unk_token=None if byte_level else "<unk>"))
+    tok.pre_tokenizer = pre
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if byte_level else [],
+        special_tokens=[] if byte_level else ["<unk>"],
+        show_progress=False,
+    )
+    tok.train_from_iterator(TRAINING_TEXT, trainer)
+    if vocab_size is not None:  # pad the vocabulary: unreachable tokens, no merges
+        model = json.loads(tok.to_str())["model"]
+        vocab = dict(model["vocab"])
+        for i in range(len(vocab), vocab_size):
+            vocab[f"<unused_{i}>"] = i
+        merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+        padded = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+        padded.pre_tokenizer = pre
+        tok = padded
+    if style == "qwen3":
+        tok.normalizer = normalizers.NFC()
+    tok.decoder = decoders.ByteLevel() if byte_level else decoders.Metaspace()
+    specials = {
+        "llama3": ["<|begin_of_text|>", "<|end_of_text|>"],
+        "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "gpt2": ["<|endoftext|>"],
+        "metaspace": ["<s>", "</s>"],
+    }[style]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    if style == "llama3":
+        bos = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B", special_tokens=[("<|begin_of_text|>", bos)]
+        )
+    elif byte_level:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "llama3": {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>", "model_max_length": 131072},
+        "qwen3": {"bos_token": None, "eos_token": "<|endoftext|>", "add_bos_token": False, "pad_token": None},
+        "gpt2": {"model_max_length": 1024},
+        "metaspace": {"bos_token": "<s>", "eos_token": "</s>"},
+    }[style]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder

@@ -2,21 +2,12 @@ import gzip
 import hashlib
 import json
 
-import numpy as np
 import pytest
 
-from grt_titan.data import shards as sh
 from grt_titan.data.prepare import is_val_document, main, prepare, split_long_text
 from grt_titan.tokenizer import ENDOFTEXT
 
-from data_helpers import DOCS, write_jsonl
-
-
-def _split_tokens(out, split):
-    manifest = json.loads((out / sh.MANIFEST_NAME).read_text())
-    dtype = np.dtype(manifest["dtype"])
-    parts = [np.fromfile(out / s["file"], dtype=dtype) for s in manifest["splits"][split]["shards"]]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+from data_helpers import DOCS, split_tokens, write_jsonl
 
 
 def _sha(out):
@@ -27,7 +18,7 @@ def test_round_trip(tmp_path, tokenizer):
     src = write_jsonl(tmp_path / "docs.jsonl", DOCS)
     out = tmp_path / "out"
     m = prepare([src], out, val_fraction=0.0, shard_tokens=7, workers=1, progress=False)
-    tokens = _split_tokens(out, "train")
+    tokens = split_tokens(out, "train")
     assert tokenizer.decode(tokens) == "".join(d + ENDOFTEXT for d in DOCS)
     assert (tokens == tokenizer.eos_id).sum() == len(DOCS)  # the literal one is ordinary text
     assert m["documents"] == m["splits"]["train"]["documents"] == len(DOCS)
@@ -46,8 +37,8 @@ def test_val_split_is_an_even_fixed_fraction(tmp_path, tokenizer):
     assert len(val) == 4 and m["splits"]["val"]["documents"] == 4
     assert [i for i in range(40) if is_val_document(i, 0.1)] == [4, 14, 24, 34]
     train = [d for d in docs if d not in val]
-    assert tokenizer.decode(_split_tokens(tmp_path / "out", "val")) == "".join(d + ENDOFTEXT for d in val)
-    assert tokenizer.decode(_split_tokens(tmp_path / "out", "train")) == "".join(d + ENDOFTEXT for d in train)
+    assert tokenizer.decode(split_tokens(tmp_path / "out", "val")) == "".join(d + ENDOFTEXT for d in val)
+    assert tokenizer.decode(split_tokens(tmp_path / "out", "train")) == "".join(d + ENDOFTEXT for d in train)
 
 
 def test_deterministic_and_independent_of_workers(tmp_path):
@@ -79,7 +70,7 @@ def test_cut_documents_through_prepare(tmp_path, tokenizer, monkeypatch):
     monkeypatch.setattr(prep, "PIECE_CHARS", 64)
     monkeypatch.setattr(prep, "TASK_CHARS", 100)
     prepare([src], tmp_path / "o", val_fraction=0.0, workers=2, progress=False)
-    assert _split_tokens(tmp_path / "o", "train").tolist() == sum((tokenizer.encode(d, add_eos=True) for d in docs), [])
+    assert split_tokens(tmp_path / "o", "train").tolist() == sum((tokenizer.encode(d, add_eos=True) for d in docs), [])
 
 
 def test_input_formats_agree(tmp_path):
@@ -104,7 +95,7 @@ def test_input_formats_agree(tmp_path):
         ("parquet", tmp_path / "d.parquet", "body"),
     ]:
         prepare([inp], tmp_path / f"o_{name}", text_field=field, val_fraction=0.0, workers=1, progress=False)
-        outs[name] = _split_tokens(tmp_path / f"o_{name}", "train").tolist()
+        outs[name] = split_tokens(tmp_path / f"o_{name}", "train").tolist()
     assert outs["txt"] == outs["jsonl"] == outs["parquet"]
 
 
@@ -115,7 +106,7 @@ def test_hf_datasets_folder(tmp_path):
     prepare([tmp_path / "hf"], tmp_path / "o_hf", val_fraction=0.0, workers=1, progress=False)
     write_jsonl(tmp_path / "d.jsonl", docs)
     prepare([tmp_path / "d.jsonl"], tmp_path / "o_j", val_fraction=0.0, workers=1, progress=False)
-    assert _split_tokens(tmp_path / "o_hf", "train").tolist() == _split_tokens(tmp_path / "o_j", "train").tolist()
+    assert split_tokens(tmp_path / "o_hf", "train").tolist() == split_tokens(tmp_path / "o_j", "train").tolist()
 
 
 def test_cli(tmp_path, capsys):

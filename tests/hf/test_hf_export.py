@@ -9,17 +9,18 @@ import sys
 import pytest
 import torch
 
+from grt_titan.checkpoint_io import load_checkpoint, save_checkpoint
 from grt_titan.cli import main as cli
-from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
-from grt_titan.model.checkpoint import load_checkpoint, save_checkpoint
+from grt_titan.hf.convert import REMOTE_CODE_FILES, SINGLE_FILE, write_hf_folder
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS
 
 from hf_helpers import load_hf, seeded_model, small_args
 
-EXPECTED_FILES = {
+# The remote code: the configuration, the model and the files it imports (exactly those
+# transformers loads: tests/hf/test_hf_copies.py).
+REMOTE_CODE = set(REMOTE_CODE_FILES)
+EXPECTED_FILES = REMOTE_CODE | {
     "config.json",
-    "configuration_grt.py",
-    "modeling_grt.py",
     "model.safetensors",
     "generation_config.json",
     "vocab.json",
@@ -42,11 +43,14 @@ def test_export_folder(debug_export, debug_checkpoint):
     assert config["architectures"] == ["GRTForCausalLM"]
     assert (config["num_prelude_layers"], config["num_core_layers"], config["num_coda_layers"]) == (1, 2, 1)
     assert config["num_recurrences"] == 4 and config["tie_word_embeddings"] is True
+    # R and the default depth under the training args' names (None: R); no old key.
+    assert config["eval_recurrences"] is None and "train_recurrences" not in config
     # BOS / EOS / pad: the tokenizer's <|endoftext|> (GPT-2's: 50256).
     generation = json.loads((debug_export / "generation_config.json").read_text())
     assert config["bos_token_id"] == config["eos_token_id"] == 50256
     assert generation["bos_token_id"] == generation["eos_token_id"] == generation["pad_token_id"] == 50256
-    for name in ("configuration_grt.py", "modeling_grt.py"):  # self-contained remote code
+    siblings = {name.removesuffix(".py") for name in REMOTE_CODE}
+    for name in REMOTE_CODE:  # self-contained remote code: torch, transformers and each other
         tree = ast.parse((debug_export / name).read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -56,8 +60,7 @@ def test_export_folder(debug_export, debug_checkpoint):
             "dataclasses",
             "torch",
             "transformers",
-            "configuration_grt",
-        }, imported
+        } | siblings, imported
     card = (debug_export / "README.md").read_text()
     assert "1 + 2x4 + 1" in card and "training steps: 60" in card
     assert "training tokens: 61,440 (train_state" in card and "validation loss: 5.2500" in card
@@ -384,11 +387,11 @@ def test_validation_loss_read_from_the_runs_tensorboard_logs(debug_checkpoint, d
 
 def test_mixture_of_recursions_is_exported():
     """modeling_grt.py routes MoR (tests/hf/test_hf_mor.py): the export's check lets it through."""
+    from grt_titan.checkpoint_io import load_model_args
     from grt_titan.hf.convert import build_hf_config
-    from grt_titan.model.checkpoint import load_model_args
 
     from grt_test_helpers import REPO
 
     args, _ = load_model_args(REPO / "train_configs" / "paper" / "small_mor.toml")
     config = build_hf_config(args)
-    assert (config.router, config.router_inference, config.train_recurrences) == ("expert_choice", "threshold", 10)
+    assert (config.router, config.router_inference, config.num_recurrences) == ("expert_choice", "threshold", 10)

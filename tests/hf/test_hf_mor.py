@@ -9,11 +9,12 @@ import json
 import pytest
 import torch
 
+from grt_titan.checkpoint_io import load_checkpoint
 from grt_titan.cli import main as cli
+from grt_titan.hf.config_map import model_args_from_hf_config
 from grt_titan.hf.configuration_grt import GRTConfig
 from grt_titan.hf.convert import write_hf_folder
 from grt_titan.model import GRTModel
-from grt_titan.model.checkpoint import load_checkpoint, model_args_from_hf_config
 
 from grt_test_helpers import MOR_PARTS
 from hf_helpers import ATOL, assert_left_padded_rows_generate_alone, greedy, load_hf, prompt, small_args
@@ -168,7 +169,7 @@ def test_an_export_without_router_update_runs_the_delta_update(mor, tmp_path):
 def test_what_is_refused_is_named(mor):
     _, _, hf = mor
     x = prompt(seq=8)
-    kwargs = {k: v for k, v in hf.config.to_dict().items() if k in ("train_recurrences", "injection", "update")}
+    kwargs = {k: v for k, v in hf.config.to_dict().items() if k in ("num_recurrences", "injection", "update")}
     with pytest.raises(ValueError, match=r"router_inference = 'greedy' is invalid; allowed: \('threshold', 'top_k'\)"):
         GRTConfig(router="expert_choice", router_inference="greedy", **kwargs)
     with pytest.raises(ValueError, match=r"router_update = 'residual' is invalid; allowed: \('delta', 'block'\)"):
@@ -177,7 +178,7 @@ def test_what_is_refused_is_named(mor):
         hf(x, router_inference="greedy")
     with pytest.raises(ValueError, match=r"router_inference = 'top_k' ranks the whole sequence"):
         hf(x, router_inference="top_k", use_cache=True)
-    with pytest.raises(ValueError, match="one router per step up to train_recurrences = 4"):
+    with pytest.raises(ValueError, match="one router per step up to R = 4"):
         hf(x, num_recurrences=5)
     module = importlib.import_module(type(hf).__module__)
     # MoR's recursive KV sharing is not the `first` strategy (docs/hf_export.md).

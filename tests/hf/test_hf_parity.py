@@ -1,13 +1,16 @@
 """The exported transformers model computes the torchtitan model's logits."""
 
 import json
+import shutil
 
 import pytest
 import torch
 
 from grt_titan.hf.convert import write_hf_folder
 from grt_titan.model import grt_flavors
+from grt_titan.model.methods import RRT
 
+from grt_test_helpers import MOR_PARTS, build_model
 from hf_helpers import ATOL, SMALL_VOCAB, load_hf, seeded_model
 
 
@@ -43,11 +46,75 @@ def test_eval_recurrences_becomes_the_default_depth(tmp_path):
     native = seeded_model(args)
     out = write_hf_folder(tmp_path / "m", native.state_dict(), args, write_tokenizer=False)
     config = json.loads((out / "config.json").read_text())
-    assert config["num_recurrences"] == 2 and config["train_recurrences"] == 4
+    assert config["eval_recurrences"] == 2 and config["num_recurrences"] == 4
     hf = load_hf(out)
     x = tokens()
     with torch.no_grad():
         assert (hf(x).logits - native(x)).abs().max().item() < ATOL
+
+
+def old_form(config: dict) -> dict:
+    """config.json as grt-titan exports wrote it before R had one name: `num_recurrences` the
+    default depth (the run's eval depth, 0 without core layers), `train_recurrences` R (None
+    without core layers), no `eval_recurrences`."""
+    old = {k: v for k, v in config.items() if k != "eval_recurrences"}
+    recurrent = config["num_core_layers"] > 0
+    depth = config["num_recurrences"] if config["eval_recurrences"] is None else config["eval_recurrences"]
+    old["num_recurrences"] = depth if recurrent else 0
+    old["train_recurrences"] = config["num_recurrences"] if recurrent else None
+    return old
+
+
+OLD_FORM_CASES = {  # (flavor, overrides)
+    "grt": ("debug", {}),  # depth R
+    "eval_depth": ("debug", dict(eval_recurrences=2)),  # depth 2, R = 4
+    "rrt": ("debug", dict(**RRT.parts, lora_rank=4, eval_recurrences=3)),  # an adapter set per step up to R
+    "mor": ("debug", dict(**MOR_PARTS, eval_recurrences=3)),  # a router per step up to R
+    "dense": ("dense_debug", {}),
+}
+
+
+@pytest.mark.parametrize("case", list(OLD_FORM_CASES))
+def test_an_old_form_config_json_loads_and_computes_the_same(case, tmp_path):
+    """An export made before `eval_recurrences` (config.json: `num_recurrences` = the default
+    depth, `train_recurrences` = R) loads with R = num_recurrences and its default depth as
+    eval_recurrences, the same weights (per-step adapters and routers: R of them) and the
+    same logits at every depth; saved again, its config has the new keys."""
+    flavor, overrides = OLD_FORM_CASES[case]
+    args = grt_flavors[flavor].replace(vocab_size=SMALL_VOCAB, **overrides)
+    native = seeded_model(args) if args.router == "none" else build_model(args).eval()  # MoR: no gate to perturb
+    new = write_hf_folder(tmp_path / "new", native.state_dict(), args, write_tokenizer=False)
+    old = tmp_path / "old"
+    shutil.copytree(new, old)
+    config = json.loads((new / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps(old_form(config), indent=2))
+    hf_new, hf_old = load_hf(new), load_hf(old)
+    R, depth = (args.num_recurrences, args.eval_depth) if args.is_recurrent else (0, 0)
+    for hf in (hf_new, hf_old):
+        assert (hf.config.num_recurrences, hf.config.eval_depth) == (R, depth)
+        assert not hasattr(hf.config, "train_recurrences")
+    x = tokens(batch=1, seq=12)
+    with torch.no_grad():
+        for r in (None,) if not R else (None, 1, R):
+            assert torch.equal(hf_old(x, num_recurrences=r).logits, hf_new(x, num_recurrences=r).logits), r
+        if args.router == "none":  # MoR's export routes by threshold, the native model by its own rule
+            assert (hf_old(x).logits - native(x)).abs().max().item() < ATOL
+    hf_old.config.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert "train_recurrences" not in saved
+    assert (saved["num_recurrences"], saved["eval_recurrences"]) == (
+        config["num_recurrences"],
+        hf_old.config.eval_recurrences,
+    )
+
+
+def test_old_and_new_depth_keys_do_not_mix():
+    from grt_titan.hf.configuration_grt import GRTConfig
+
+    legacy = GRTConfig(num_recurrences=3, train_recurrences=6)  # old form: depth 3, R = 6
+    assert (legacy.num_recurrences, legacy.eval_recurrences) == (6, 3)
+    with pytest.raises(ValueError, match="train_recurrences .* and eval_recurrences = 2 cannot be combined"):
+        GRTConfig(num_recurrences=3, train_recurrences=6, eval_recurrences=2)
 
 
 def test_dense_twin(tmp_path):

@@ -9,11 +9,12 @@ import pytest
 import tomllib
 import torch
 
+from grt_titan.checkpoint_io import load_checkpoint, load_model_args
 from grt_titan.cli import main as cli
+from grt_titan.hf.config_map import HF_PARTS, model_args_from_hf_config
 from grt_titan.hf.configuration_grt import MOR_REQUIRED_PARTS, PART_SETTINGS, RECURRENCE_PARTS, GRTConfig
 from grt_titan.hf.convert import SINGLE_FILE, ExportError, build_hf_config, write_hf_folder
 from grt_titan.model import grt_flavors
-from grt_titan.model.checkpoint import HF_PARTS, load_checkpoint, load_model_args, model_args_from_hf_config
 from grt_titan.model.methods import GRT, METHODS, MOR, MOR_TOKEN_CHOICE
 
 from grt_test_helpers import build_model
@@ -180,12 +181,12 @@ def test_grt_config_json_has_no_part_fields_and_loads_as_grt():
 def test_rrt_refuses_depths_without_adapters():
     args = debug_twin("small_rrt.toml")
     R = args.num_recurrences
-    with pytest.raises(ExportError, match=f"num_recurrences = {R + 1} is invalid with step_adapter = 'lora'"):
+    with pytest.raises(ExportError, match=f"eval_recurrences = {R + 1} is invalid with step_adapter = 'lora'"):
         build_hf_config(args.replace(eval_recurrences=R + 1))
     from grt_titan.hf.modeling_grt import GRTForCausalLM
 
     hf = GRTForCausalLM(build_hf_config(args)).eval()
-    with pytest.raises(ValueError, match=f"one adapter per step up to train_recurrences = {R}"):
+    with pytest.raises(ValueError, match=f"one adapter per step up to R = {R}"):
         hf(prompt(), num_recurrences=R + 1)
 
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from grt_titan.checkpoint_io import load_checkpoint, load_model_args
 from grt_titan.cli import main as cli
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
 from grt_titan.hf.importer import import_hf
 from grt_titan.model import GRTModel
-from grt_titan.model.checkpoint import load_checkpoint, load_model_args
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, GRTStateDictAdapter
 
 from hf_helpers import load_hf, seeded_model, sharded_state_dict, small_args
@@ -169,13 +169,15 @@ def test_adapter_trims_to_vocab_size_and_pads_back(style, padded_models):
 
 
 def test_adapter_pads_dtensors_back_to_their_sharding(tmp_path):
-    """torchtitan hands to_hf the (vocabulary-sharded) DTensors of the model."""
+    """torchtitan hands the spec's adapter the (vocabulary-sharded) DTensors of the model."""
     from torch.distributed.tensor import DTensor, Shard
+
+    from grt_titan.components.checkpoint import ShardedGRTStateDictAdapter
 
     args = padded_args("llama")
     torch.manual_seed(0)
     with sharded_state_dict(args, tmp_path, make=torch.randn) as sharded:
-        adapter = GRTStateDictAdapter(args, None)
+        adapter = ShardedGRTStateDictAdapter(args, None)
         hf = adapter.to_hf(sharded)
         assert all(isinstance(hf[k], DTensor) for k in hf)
         assert hf["model.embed_tokens.weight"].shape == (VOCAB, args.dim)

@@ -5,7 +5,7 @@ distinct set of parts trains on 2 CPU ranks from its TOML at debug size."""
 import pytest
 import tomli
 
-from grt_titan.model.checkpoint import load_model_args
+from grt_titan.checkpoint_io import load_model_args
 from grt_titan.model.methods import LADDER, TABLE_1, paper_method
 from grt_titan.model.model import build_meta_model
 

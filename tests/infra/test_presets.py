@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import tomli
 
-from grt_titan.model.checkpoint import load_model_args
+from grt_titan.checkpoint_io import load_model_args
 from grt_titan.model.model import build_meta_model
 
 from grt_test_helpers import ANSI, mesh_degrees, step_losses

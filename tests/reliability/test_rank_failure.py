@@ -15,6 +15,8 @@ from types import SimpleNamespace
 import pytest
 from torchtitan.components.checkpoint import CheckpointManager
 
+from grt_titan.checkpoint_io import latest_complete_step, latest_step_folder
+
 from grt_test_helpers import REPO, RESTART_ENV, job_env, torchrun_command
 from reliability_helpers import (
     COMMON,
@@ -56,6 +58,8 @@ def test_latest_checkpoint_is_the_newest_with_metadata(tmp_path):
         for name in files:
             (folder / name).write_bytes(b"x")
     assert CheckpointManager._find_load_step(SimpleNamespace(folder=str(tmp_path))) == 2
+    # grt_titan's one definition (the verified load, the resume check, export-hf, analyze) agrees.
+    assert latest_complete_step(tmp_path) == 2 and latest_step_folder(tmp_path) == tmp_path / "step-2"
 
 
 @pytest.mark.slow

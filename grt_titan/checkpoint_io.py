@@ -1,8 +1,25 @@
-"""A GRT's weights and args in one process: the one native-model loader.
+"""Reading and writing a trained GRT in one process: training TOMLs, checkpoint folders,
+HF weights, and what a resume would load.
 
-Every tool that reads a trained GRT outside torchrun goes through here: `grt-titan
-export-hf` / `import-hf`, `grt-titan analyze`, benchmarks and tests.
+Why here, outside model/: model/ is the single-device model package (args, modules, the
+recurrence, the HF key map), as torchtitan's `models/<name>/model/`, and imports nothing
+from torch.distributed or torchtitan's config manager. Parsing a TOML with ConfigManager
+and reading DCP folders is I/O: it sits one layer above model/ and below components/, hf/
+and analysis/ (docs/architecture.md, "Layer order"), as torchtitan keeps its checkpoint code
+out of its model packages (`components/checkpoint.py`, the conversion scripts). Every tool that
+reads a trained GRT outside torchrun goes through here: `grt-titan export-hf` /
+`import-hf`, `grt-titan analyze` / `table`, benchmarks and tests; so does the start-up
+check of a resume, and the checkpoint manager takes its steps from here.
 
+- `checkpoint_steps` / `latest_complete_step`: THE definition of a checkpoint folder's
+  latest complete step, torchtitan's (`CheckpointManager._find_load_step`): the largest N of
+  a `step-N` holding DCP's `.metadata` (written last, by the commit) or the HF
+  `model.safetensors.index.json` of a `last_save_in_hf` save; a half-written newer
+  `step-N` never counts. A resume loads it (GRTCheckpointManager tries the older complete
+  steps only when its checksums fail), `resume_problems` inspects it, and
+  `latest_step_folder` picks it for export-hf and analyze.
+- `resume_problems`: a resume whose checkpoint holds only the model weights (reported at
+  start-up by grt_titan.config_checks).
 - `load_model_args`: the GRTModelArgs of a training TOML (flavor + `[grt]` overrides).
 - `load_checkpoint`: a torchtitan step folder. torchtitan 0.2.2 saves
   `<dump_folder>/<checkpoint.folder>/step-N/` with DCP; its model states are flattened to
@@ -11,7 +28,8 @@ export-hf` / `import-hf`, `grt-titan analyze`, benchmarks and tests.
   ntokens_seen}` in full saves. A folder whose model keys are nested under `model.` is read
   as well. With `[checkpoint] last_save_in_hf = true` the last step is instead written as
   HF-named safetensors (GRTStateDictAdapter); that is read too.
-- `native_state_from_hf` / `model_args_from_hf_config`: an exported Hugging Face folder.
+- `native_state_from_hf`: an exported Hugging Face folder's weights (its config.json:
+  grt_titan/hf/config_map.py).
 - `model_from_state`: a single-device GRTModel holding a native state dict.
 """
 
@@ -20,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import warnings
 from pathlib import Path
@@ -31,19 +50,109 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torchtitan.config import ConfigManager
-from torchtitan.models.llama3.model.args import RoPEScalingArgs
 
-from .args import GRT_PARTS, GRTModelArgs
-from .flavors import grt_flavors
-from .model import GRTModel, build_meta_model
-from .state_dict_adapter import GRTStateDictAdapter, optional_native_keys
+from grt_titan.model.args import GRTModelArgs
+from grt_titan.model.flavors import flavor_from_file, grt_flavors
+from grt_titan.model.model import GRTModel, build_meta_model
+from grt_titan.model.state_dict_adapter import GRTStateDictAdapter, optional_native_keys
 
+METADATA_FILE = ".metadata"  # DCP's commit: written last, so a folder with it is complete
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# torchtitan's checkpoint entries besides the model's (CheckpointManager.states).
+RESUME_STATES = ("train_state", "optimizer", "lr_scheduler", "dataloader")
 
 
 class CheckpointError(ValueError):
     """A user error in reading a model: bad checkpoint, config or path, named in the message."""
+
+
+# ---- the latest complete step ----------------------------------------------------------
+
+
+def checkpoint_steps(folder: str | os.PathLike) -> list[int]:
+    """The complete checkpoints of a checkpoint folder, as torchtitan's `_find_load_step`
+    counts them: `step-N` with DCP's `.metadata` or an HF `model.safetensors.index.json`."""
+    steps = []
+    if not os.path.isdir(folder):
+        return steps
+    for name in os.listdir(folder):
+        match = re.search(r"step-(\d+)", name)  # as _find_load_step
+        path = os.path.join(folder, name)
+        if match and (
+            os.path.isfile(os.path.join(path, METADATA_FILE)) or os.path.isfile(os.path.join(path, INDEX_FILE))
+        ):
+            steps.append(int(match.group(1)))
+    return steps
+
+
+def latest_complete_step(folder: str | os.PathLike) -> int:
+    """The step a resume loads (`[checkpoint] load_step = -1`): the largest complete one, -1
+    for none (a half-written newer `step-N` is never loaded)."""
+    return max(checkpoint_steps(folder), default=-1)
+
+
+def step_folder(folder: str | os.PathLike, step: int) -> str:
+    """`<folder>/step-N`, torchtitan's checkpoint id of a step."""
+    return os.path.join(folder, f"step-{step}")
+
+
+def latest_step_folder(path: Path) -> Path:
+    """`path` itself (a step folder), or the latest complete step of a checkpoint folder."""
+    step = latest_complete_step(path)
+    return Path(step_folder(path, step)) if step != -1 else path
+
+
+# ---- what a resume would load ------------------------------------------------------------
+
+
+def resume_problems(job_config) -> list[str]:
+    """A resume whose checkpoint holds only the model weights.
+
+    torchtitan saves the last step model-only while `[checkpoint] last_save_model_only`
+    (default true); extending a finished run (more `[training] steps`, same dump folder)
+    would load that folder and fail inside DCP (`Missing key in checkpoint state_dict:
+    dataloader.global_position`). The folder is the one torchtitan's `CheckpointManager.load`
+    picks: `load_step`, or the latest complete step.
+    """
+    c = job_config.checkpoint
+    if not c.enable:
+        return []
+    folder = os.path.join(job_config.job.dump_folder, c.folder)
+    if not os.path.isdir(folder):
+        return []  # a fresh run (initial_load_path, if any, is loaded as configured)
+    step = c.load_step if c.load_step != -1 else latest_complete_step(folder)
+    if step <= 0:
+        return []  # nothing to resume, or step 0 (torchtitan loads it model-only)
+    wanted = [k for k in RESUME_STATES if k not in c.exclude_from_loading]
+    path = step_folder(folder, step)
+    if not wanted or saved_states(path) != set():
+        return []
+    older = [s for s in sorted(checkpoint_steps(folder), reverse=True) if s < step]
+    full = next((s for s in older if saved_states(step_folder(folder, s))), None)
+    earlier = (
+        "" if full is None else (f"resume from the newest full checkpoint with --checkpoint.load_step {full}, or ")
+    )
+    return [
+        f"[checkpoint] last_save_model_only: {path} holds only the model weights (torchtitan "
+        "saves the last step model-only while last_save_model_only = true), so the run cannot "
+        f"resume from it (no {', '.join(RESUME_STATES)}); allowed: {earlier}start from these "
+        "weights with a fresh optimizer and LR schedule in a new folder (--job.dump_folder "
+        f"<new> --checkpoint.initial_load_path {path} --checkpoint.initial_load_model_only); "
+        "set last_save_model_only = false in runs you may extend"
+    ]
+
+
+def saved_states(path: str) -> set[str] | None:
+    """Which of RESUME_STATES the checkpoint `path` holds: set() for a model-only one (DCP
+    or HF safetensors), None if it cannot be told (missing or unreadable: DCP reports it)."""
+    if not os.path.isfile(os.path.join(path, METADATA_FILE)):
+        return set() if os.path.isfile(os.path.join(path, INDEX_FILE)) else None
+    try:
+        keys = FileSystemReader(path).read_metadata().state_dict_metadata
+    except Exception:
+        return None
+    return {k.split(".", 1)[0] for k in keys} & set(RESUME_STATES)
 
 
 # ---- args ------------------------------------------------------------------------------
@@ -61,151 +170,18 @@ def load_model_args(config_file: str | Path):
     if job_config.model.name != "grt":
         raise CheckpointError(f"{config_file}: [model] name = {job_config.model.name!r}, expected 'grt'")
     flavor = job_config.model.flavor
-    if flavor not in grt_flavors:
+    try:
+        file_args = flavor_from_file(flavor)  # a flavor file (grt-titan retrofit's model_args.json)
+    except ValueError as e:
+        raise CheckpointError(f"{config_file}: {e}") from e
+    if file_args is None and flavor not in grt_flavors:
         raise CheckpointError(f"{config_file}: flavor {flavor!r} unknown; allowed: {sorted(grt_flavors)}")
-    args = dataclasses.replace(grt_flavors[flavor])
+    args = file_args or dataclasses.replace(grt_flavors[flavor])
     try:
         args.update_from_config(job_config)
     except ValueError as e:
         raise CheckpointError(str(e)) from e
     return args, job_config
-
-
-# ---- Hugging Face config <-> args --------------------------------------------------------
-
-
-def _rope_scaling(args: GRTModelArgs) -> dict | None:
-    if args.block_style != "llama":
-        return None
-    # grt_titan's llama blocks use torchtitan's default llama3 RoPE scaling.
-    return dataclasses.asdict(RoPEScalingArgs())
-
-
-def model_args_dict(args: GRTModelArgs) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
-
-
-# Recurrence parts that the HF model implements (config.json fields of the same names);
-# grt_titan/hf/convert.py refuses the others.
-HF_PARTS = ("injection", "update", "initial_state", "step_adapter", "objective", "router")
-
-
-def hf_config_kwargs(args: GRTModelArgs, eos_id: int | None = None) -> dict[str, Any]:
-    """The HF GRTConfig fields for `args` (architecture, recurrence parts, default inference
-    depth). A dense model has no recurrence: its config keeps the parts' defaults.
-
-    `eos_id`: the tokenizer's `<|endoftext|>` id (`GPT2Tokenizer.eos_id`), written as BOS and
-    EOS as HF's GPT-2 does; None (no tokenizer, or one whose id the vocabulary lacks): none.
-    """
-    recurrent = args.is_recurrent
-    if recurrent:
-        depth = args.eval_depth
-        parts = {name: getattr(args, name) for name in HF_PARTS}
-        parts.update(
-            initial_state_std=args.initial_state_std,
-            initial_state_seed=args.depth_seed,  # the seed of grt_titan's eval-mode state table
-            lora_rank=args.lora_rank,
-            lora_scale=args.lora_scale,
-            exit_threshold=args.exit_threshold,  # Ouro's Q-exit threshold q
-            router_capacity=args.router_capacity,
-            router_scale=args.router_scale,
-            router_update=args.router_update,  # MoR: the update it was trained with
-            # MoR: the exported model routes causally by default (generation); a full forward
-            # may ask for top_k (docs/hf_export.md). The run's own eval rule is in training_settings.
-            router_inference="threshold",
-        )
-    else:
-        depth, parts = 0, {}
-    return dict(
-        **parts,
-        block_style=args.block_style,
-        vocab_size=args.vocab_size,  # the true vocabulary, never padded_vocab_size
-        hidden_size=args.dim,
-        num_attention_heads=args.n_heads,
-        num_key_value_heads=(args.n_kv_heads or args.n_heads) if args.block_style == "llama" else args.n_heads,
-        intermediate_size=args.ffn_hidden_dim,
-        max_position_embeddings=args.max_seq_len,
-        norm_eps=args.norm_eps,
-        rope_theta=args.rope_theta,
-        rope_llama3_scaling=_rope_scaling(args),
-        num_prelude_layers=args.n_prelude_layers,
-        num_core_layers=args.n_core_layers,
-        num_coda_layers=args.n_coda_layers,
-        num_recurrences=depth,
-        train_recurrences=args.num_recurrences if recurrent else None,
-        gate_hidden_size=args.gate_hidden_dim or args.dim,
-        gate_temperature=args.gate_temperature,
-        gate_override=args.gate_override,
-        tie_word_embeddings=args.tie_embeddings,
-        # Everything torchtitan needs to rebuild the exact args on import.
-        training_settings={"grt_model_args": model_args_dict(args)},
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-    )
-
-
-def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
-    """GRTModelArgs of an exported folder's config.json (exact for grt-titan exports)."""
-    if config.get("model_type") != "grt":
-        raise CheckpointError(f"config.json has model_type {config.get('model_type')!r}, expected 'grt'")
-    saved = dict((config.get("training_settings") or {}).get("grt_model_args") or {})
-    known = {f.name for f in dataclasses.fields(GRTModelArgs)}
-    args = GRTModelArgs(**{k: v for k, v in saved.items() if k in known})
-    kv_heads = config.get("num_key_value_heads")
-    overrides = dict(
-        block_style=config["block_style"],
-        vocab_size=config["vocab_size"],
-        dim=config["hidden_size"],
-        n_heads=config["num_attention_heads"],
-        n_kv_heads=kv_heads if config["block_style"] == "llama" and kv_heads != config["num_attention_heads"] else None,
-        max_seq_len=config["max_position_embeddings"],
-        norm_eps=config["norm_eps"],
-        rope_theta=config.get("rope_theta", args.rope_theta),
-        n_prelude_layers=config["num_prelude_layers"],
-        n_core_layers=config["num_core_layers"],
-        n_coda_layers=config["num_coda_layers"],
-        gate_temperature=config.get("gate_temperature", args.gate_temperature),
-        gate_override=config.get("gate_override"),
-    )
-    if config["num_core_layers"]:
-        # The parts config.json gives (none: GRT's) and their settings.
-        overrides.update({name: config.get(name, GRT_PARTS[name]) for name in HF_PARTS})
-        for key, field in (
-            ("initial_state_std",) * 2,
-            ("initial_state_seed", "depth_seed"),
-            ("lora_rank",) * 2,
-            ("lora_scale",) * 2,
-            ("exit_threshold",) * 2,
-            ("router_capacity",) * 2,
-            ("router_scale",) * 2,
-            ("router_update",) * 2,
-        ):
-            if key in config:
-                overrides[field] = config[key]
-        if overrides["step_adapter"] == "lora" and not saved:
-            overrides["depth_sampling"] = "fixed"  # one adapter set per step of a fixed depth
-        if overrides["router"] != "none" and not saved:  # MoR: one router per step, no noise
-            overrides.update(depth_sampling="fixed", state_noise_std=0.0)
-    if saved.get("n_kv_heads") is not None and overrides["n_kv_heads"] is None:
-        overrides["n_kv_heads"] = saved["n_kv_heads"]  # n_kv_heads == n_heads, spelled out
-    if config.get("gate_hidden_size") not in (None, config["hidden_size"]):
-        overrides["gate_hidden_dim"] = config["gate_hidden_size"]
-    args = args.replace(**overrides)
-    if args.is_recurrent and not saved:
-        R = config.get("train_recurrences") or max(config.get("num_recurrences", 1), 1)
-        args = args.replace(num_recurrences=R, min_recurrences=min(args.min_recurrences, R))
-    try:
-        args.validate(where="config.json")
-    except ValueError as e:
-        raise CheckpointError(str(e)) from e
-    expected_ffn = args.ffn_hidden_dim
-    if config.get("intermediate_size", expected_ffn) != expected_ffn:
-        raise CheckpointError(
-            f"config.json: intermediate_size = {config['intermediate_size']} but torchtitan's "
-            f"blocks compute {expected_ffn} (multiple_of = {args.multiple_of}, "
-            f"ffn_dim_multiplier = {args.ffn_dim_multiplier})"
-        )
-    return args
 
 
 # ---- weights ----------------------------------------------------------------------------
@@ -256,7 +232,7 @@ def check_native_shapes(args: GRTModelArgs, native: dict[str, Any], where: str) 
 # ---- checkpoints --------------------------------------------------------------------------
 
 
-_NON_MODEL_PREFIXES = ("optimizer.", "lr_scheduler.", "dataloader.", "train_state.")
+_NON_MODEL_PREFIXES = tuple(f"{name}." for name in RESUME_STATES)
 
 
 @contextlib.contextmanager
@@ -265,16 +241,6 @@ def single_process_dcp():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         yield
-
-
-def latest_step_folder(path: Path) -> Path:
-    """`path` itself, or its `step-N` child with the largest N (a checkpoint folder)."""
-    steps = (
-        [(int(m.group(1)), p) for p in path.iterdir() if p.is_dir() and (m := re.fullmatch(r"step-(\d+)", p.name))]
-        if path.is_dir()
-        else []
-    )
-    return max(steps)[1] if steps else path
 
 
 def _step_from_name(path: Path) -> int | None:
@@ -291,9 +257,9 @@ def load_checkpoint(path: str | Path, args: GRTModelArgs) -> tuple[dict[str, tor
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint folder {path} does not exist")
-    if (path / ".metadata").is_file():
+    if (path / METADATA_FILE).is_file():
         return _load_dcp(path, args)
-    if (path / "model.safetensors.index.json").is_file() or list(path.glob("*.safetensors")):
+    if (path / INDEX_FILE).is_file() or list(path.glob("*.safetensors")):
         adapter = GRTStateDictAdapter(args, None)
         hf = read_hf_weights(path)
         check_hf_keys(adapter, hf, f"checkpoint {path}")

@@ -1,0 +1,159 @@
+"""GRTModelArgs <-> the exported folder's config.json (GRTConfig's fields): the HF config map.
+
+`hf_config_kwargs` writes the config of an export (grt_titan/hf/convert.py);
+`model_args_from_hf_config` reads one back (`grt-titan import-hf`, and `grt-titan analyze`
+on an exported folder). `HF_PARTS` are the recurrence parts modeling_grt.py implements.
+
+It sits in the one-process I/O layer with grt_titan/checkpoint_io.py (docs/architecture.md,
+"Layer order"), below hf/ and analysis/, so that analyze reads an export without importing
+the export command. Plain data in, plain data out: no transformers import, no torch.distributed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torchtitan.models.llama3.model.args import RoPEScalingArgs
+
+from grt_titan.checkpoint_io import CheckpointError
+from grt_titan.model.args import GRT_PARTS, GRTModelArgs
+
+
+def _rope_scaling(args: GRTModelArgs) -> dict | None:
+    if args.block_style != "llama":
+        return None
+    if args.rope_scaling is None:
+        # grt_titan's llama flavors use torchtitan's default llama3 RoPE scaling.
+        return dataclasses.asdict(RoPEScalingArgs())
+    # A retrofitted source's own scaling ([factor, low, high, original]; factor 1: none).
+    factor, low, high, original = args.rope_scaling
+    return dataclasses.asdict(RoPEScalingArgs(float(factor), float(low), float(high), int(original)))
+
+
+def model_args_dict(args: GRTModelArgs) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
+
+
+# Recurrence parts that the HF model implements (config.json fields of the same names);
+# grt_titan/hf/convert.py refuses the others.
+HF_PARTS = ("injection", "update", "initial_state", "step_adapter", "objective", "router")
+
+
+def hf_config_kwargs(args: GRTModelArgs, eos_id: int | None = None, bos_id: int | None = None) -> dict[str, Any]:
+    """The HF GRTConfig fields for `args` (architecture, recurrence parts, default inference
+    depth). A dense model has no recurrence: its config keeps the parts' defaults.
+
+    `eos_id` / `bos_id`: the tokenizer's (GPT-2's `<|endoftext|>` is both, as HF's GPT-2
+    writes it: a missing `bos_id` is `eos_id`); None (no tokenizer, or one whose id the
+    vocabulary lacks): none.
+    """
+    recurrent = args.is_recurrent
+    if recurrent:
+        parts = {name: getattr(args, name) for name in HF_PARTS}
+        parts.update(
+            initial_state_std=args.initial_state_std,
+            initial_state_seed=args.depth_seed,  # the seed of grt_titan's eval-mode state table
+            lora_rank=args.lora_rank,
+            lora_scale=args.lora_scale,
+            exit_threshold=args.exit_threshold,  # Ouro's Q-exit threshold q
+            router_capacity=args.router_capacity,
+            router_scale=args.router_scale,
+            router_update=args.router_update,  # MoR: the update it was trained with
+            # MoR: the exported model routes causally by default (generation); a full forward
+            # may ask for top_k (docs/hf_export.md). The run's own eval rule is in training_settings.
+            router_inference="threshold",
+        )
+    else:
+        parts = {}
+    return dict(
+        **parts,
+        block_style=args.block_style,
+        vocab_size=args.vocab_size,  # the true vocabulary, never padded_vocab_size
+        hidden_size=args.dim,
+        num_attention_heads=args.n_heads,
+        num_key_value_heads=(args.n_kv_heads or args.n_heads) if args.block_style == "llama" else args.n_heads,
+        intermediate_size=args.ffn_hidden_dim,
+        max_position_embeddings=args.max_seq_len,
+        norm_eps=args.norm_eps,
+        rope_theta=args.rope_theta,
+        rope_llama3_scaling=_rope_scaling(args),
+        num_prelude_layers=args.n_prelude_layers,
+        num_core_layers=args.n_core_layers,
+        num_coda_layers=args.n_coda_layers,
+        num_recurrences=args.num_recurrences if recurrent else 0,  # R, as in the args
+        eval_recurrences=args.eval_recurrences if recurrent else None,  # the default depth (None: R)
+        gate_hidden_size=args.gate_hidden_dim or args.dim,
+        gate_temperature=args.gate_temperature,
+        gate_override=args.gate_override,
+        tie_word_embeddings=args.tie_embeddings,
+        # Everything torchtitan needs to rebuild the exact args on import.
+        training_settings={"grt_model_args": model_args_dict(args)},
+        bos_token_id=eos_id if bos_id is None else bos_id,
+        eos_token_id=eos_id,
+    )
+
+
+def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
+    """GRTModelArgs of an exported folder's config.json (exact for grt-titan exports)."""
+    if config.get("model_type") != "grt":
+        raise CheckpointError(f"config.json has model_type {config.get('model_type')!r}, expected 'grt'")
+    saved = dict((config.get("training_settings") or {}).get("grt_model_args") or {})
+    known = {f.name for f in dataclasses.fields(GRTModelArgs)}
+    args = GRTModelArgs(**{k: v for k, v in saved.items() if k in known})
+    kv_heads = config.get("num_key_value_heads")
+    overrides = dict(
+        block_style=config["block_style"],
+        vocab_size=config["vocab_size"],
+        dim=config["hidden_size"],
+        n_heads=config["num_attention_heads"],
+        n_kv_heads=kv_heads if config["block_style"] == "llama" and kv_heads != config["num_attention_heads"] else None,
+        max_seq_len=config["max_position_embeddings"],
+        norm_eps=config["norm_eps"],
+        rope_theta=config.get("rope_theta", args.rope_theta),
+        n_prelude_layers=config["num_prelude_layers"],
+        n_core_layers=config["num_core_layers"],
+        n_coda_layers=config["num_coda_layers"],
+        gate_temperature=config.get("gate_temperature", args.gate_temperature),
+        gate_override=config.get("gate_override"),
+    )
+    if config["num_core_layers"]:
+        # The parts config.json gives (none: GRT's) and their settings.
+        overrides.update({name: config.get(name, GRT_PARTS[name]) for name in HF_PARTS})
+        for key, field in (
+            ("initial_state_std",) * 2,
+            ("initial_state_seed", "depth_seed"),
+            ("lora_rank",) * 2,
+            ("lora_scale",) * 2,
+            ("exit_threshold",) * 2,
+            ("router_capacity",) * 2,
+            ("router_scale",) * 2,
+            ("router_update",) * 2,
+        ):
+            if key in config:
+                overrides[field] = config[key]
+        if overrides["step_adapter"] == "lora" and not saved:
+            overrides["depth_sampling"] = "fixed"  # one adapter set per step of a fixed depth
+        if overrides["router"] != "none" and not saved:  # MoR: one router per step, no noise
+            overrides.update(depth_sampling="fixed", state_noise_std=0.0)
+    if saved.get("n_kv_heads") is not None and overrides["n_kv_heads"] is None:
+        overrides["n_kv_heads"] = saved["n_kv_heads"]  # n_kv_heads == n_heads, spelled out
+    if config.get("gate_hidden_size") not in (None, config["hidden_size"]):
+        overrides["gate_hidden_dim"] = config["gate_hidden_size"]
+    args = args.replace(**overrides)
+    if args.is_recurrent and not saved:
+        # R: num_recurrences; an old config.json's train_recurrences (num_recurrences was the depth).
+        R = config.get("train_recurrences") or max(config.get("num_recurrences", 1), 1)
+        args = args.replace(num_recurrences=R, min_recurrences=min(args.min_recurrences, R))
+    try:
+        args.validate(where="config.json")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from e
+    expected_ffn = args.ffn_hidden_dim
+    if config.get("intermediate_size", expected_ffn) != expected_ffn:
+        raise CheckpointError(
+            f"config.json: intermediate_size = {config['intermediate_size']} but torchtitan's "
+            f"blocks compute {expected_ffn} (multiple_of = {args.multiple_of}, "
+            f"ffn_dim_multiplier = {args.ffn_dim_multiplier})"
+        )
+    return args

@@ -1,0 +1,670 @@
+"""`grt-titan retrofit`: a pretrained dense Hugging Face model -> a GRT that starts from it.
+
+    grt-titan retrofit SRC --out DIR [--prelude P] [--core A:B] [--coda C] [--recurrences R]
+
+SRC is a local folder of a GPT-2, Llama (3.x) or Qwen3 model (config.json, model.safetensors
+or the shards of model.safetensors.index.json, tokenizer files). Source layers 0..P-1 become
+the prelude, A..B-1 the weight-tied core, the last C the coda; the layers between are
+dropped. Embeddings, GPT-2's positions, the final norm and the LM head (tied or not) are
+copied. W_proj and the gate are set so that the first loop preserves the source
+(docs/retrofit.md derives it from eq. 2-5):
+
+    h_0 = h_pre                                  (initial_state = prelude)
+    W_proj = [I, 0]                              -> h_tilde = h_0 = h_pre
+    f_g's output layer: weight 0, bias -B        -> g = sigmoid(-B) ~ 4e-8 (B = 17): 1 - g == 1 in fp32
+    h_1 = g h_0 + (1 - g) core(h_pre) = core(h_pre)
+
+so at r = 1 in eval mode (no noise) the GRT computes exactly the source's layers in order:
+its logits equal the source's transformers forward (with every layer mapped) or the source
+without the dropped layers. Loops 2..R begin as plain iteration of the core on its own
+output (W_proj's zero h_pre half and the closed gate are learned from there).
+
+DIR receives:
+- `model/`: a torchtitan model-only DCP checkpoint (model FQNs at the top level, fp32), what
+  `[checkpoint] initial_load_path` loads with `initial_load_model_only = true`;
+- `model_args.json`: the GRT's architecture (GRTModelArgs fields), the TOML's flavor
+  (`[model] flavor = "<DIR>/model_args.json"`: a flavor may be such a file);
+- `train.toml`: a training config for it (the source's tokenizer, the recipe of the nearest
+  preset at a continued-training learning rate);
+- `retrofit.json`: where each GRT layer comes from.
+
+Nothing is written unless every check passes (grt_titan/atomic_dir.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+import torch
+
+from grt_titan.atomic_dir import atomic_directory
+from grt_titan.checkpoint_io import CheckpointError, read_hf_weights, save_checkpoint
+from grt_titan.model.args import GRTModelArgs
+from grt_titan.model.blocks import llama_block_args, qwen3_block_args
+from grt_titan.model.model import GRTModel
+from grt_titan.model.state_dict_adapter import optional_native_keys
+
+SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "qwen3")
+# The gate's closed bias B: sigmoid(-17) = 4.1e-8 < 2^-24 / 2, so 1 - g rounds to 1 in fp32
+# and g h_0 is below the resolution of core(h_pre) wherever |h_0| is not 1e7 times larger.
+GATE_CLOSED_BIAS = 17.0
+DEFAULT_RECURRENCES = 4
+# Continued training: the nearest preset's peak learning rate divided by this.
+CONTINUED_LR_DIVISOR = 10.0
+PRESETS = Path(__file__).resolve().parents[2] / "train_configs"
+
+
+class RetrofitError(CheckpointError):
+    """Bad retrofit input, named in one line (the key and what is allowed)."""
+
+
+# ---- the layer plan --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Which source layers form the prelude, the core and the coda (the rest are dropped)."""
+
+    num_source_layers: int
+    prelude: tuple[int, ...]
+    core: tuple[int, ...]
+    coda: tuple[int, ...]
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        return self.prelude + self.core + self.coda
+
+    @property
+    def dropped(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_source_layers) if i not in self.kept)
+
+    def grt_keys(self) -> dict[int, str]:
+        """Source layer -> the native prefix of the GRT block it becomes."""
+        keys = {s: f"prelude.layers.{j}." for j, s in enumerate(self.prelude)}
+        keys.update({s: f"recurrence.step.core.layers.{j}." for j, s in enumerate(self.core)})
+        keys.update({s: f"coda.layers.{j}." for j, s in enumerate(self.coda)})
+        return keys
+
+
+def default_split(num_layers: int) -> tuple[int, tuple[int, int], int]:
+    """(P, (A, B), C): McLeish et al. 2025's shape, prelude = coda = p = max(1, L // 8) first /
+    last layers and a core of 2p layers just before the coda, the middle dropped. TinyLlama's
+    22 layers give their figure 1's (2, 4, 2): prelude 0-1, core 16-19, coda 20-21. A source
+    too small for 4p layers keeps what fits (4 layers: 1, 1:3, 1, every layer mapped)."""
+    if num_layers < 3:
+        raise RetrofitError(
+            f"config.json: num_hidden_layers = {num_layers}; a retrofit needs >= 3 layers (prelude, core, coda)"
+        )
+    p = max(1, num_layers // 8)
+    n = min(2 * p, num_layers - 2 * p)
+    return p, (num_layers - p - n, num_layers - p), p
+
+
+def plan_layers(num_layers: int, prelude: int | None, core: tuple[int, int] | None, coda: int | None) -> LayerPlan:
+    """The layer plan of the options (unset: `default_split`'s), checked: in range, in order,
+    not overlapping, a non-empty core."""
+    p0, core0, c0 = default_split(num_layers) if num_layers >= 3 else (1, (1, 2), 1)
+    p = p0 if prelude is None else prelude
+    c = c0 if coda is None else coda
+    a, b = core0 if core is None else core
+    if num_layers < 1:
+        raise RetrofitError(f"config.json: num_hidden_layers = {num_layers}; allowed: >= 1")
+    if not 0 <= p <= num_layers:
+        raise RetrofitError(
+            f"--prelude {p} is out of range; allowed: 0..{num_layers} (the source has {num_layers} layers)"
+        )
+    if not 0 <= c <= num_layers:
+        raise RetrofitError(
+            f"--coda {c} is out of range; allowed: 0..{num_layers} (the source has {num_layers} layers)"
+        )
+    if not 0 <= a < b <= num_layers:
+        raise RetrofitError(
+            f"--core {a}:{b} is out of range; allowed: A:B with 0 <= A < B <= {num_layers} (a non-empty core)"
+        )
+    if a < p:
+        raise RetrofitError(f"--core {a}:{b} overlaps the prelude (layers 0..{p - 1}); allowed: A >= {p}")
+    if b > num_layers - c:
+        raise RetrofitError(
+            f"--core {a}:{b} overlaps the coda (layers {num_layers - c}..{num_layers - 1}); allowed: B <= {num_layers - c}"
+        )
+    return LayerPlan(num_layers, tuple(range(p)), tuple(range(a, b)), tuple(range(num_layers - c, num_layers)))
+
+
+# ---- the source's config -> GRTModelArgs ---------------------------------------------------
+
+
+def read_source_config(src: Path) -> dict[str, Any]:
+    path = src / "config.json"
+    if not src.is_dir():
+        raise RetrofitError(f"SRC {src}: not a folder")
+    if not path.is_file():
+        raise RetrofitError(f"{path}: missing (SRC must be a Hugging Face model folder)")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RetrofitError(f"{path}: not valid JSON: {e}") from e
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise RetrofitError(
+            f"{path}: model_type = {model_type!r} is not supported; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return config
+
+
+def num_source_layers(config: dict[str, Any]) -> int:
+    return int(config["n_layer"] if config["model_type"] == "gpt2" else config["num_hidden_layers"])
+
+
+def _require(config: dict[str, Any], key: str, allowed: Any, default: Any = None) -> None:
+    value = config.get(key, default)
+    if value not in (allowed if isinstance(allowed, tuple) else (allowed,)):
+        raise RetrofitError(f"config.json: {key} = {value!r} is not supported; allowed: {allowed!r}")
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """(rope_theta, scaling dict) from transformers 4.x (rope_theta, rope_scaling) or 5.x
+    (rope_parameters) configs."""
+    params = config.get("rope_parameters") or {}
+    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
+    scaling = config.get("rope_scaling") or params
+    return float(theta), dict(scaling)
+
+
+def _rope_type(scaling: dict[str, Any]) -> str:
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def source_model_args(config: dict[str, Any], plan: LayerPlan, **grt: Any) -> GRTModelArgs:
+    """The GRT args that describe the source exactly (widths, heads, kv heads, head width,
+    MLP width, RoPE theta and scaling, norm eps, tying, vocabulary, positions), with the
+    plan's layer counts and the `[grt]` settings `grt` (num_recurrences, ...)."""
+    model_type = config["model_type"]
+    common = dict(
+        n_prelude_layers=len(plan.prelude),
+        n_core_layers=len(plan.core),
+        n_coda_layers=len(plan.coda),
+        vocab_size=int(config["vocab_size"]),
+        # Loop 1 copies the source: closed gate, W_proj = [I, 0] (set on the weights, not here).
+        gate_bias_init=-GATE_CLOSED_BIAS,
+    )
+    if model_type == "gpt2":
+        _require(config, "activation_function", ("gelu_new", "gelu_pytorch_tanh"), "gelu_new")
+        _require(config, "scale_attn_weights", True, True)
+        _require(config, "scale_attn_by_inverse_layer_idx", False, False)
+        dim = int(config["n_embd"])
+        n_inner = config.get("n_inner")
+        args = GRTModelArgs(
+            block_style="gpt2",
+            dim=dim,
+            n_heads=int(config["n_head"]),
+            max_seq_len=int(config["n_positions"]),
+            norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
+            ffn_dim=None if n_inner in (None, 4 * dim) else int(n_inner),
+            tie_word_embeddings=None if config.get("tie_word_embeddings", True) else False,
+            **common,
+        )
+    else:
+        _require(config, "hidden_act", "silu", "silu")
+        _require(config, "attention_bias", False, False)
+        theta, scaling = _rope(config)
+        dim, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or dim // heads)
+        fields = dict(
+            dim=dim,
+            n_heads=heads,
+            n_kv_heads=kv_heads,
+            max_seq_len=int(config.get("max_position_embeddings", 2048)),
+            norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            ffn_dim=int(config["intermediate_size"]),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        )
+        if model_type == "llama":
+            _require(config, "mlp_bias", False, False)
+            if head_dim * heads != dim:
+                raise RetrofitError(
+                    f"config.json: head_dim = {head_dim} is not supported for llama; allowed: "
+                    f"hidden_size / num_attention_heads = {dim // heads} (torchtitan's llama attention)"
+                )
+            kind = _rope_type(scaling)
+            if kind == "llama3":
+                rope = [
+                    float(scaling["factor"]),
+                    float(scaling["low_freq_factor"]),
+                    float(scaling["high_freq_factor"]),
+                    float(scaling["original_max_position_embeddings"]),
+                ]
+            elif kind == "default":
+                rope = [1.0, 1.0, 4.0, float(fields["max_seq_len"])]  # factor 1: plain RoPE
+            else:
+                raise RetrofitError(
+                    f"config.json: rope_scaling rope_type = {kind!r} is not supported; allowed: llama3, default"
+                )
+            args = GRTModelArgs(block_style="llama", rope_scaling=rope, **fields, **common)
+        else:
+            _require(config, "use_sliding_window", False, False)
+            kind = _rope_type(scaling)
+            if kind != "default":
+                raise RetrofitError(
+                    f"config.json: rope_scaling rope_type = {kind!r} is not supported for qwen3; allowed: default"
+                )
+            args = GRTModelArgs(block_style="qwen3", attention_head_dim=head_dim, **fields, **common)
+    args = args.replace(**{k: v for k, v in grt.items() if v is not None})
+    try:
+        args.validate(where="retrofit")
+    except ValueError as e:
+        raise RetrofitError(str(e)) from e
+    return args
+
+
+# ---- the source's weights -> native GRT weights ----------------------------------------------
+
+_GPT2_BLOCK = {
+    "ln_1": "attention_norm",
+    "attn.c_proj": "attention.wo",
+    "ln_2": "ffn_norm",
+    "mlp.c_fc": "feed_forward.w1",
+    "mlp.c_proj": "feed_forward.w2",
+}
+_LAYER = re.compile(r"^(?:model\.layers|transformer\.h|h)\.(\d+)\.")
+
+
+def _source_layer(key: str) -> int | None:
+    match = _LAYER.match(key)
+    return None if match is None else int(match.group(1))
+
+
+def _gpt2_native(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GPT-2's HF weights in torchtitan-style names `layers.{i}.<block>` (Conv1D weights are
+    [in, out]: transposed to Linear's [out, in]; c_attn split into wq, wk, wv)."""
+    out = {}
+    for key, value in hf.items():
+        key = key.removeprefix("transformer.")
+        if key in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight"):
+            name = {"wte": "tok_embeddings", "wpe": "pos_embeddings", "ln_f": "norm", "lm_head": "output"}
+            module, _, leaf = key.rpartition(".")
+            out[f"{name[module]}.{leaf}"] = value
+            continue
+        match = re.fullmatch(r"h\.(\d+)\.(.+)\.(weight|bias)", key)
+        if match is None:
+            if re.fullmatch(r"h\.\d+\.attn\.(masked_)?bias", key):  # old checkpoints' causal-mask buffers
+                continue
+            raise RetrofitError(f"weights: unexpected GPT-2 key {key!r}")
+        layer, module, leaf = match.groups()
+        if module == "attn.c_attn":
+            if leaf == "weight":
+                value = value.t()
+            for name, part in zip(("wq", "wk", "wv"), value.chunk(3, dim=0), strict=True):
+                out[f"layers.{layer}.attention.{name}.{leaf}"] = part.contiguous()
+            continue
+        if module not in _GPT2_BLOCK:
+            raise RetrofitError(f"weights: unexpected GPT-2 key {key!r}")
+        is_conv1d = leaf == "weight" and module not in ("ln_1", "ln_2")
+        out[f"layers.{layer}.{_GPT2_BLOCK[module]}.{leaf}"] = value.t().contiguous() if is_conv1d else value
+    return out
+
+
+def _torchtitan_native(hf: dict[str, torch.Tensor], args: GRTModelArgs) -> dict[str, torch.Tensor]:
+    """Llama / Qwen3 HF weights in torchtitan's names, by torchtitan's own state-dict
+    adapters: their key maps, and for llama the q/k permutation to interleaved RoPE."""
+    if args.block_style == "llama":
+        from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAdapter
+
+        adapter = Llama3StateDictAdapter(llama_block_args(args), None)
+    else:
+        from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
+
+        adapter = Qwen3StateDictAdapter(qwen3_block_args(args), None)
+    try:
+        return adapter.from_hf(dict(hf))
+    except KeyError as e:
+        raise RetrofitError(f"weights: unexpected {args.block_style} key {e.args[0]!r}") from None
+
+
+def native_source_weights(hf: dict[str, torch.Tensor], args: GRTModelArgs, plan: LayerPlan) -> dict[str, torch.Tensor]:
+    """The GRT's native weights that come from the source: its kept layers at their GRT
+    places, embeddings, positions, final norm, LM head (untied only). With `vocab_multiple_of`
+    the embedding / head rows are padded with zero rows to padded_vocab_size, as import-hf
+    pads them (never an input id or a target)."""
+    kept = set(plan.kept)
+    hf = {k: v for k, v in hf.items() if _source_layer(k) is None or _source_layer(k) in kept}
+    for k in {_source_layer(k) for k in hf} - {None}:
+        if k >= plan.num_source_layers:
+            raise RetrofitError(f"weights: layer {k} beyond config.json's {plan.num_source_layers} layers")
+    flat = _gpt2_native(hf) if args.block_style == "gpt2" else _torchtitan_native(hf, args)
+    places, native = plan.grt_keys(), {}
+    for key, value in flat.items():
+        match = re.match(r"layers\.(\d+)\.", key)
+        if match is None:
+            if key == "output.weight" and args.tie_embeddings:
+                continue  # tied: the GRT's head is its embedding
+            native[key] = value
+        else:
+            native[places[int(match.group(1))] + key[match.end() :]] = value
+    extra = args.padded_vocab_size - args.vocab_size
+    for key in ("tok_embeddings.weight", "output.weight"):
+        if extra and key in native and native[key].shape[0] == args.vocab_size:
+            native[key] = torch.cat([native[key], native[key].new_zeros(extra, native[key].shape[1])])
+    return native
+
+
+def _check_weights(native: dict[str, torch.Tensor], model: GRTModel, src: Path) -> None:
+    expected = model.state_dict()
+    own = {k for k in expected if k.startswith(("recurrence.step.proj.", "recurrence.step.gate."))}
+    own |= optional_native_keys(model.model_args)
+    missing = sorted(k for k in expected if k not in native and k not in own)
+    if missing:
+        raise RetrofitError(f"{src}: weights missing for {missing[0]} (and {len(missing) - 1} more)")
+    for key, value in native.items():
+        if key not in expected:
+            raise RetrofitError(f"{src}: weight {key!r} has no place in the GRT")
+        if tuple(value.shape) != tuple(expected[key].shape):
+            raise RetrofitError(
+                f"{src}: weight {key!r} has shape {tuple(value.shape)}, config.json implies {tuple(expected[key].shape)}"
+            )
+
+
+def identity_preserving_init(model: GRTModel, gate_bias: float = GATE_CLOSED_BIAS) -> None:
+    """W_proj = [I, 0] and a closed gate (f_g's output weights 0, bias -gate_bias): loop 1
+    writes core(h_pre) through (docs/retrofit.md). f_g's first layer keeps its random init, so
+    the output layer's gradient (silu(w_in x) per unit) is nonzero and Adam can open the gate."""
+    step = model.recurrence.step
+    dim = model.model_args.dim
+    with torch.no_grad():
+        if step.proj is not None:
+            step.proj.weight.zero_()
+            step.proj.weight[:, :dim].copy_(torch.eye(dim))
+        if step.gate is not None:
+            step.gate.w_out.weight.zero_()
+            step.gate.w_out.bias.fill_(-gate_bias)
+
+
+def retrofit_model(
+    src: str | Path,
+    plan: LayerPlan | None = None,
+    seed: int = 0,
+    gate_bias: float = GATE_CLOSED_BIAS,
+    **grt: Any,
+) -> tuple[GRTModel, LayerPlan, dict[str, Any]]:
+    """(float32 GRTModel holding the retrofitted source, its layer plan, the source config).
+
+    `plan`: default `plan_layers(L, None, None, None)`. `grt`: `[grt]` settings
+    (num_recurrences, ...). The model is in train mode, as `model_from_state` returns one.
+    """
+    src = Path(src)
+    config = read_source_config(src)
+    plan = plan or plan_layers(num_source_layers(config), None, None, None)
+    args = source_model_args(config, plan, **grt)
+    try:
+        hf = read_hf_weights(src)
+    except FileNotFoundError as e:
+        raise RetrofitError(f"{src}: weight file missing: {e}") from e
+    native = native_source_weights(hf, args, plan)
+    torch.manual_seed(seed)  # f_g's first layer: its only random weights
+    model = GRTModel(args)
+    with torch.no_grad():
+        model.init_weights()
+    _check_weights(native, model, src)
+    model.load_state_dict({k: v.float() for k, v in native.items()}, strict=False)
+    model.tie_weights()
+    identity_preserving_init(model, gate_bias)
+    return model, plan, config
+
+
+# ---- the tokenizer, the TOML, the folder -------------------------------------------------------
+
+
+def check_tokenizer(src: Path, args: GRTModelArgs) -> int:
+    """The source tokenizer's vocabulary size; refused if it emits ids the embeddings lack."""
+    from grt_titan.tokenizer import load_tokenizer, resolve_tokenizer_source
+
+    if resolve_tokenizer_source(str(src)) is None:
+        raise RetrofitError(f"{src}: no tokenizer.json (the retrofit trains with the source's own tokenizer)")
+    try:
+        vocab = load_tokenizer(src).get_vocab_size()
+    except (ValueError, OSError) as e:
+        raise RetrofitError(f"{src}/tokenizer.json: cannot be loaded: {e}") from e
+    if vocab > args.vocab_size:
+        raise RetrofitError(
+            f"{src}/tokenizer.json: vocabulary of {vocab} ids differs from the embeddings' vocab_size = "
+            f"{args.vocab_size} rows (config.json); allowed: a tokenizer whose ids are all embedding rows"
+        )
+    return vocab
+
+
+def nearest_preset(args: GRTModelArgs) -> Path:
+    """The train_configs/grt_*.toml whose flavor's width is nearest the source's (llama and
+    qwen3 sources prefer the llama preset at equal distance)."""
+    from grt_titan.model.flavors import grt_flavors
+
+    best, best_key = None, None
+    for path in sorted(PRESETS.glob("grt_*.toml")):
+        flavor = tomllib.loads(path.read_text())["model"]["flavor"]
+        if flavor not in grt_flavors:
+            continue
+        preset = grt_flavors[flavor]
+        same_family = (preset.block_style == "gpt2") == (args.block_style == "gpt2")
+        key = (abs(math.log(preset.dim / args.dim)), not same_family)
+        if best_key is None or key < best_key:
+            best, best_key = path, key
+    assert best is not None, f"no grt_*.toml preset in {PRESETS}"
+    return best
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {value!r}")
+
+
+RECIPE_SECTIONS = ("optimizer", "lr_scheduler", "training", "activation_checkpoint", "compile", "metrics")
+
+
+def training_toml(src: Path, out: Path, args: GRTModelArgs, plan: LayerPlan, config: dict[str, Any]) -> str:
+    """The training TOML of a retrofit in `out` (absolute paths: it runs from any folder)."""
+    preset_path = nearest_preset(args)
+    preset = tomllib.loads(preset_path.read_text())
+    lr = float(f"{preset['optimizer']['lr'] / CONTINUED_LR_DIVISOR:.3g}")
+    seq_len = min(preset["training"]["seq_len"], args.max_seq_len)
+    lines = [
+        f"# Retrofit of {src} ({config['model_type']}, {plan.num_source_layers} layers) into a GRT:",
+        f"#   prelude = source layers {list(plan.prelude)}, core = {list(plan.core)}, coda = {list(plan.coda)}"
+        + (f", dropped {list(plan.dropped)}" if plan.dropped else ""),
+        "# Written by `grt-titan retrofit` (docs/retrofit.md). Train it with:",
+        f"#   torchrun --nproc_per_node=2 -m grt_titan.train --job.config_file {out / 'train.toml'}",
+        "[job]",
+        f"dump_folder = {_toml_value(str(out / 'outputs'))}",
+        f"description = {_toml_value(f'GRT retrofitted from {src.name}')}",
+        'custom_config_module = "grt_titan.job_config"',
+        "",
+        "[experimental]",
+        'custom_import = "grt_titan"',
+        "",
+        "[model]",
+        'name = "grt"',
+        "# The architecture (the source's widths, heads, RoPE, norms, tying, vocabulary) is this file.",
+        f"flavor = {_toml_value(str(out / 'model_args.json'))}",
+        "# The source's own tokenizer.",
+        f"hf_assets_path = {_toml_value(str(src))}",
+        "",
+        "[grt]",
+        f"num_recurrences = {args.num_recurrences}",
+        f"min_recurrences = {args.min_recurrences}",
+        f'depth_sampling = "{args.depth_sampling}"',
+        f"state_noise_std = {args.state_noise_std!r}",
+        f"gate_noise_std = {args.gate_noise_std!r}",
+        *([f"vocab_multiple_of = {args.vocab_multiple_of}"] if args.vocab_multiple_of > 1 else []),
+        "# closed at init: loop 1 writes the core's output through (the checkpoint sets f_g's bias)",
+        f"gate_bias_init = {args.gate_bias_init!r}",
+        "",
+        "[checkpoint]",
+        "enable = true",
+        'folder = "checkpoint"',
+        "interval = 500",
+        "# The retrofitted weights (a model-only checkpoint); a resume of this run loads its own steps.",
+        f"initial_load_path = {_toml_value(str(out / 'model'))}",
+        "initial_load_model_only = true",
+        "last_save_model_only = false",
+        "",
+        "[parallelism]",
+        "data_parallel_shard_degree = -1",
+        "tensor_parallel_degree = 1",
+        "",
+    ]
+    for section in RECIPE_SECTIONS:
+        if section not in preset:
+            continue
+        lines.append(f"[{section}]")
+        if section == "optimizer":
+            lines.append(
+                f"# {preset_path.name}'s recipe (the preset nearest in width); lr = its "
+                f"{preset['optimizer']['lr']!r} / {CONTINUED_LR_DIVISOR:g} for continued training of a pretrained model"
+            )
+        for key, value in preset[section].items():
+            if section == "optimizer" and key == "lr":
+                value = lr
+            if section == "training" and key == "seq_len":
+                value = seq_len
+            if section == "training" and key == "dataset":
+                lines.append(
+                    "# grt_default (the embedded corpus) is tokenized with the source's tokenizer on first "
+                    f"use; your own corpus: grt-titan prepare ... --tokenizer {src}"
+                )
+            lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_retrofit(
+    src: str | Path,
+    out: str | Path,
+    prelude: int | None = None,
+    core: tuple[int, int] | None = None,
+    coda: int | None = None,
+    overwrite: bool = False,
+    seed: int = 0,
+    gate_bias: float = GATE_CLOSED_BIAS,
+    **grt: Any,
+) -> Path:
+    """Check everything, then write `out` at once (nothing on any error)."""
+    src, out = Path(src).resolve(), Path(out).resolve()
+    if out.exists() and not overwrite:
+        raise RetrofitError(f"--out {out} already exists (pass --overwrite to replace it)")
+    config = read_source_config(src)
+    plan = plan_layers(num_source_layers(config), prelude, core, coda)
+    args = source_model_args(config, plan, **grt)
+    vocab = check_tokenizer(src, args)
+    model, plan, config = retrofit_model(src, plan, seed=seed, gate_bias=gate_bias, **grt)
+    args = model.model_args
+    # Every key of the model's state dict, the tied head's too (torchtitan's load asks for it).
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    record = {
+        "source": str(src),
+        "model_type": config["model_type"],
+        "source_layers": plan.num_source_layers,
+        "prelude": list(plan.prelude),
+        "core": list(plan.core),
+        "coda": list(plan.coda),
+        "dropped": list(plan.dropped),
+        "tokenizer_vocab_size": vocab,
+        "gate_closed_bias": gate_bias,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(out, overwrite) as tmp:
+        save_checkpoint(tmp / "model", state)
+        (tmp / "model_args.json").write_text(json.dumps(fields, indent=2) + "\n")
+        (tmp / "retrofit.json").write_text(json.dumps(record, indent=2) + "\n")
+        (tmp / "train.toml").write_text(training_toml(src, out, args, plan, config))
+    return out
+
+
+# ---- the command ---------------------------------------------------------------------------
+
+
+def _core_range(text: str) -> tuple[int, int]:
+    a, sep, b = text.partition(":")
+    if not sep or not a.strip().lstrip("-").isdigit() or not b.strip().lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"--core {text!r}: expected A:B (source layers A..B-1)")
+    return int(a), int(b)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="grt-titan retrofit",
+        description="Split a pretrained GPT-2 / Llama / Qwen3 Hugging Face folder into a GRT whose first loop is the source.",
+    )
+    p.add_argument("src", help="local Hugging Face model folder (config.json, safetensors, tokenizer.json)")
+    p.add_argument("--out", required=True, help="folder to create: model/, model_args.json, train.toml, retrofit.json")
+    p.add_argument("--prelude", type=int, default=None, help="P: source layers 0..P-1 form the prelude")
+    p.add_argument("--core", type=_core_range, default=None, help="A:B: source layers A..B-1 form the shared core")
+    p.add_argument("--coda", type=int, default=None, help="C: the last C source layers form the coda")
+    p.add_argument(
+        "--recurrences",
+        type=int,
+        default=DEFAULT_RECURRENCES,
+        help=f"R, [grt] num_recurrences (default {DEFAULT_RECURRENCES})",
+    )
+    p.add_argument("--min-recurrences", type=int, default=None, help="r_min, [grt] min_recurrences (default 1)")
+    p.add_argument("--state-noise-std", type=float, default=None, help="[grt] state_noise_std (default 0.1)")
+    p.add_argument("--gate-noise-std", type=float, default=None, help="[grt] gate_noise_std (default 0.1)")
+    p.add_argument(
+        "--vocab-multiple-of",
+        type=int,
+        default=None,
+        help="[grt] vocab_multiple_of: pad the embedding / head rows (zero rows) for even TP shards",
+    )
+    p.add_argument(
+        "--gate-bias",
+        type=float,
+        default=GATE_CLOSED_BIAS,
+        help=f"B: the closed gate's bias -B (default {GATE_CLOSED_BIAS:g})",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the gate's first layer (its only random weights)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        out = write_retrofit(
+            a.src,
+            a.out,
+            prelude=a.prelude,
+            core=a.core,
+            coda=a.coda,
+            overwrite=a.overwrite,
+            seed=a.seed,
+            gate_bias=a.gate_bias,
+            num_recurrences=a.recurrences,
+            min_recurrences=a.min_recurrences,
+            state_noise_std=a.state_noise_std,
+            gate_noise_std=a.gate_noise_std,
+            vocab_multiple_of=a.vocab_multiple_of,
+        )
+    except (CheckpointError, FileNotFoundError) as e:
+        print(f"grt-titan retrofit: error: {e}", file=sys.stderr)
+        return 1
+    print(f"retrofitted {a.src} -> {out} (train: {out / 'train.toml'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

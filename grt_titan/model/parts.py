@@ -1,0 +1,32 @@
+"""The table of parts: every `Part` of the recurrence (grt_titan/model/part.py), each written
+in its method module beside its math, in the order their rules are checked (docs/methods.md).
+
+`GRTModelArgs.validate`, the start-up checks and the FLOP count iterate over this table, and
+the recurrence builds each slot's module from it; methods.py names the rows of the paper that
+choices of these parts make. Importing grt_titan.model installs it as `GRTModelArgs.parts`
+(the args are a leaf and cannot import the method modules).
+"""
+
+from __future__ import annotations
+
+from .adapters import LoraAdapters
+from .args import GRTModelArgs
+from .depth_law import LAWS
+from .exit_distribution import ExitDistribution
+from .part import Part
+from .recurrence import GateUpdate, ProjInjection, RandomInitialState
+from .routing import ExpertChoice
+from .token_choice import TokenChoice
+
+PARTS: tuple[Part, ...] = (
+    ProjInjection(),  # injection = "proj": W_proj (GRT, Poisson)
+    GateUpdate(),  # update = "gate": the gate (GRT)
+    RandomInitialState(),  # initial_state = "random" (heavy-tail Poisson)
+    *LAWS,  # depth_sampling: uniform (GRT), fixed, poisson_lognormal (heavy-tail Poisson)
+    LoraAdapters(),  # step_adapter = "lora" (RRT)
+    ExitDistribution(),  # objective = "exit_distribution" (Ouro)
+    ExpertChoice(),  # router = "expert_choice" (MoR)
+    TokenChoice(),  # router = "token_choice" (MoR, token choice)
+)
+
+GRTModelArgs.parts = PARTS
