@@ -41,7 +41,9 @@ def test_method_parts_compiled_fsdp_with_ac_match_one_rank_without_recompiles(me
     parts = PARTS[method]
     seed = make_seed_checkpoint(tmp_path / "seed", parts)
     ref_losses, _ = train(run_torchrun, tmp_path, seed, "one_rank", 1, {**ONE_RANK, "args": parts})
-    assert ref_losses[-1] < ref_losses[0]
+    # The reference trains: a later step's loss below the first. Not the last step's alone: the
+    # depth laws sample another r for every step, and one deep last step may sit above the first.
+    assert min(ref_losses[1:]) < ref_losses[0], ref_losses
     run_dir = tmp_path / "fsdp2_compile_ac"
     # aot_eager_decomp_partition: dynamo's graphs and guards (what a recompile is), AOTAutograd,
     # decompositions and the partitioner as inductor has them, without inductor's C++ code

@@ -42,11 +42,16 @@ def scalars(run_dir: Path, tag: str) -> list[float]:
 def make_seed_checkpoint(tmp, extra_args=()):
     from grt_test_helpers import torchrun
 
+    # A fixed init: without --debug.seed the seed checkpoint's weights differ in every run, and
+    # so do the margins the comparisons below are held to (a tolerance passed in one CI and
+    # missed in the next).
+    seed_args = [] if "--debug.seed" in extra_args else ["--debug.seed", "0"]
     proc = torchrun(
         1,
         [
             *COMMON,
             *extra_args,
+            *seed_args,
             "--job.dump_folder",
             str(tmp),
             "--checkpoint.enable",
