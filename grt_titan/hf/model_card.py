@@ -35,21 +35,6 @@ def parameter_table(hf_state_dict: dict[str, Any]) -> list[tuple[str, int]]:
     return counts
 
 
-def training_depths(args: GRTModelArgs) -> str:
-    """The training depth distribution, in words."""
-    if args.depth_sampling == "fixed":
-        return f"training depth r = R = {args.num_recurrences}, sampling `fixed`"
-    if args.depth_sampling == "poisson_lognormal":
-        return (
-            f"training depths r ~ Poisson(tau) + 1, tau log-normal, E[r] = {args.expected_recurrences:g}, "
-            "sampling `poisson_lognormal`"
-        )
-    return (
-        f"training depths r ~ Uniform{{{args.min_recurrences}..{args.num_recurrences}}}, "
-        f"sampling `{args.depth_sampling}`"
-    )
-
-
 def layout(args: GRTModelArgs) -> str:
     if not args.is_recurrent:
         return f"dense, {args.n_prelude_layers + args.n_coda_layers} layers"
@@ -111,30 +96,15 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
     if not grt:
         lines.append(
             f"- recurrence parts: injection `{args.injection}`, update `{args.update}`, initial state "
-            f"`{args.initial_state}`, step adapter `{args.step_adapter}`"
-            + (f" (rank {args.lora_rank})" if args.step_adapter == "lora" else "")
-            + f", objective `{args.objective}`"
-            + (
-                f", router `{args.router}` (update `{args.router_update}`; routes by threshold, causal; "
-                '`router_inference="top_k"` for training\'s rule without cache)'
-                if args.router != "none"
-                else ""
-            )
-            + ' (grt_titan docs/architecture.md, "Methods as parts")'
+            f"`{args.initial_state}`, step adapter `{args.step_adapter}`, objective `{args.objective}`, "
+            f'router `{args.router}` (grt_titan docs/architecture.md, "Methods as parts")'
         )
-    if args.per_step_readout:
-        lines.append(
-            f"- exit: each token exits at the first step whose cumulative exit probability reaches "
-            f"`exit_threshold` = {args.exit_threshold:g} (1 = the last step); below 1 all r steps run, "
-            "each is read out through coda + norm, and the KV cache keeps the coda per step "
-            "(`per_step` only)"
-        )
+    lines += [f"- {part.describe(args)}" for part in args.active_parts if part.describe(args)]
     if recurrent:
         # Ouro below q = 1 reads every step out: the coda runs once per step.
         coda_runs = depth if args.per_step_readout and args.exit_threshold < 1 else 1
         lines += [
-            f"- default inference depth r = {depth} (config.json: `eval_recurrences`, null = R = "
-            f"`num_recurrences`; {training_depths(args)})",
+            f"- default inference depth r = {depth} (config.json: `eval_recurrences`, null = R = `num_recurrences`)",
             f"- block executions per token at r = {depth}: "
             f"{args.n_prelude_layers + args.n_core_layers * depth + args.n_coda_layers * coda_runs}",
         ]
@@ -161,8 +131,8 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         f"From the folder that holds `{name}/` (or with its hub id in place of `{name}`). "
         "The model runs this folder's `modeling_grt.py` and the files it imports "
         "(`trust_remote_code=True`); the "
-        "tokenizer is GPT-2's, but transformers reads the folder's config to find it, so it "
-        "takes the same flag (without it, transformers asks on stdin):",
+        "tokenizer is the training run's (its files are in the folder), but transformers reads the "
+        "folder's config to find it, so it takes the same flag (without it, transformers asks on stdin):",
         "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
@@ -174,7 +144,7 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
     if recurrent:
         lines += [
             "# depth per call: 0 = prelude + coda only, < R early exit, "
-            + ("R at most (one adapter set per step)" if args.step_adapter == "lora" else "> R extrapolation"),
+            + ("> R extrapolation" if args.extrapolates else "R at most (one module per step)"),
             f"out = model.generate(ids, max_new_tokens=32, num_recurrences={depth},",
             '                     kv_cache_strategy="per_step")'
             + ("" if args.per_step_readout and args.exit_threshold < 1 else "  # or first / last / average"),

@@ -109,6 +109,12 @@ class LoraAdapters(Part):
     def build(self, args: GRTModelArgs) -> StepAdapters:
         return StepAdapters(args)
 
+    def describe(self, args: GRTModelArgs) -> str:
+        return (
+            f"per-step LoRA adapters on the core's linears (rank {args.lora_rank}, RRT): one set per step, "
+            "so a call runs at most R steps"
+        )
+
     def step_params(self, args: GRTModelArgs) -> int:
         """r (in + out) per adapted linear: r (4d + 2d + 5d + 5d) = 16 d r per core block (unmerged:
         two thin matmuls per linear)."""

@@ -63,6 +63,18 @@ class DepthLaw(Part):
         """The depth a forward draws from the generator seeded by `seed` (r_min, R, E[r])."""
         raise NotImplementedError
 
+    def describe(self, args) -> str:
+        curriculum = (
+            f", {self.ramps} ramped from r_min over the first {args.depth_curriculum_steps} steps"
+            if args.depth_curriculum_steps
+            else ""
+        )
+        return f"{self.law(args)}, sampling `{self.choice}`{curriculum}"
+
+    def law(self, args) -> str:
+        """The training depth distribution, in words."""
+        return f"training depths r ~ Uniform{{{args.min_recurrences}..{args.num_recurrences}}}"
+
     def expected(self, args, count: Callable[[float], float], affine_from: int) -> float:
         """E_r[count(r)]; `count` is affine in r from r = `affine_from` on."""
         return count(self.mean_depth(args))
@@ -116,6 +128,9 @@ class FixedDepth(DepthLaw):
     choice = "fixed"
     ramps = "the depth"
 
+    def law(self, args) -> str:
+        return f"training depth r = R = {args.num_recurrences}"
+
     def mean_depth(self, args) -> float:
         return float(args.num_recurrences)
 
@@ -131,6 +146,9 @@ class HeavyTailPoisson(DepthLaw):
 
     def mean_depth(self, args) -> float:
         return super().mean_depth(args) if args.depth_mean is None else args.depth_mean
+
+    def law(self, args) -> str:
+        return f"training depths r ~ Poisson(tau) + 1, tau log-normal, E[r] = {self.mean_depth(args):g}"
 
     def draw(self, seed: int, low: int, high: int, mean: float) -> int:
         return heavy_tail_depth(np.random.default_rng(seed), mean)

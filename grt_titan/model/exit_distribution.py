@@ -140,6 +140,14 @@ class ExitDistribution(Part):
                 "objective", args.objective, f"cannot be combined with router = {args.router!r} (one method per run)"
             )
 
+    def describe(self, args: GRTModelArgs) -> str:
+        return (
+            "exit (Ouro): each token exits at the first step whose cumulative exit probability reaches "
+            f"`exit_threshold` = {args.exit_threshold:g} (1 = the last step); below 1 all r steps run, "
+            "each is read out through coda + norm, and the KV cache keeps the coda per step "
+            "(`per_step` only)"
+        )
+
     def job_problems(self, job: JobSettings, args: GRTModelArgs) -> list[str]:
         if args.exit_threshold >= 1:
             return []  # the last step: no per-token exit

@@ -79,6 +79,11 @@ class Part:
         """Forward FLOPs per token the part adds once per forward at depth r."""
         return 0.0
 
+    def describe(self, args) -> str:
+        """What the active part does in `args`, one Markdown phrase for the exported model's
+        card (grt_titan/hf/model_card.py); empty for a part the layout line already says."""
+        return ""
+
 
 def tensor_parallel_problems(job: JobSettings, message: str) -> list[str]:
     """`message` with `{tp}` the degree, for a part that cannot run tensor parallel, when the

@@ -141,6 +141,9 @@ class ProjInjection(Part):
     def build(self, args: GRTModelArgs) -> nn.Linear:
         return nn.Linear(2 * args.dim, args.dim, bias=False)
 
+    def describe(self, args: GRTModelArgs) -> str:
+        return "each step's input is W_proj [h + noise ; h_pre] (eq. 2)"
+
     def step_params(self, args: GRTModelArgs) -> int:
         return 2 * args.dim * args.dim
 
@@ -149,6 +152,9 @@ class GateUpdate(Part):
     """update = "gate": h <- g h + (1 - g) o (eq. 4) with the `Gate` above."""
 
     key, choice = "update", "gate"
+
+    def describe(self, args: GRTModelArgs) -> str:
+        return "each step writes h <- g h + (1 - g) o through the learned elementwise gate (eq. 4)"
 
     def check(self, args: GRTModelArgs, bad: Bad) -> None:
         if args.gate_temperature <= 0:
@@ -255,6 +261,9 @@ class RandomInitialState(Part):
     """initial_state = "random": h_0 ~ TruncNormal(0, initial_state_std^2) (`Recurrence.initial_state`)."""
 
     key, choice = "initial_state", "random"
+
+    def describe(self, args: GRTModelArgs) -> str:
+        return f"initial state h_0 ~ TruncNormal(0, {args.initial_state_std:g}^2), not the prelude's output"
 
     def check(self, args: GRTModelArgs, bad: Bad) -> None:
         if args.initial_state_std <= 0:

@@ -232,6 +232,13 @@ class ExpertChoice(Part):
             check_routed(args, bad)
             self._check_capacities(args, bad)
 
+    def describe(self, args: GRTModelArgs) -> str:
+        return (
+            f"router `expert_choice` (MoR, update `{args.router_update}`): one router per step, so a call "
+            'runs at most R steps; routes by threshold, causal; `router_inference="top_k"` for '
+            "training's rule without cache"
+        )
+
     def _check_capacities(self, args: GRTModelArgs, bad: Bad) -> None:
         if args.router_capacity is None:
             return

@@ -167,6 +167,12 @@ class TokenChoice(Part):
                 )
         check_routed(args, bad)
 
+    def describe(self, args: GRTModelArgs) -> str:
+        return (
+            "router `token_choice` (MoR): each token chooses its depth, one router for all steps that "
+            "outputs R scores, so a call runs at most R steps"
+        )
+
     def job_problems(self, job: JobSettings, args: GRTModelArgs) -> list[str]:
         return tensor_parallel_problems(
             job,
