@@ -18,7 +18,8 @@ The pipeline, each stage a command a user would type:
 5. `--steps` steps of the 1 + 2x4 + 1 retrofit from its written train.toml (its recipe: the
    grt_debug preset's with lr / 10);
 6. `--steps` steps of a GRT of exactly that architecture (the same train.toml and
-   model_args.json) from random weights, with grt_debug's recipe (lr 3e-3, gate_bias_init 4.0),
+   model_args.json) from random weights, with grt_debug's recipe (lr 3e-3; the written args'
+   gate_bias_init is the flavors' 4.0, the retrofit's closed gate being in its checkpoint),
    `[checkpoint]` off so nothing is loaded. Same seed, same tokenizer (the export's), same
    data order as 5.
 
@@ -294,8 +295,6 @@ def main(argv: list[str] | None = None) -> int:
             "--checkpoint.no-enable",
             "--optimizer.lr",
             str(grt_debug["optimizer"]["lr"]),
-            "--grt.gate_bias_init",
-            str(grt_debug["grt"]["gate_bias_init"]),
         ],
     }
     results = {}

@@ -324,10 +324,15 @@ def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:
     return None
 
 
+# torchtitan 0.2.2's default `[model] hf_assets_path`: no folder of this repository.
+TORCHTITAN_DEFAULT_ASSETS = Path("./tests/assets/tokenizer")
+
+
 def resolve_tokenizer_source(hf_assets_path: str | None) -> Path | None:
     """The tokenizer selected by ``[model] hf_assets_path``: a ``.tiktoken`` file (as
     ``resolve_tokenizer_path``), else a Hugging Face tokenizer folder (a folder holding
-    ``tokenizer.json``, or that file itself), else None (the shipped GPT-2 ranks)."""
+    ``tokenizer.json``, or that file itself); None (the shipped GPT-2 ranks) when the key is
+    unset or torchtitan's default. Any other path that holds no tokenizer is an error."""
     path = resolve_tokenizer_path(hf_assets_path)
     if path is not None or not hf_assets_path:
         return path
@@ -336,7 +341,15 @@ def resolve_tokenizer_source(hf_assets_path: str | None) -> Path | None:
         return p.parent
     if (p / "tokenizer.json").is_file():
         return p
-    return None
+    if Path(hf_assets_path) == TORCHTITAN_DEFAULT_ASSETS:
+        return None  # the key left at torchtitan's default: the shipped GPT-2 ranks
+    # A path someone set (a retrofit's source folder, say) that holds no tokenizer: falling
+    # back to GPT-2's would train on the wrong ids whenever the vocabulary check passes.
+    where = "does not exist" if not p.exists() else "holds no .tiktoken file and no tokenizer.json"
+    raise FileNotFoundError(
+        f"[model] hf_assets_path = {hf_assets_path!r} {where}; allowed: a .tiktoken file, a Hugging Face "
+        "tokenizer folder (tokenizer.json), or the key unset (the shipped GPT-2 tokenizer)"
+    )
 
 
 def load_tokenizer(path: str | os.PathLike | None = None) -> "GPT2Tokenizer | HFTokenizer":

@@ -1,6 +1,7 @@
 """Shared test helpers: torchrun on CPU (gloo) and the one-process entry point, torchtitan's
 step lines and config, a small model."""
 
+import json
 import os
 import re
 import shutil
@@ -269,3 +270,42 @@ def write_token_dataset(root: Path, tokenizer, splits: dict, shard_tokens: int, 
         },
     )
     return root
+
+
+# ---- retrofit presets: a stand-in for the source folder CI does not hold ----------------------
+
+# The source folder's name (the last part of the preset's hf_assets_path) -> its tokenizer's
+# (byte-level BPE tokens, added tokens). Qwen3: 151,643 + 26 = 151,669 ids, fewer than its
+# 151,936 embedding rows (the source's own layout, docs/retrofit.md).
+SOURCE_TOKENIZERS = {"Qwen3-0.6B": (151_643, 26)}
+
+
+def source_tokenizer(path: Path) -> tuple[int, int] | None:
+    """The tokenizer shape of the source a retrofit preset reads; None for other presets."""
+    import tomli
+
+    hf_assets_path = tomli.loads(path.read_text()).get("model", {}).get("hf_assets_path")
+    if hf_assets_path is None:
+        return None
+    name = Path(hf_assets_path).name
+    assert name in SOURCE_TOKENIZERS, f"{path.name}: add the tokenizer of {name} to SOURCE_TOKENIZERS"
+    return SOURCE_TOKENIZERS[name]
+
+
+def write_stand_in_tokenizer(folder: Path, bpe_tokens: int, added_tokens: int) -> Path:
+    """A Hugging Face tokenizer folder with `bpe_tokens + added_tokens` ids: a byte-level BPE
+    without merges (the 256 byte symbols, then unused tokens) and the added tokens after it,
+    `<|endoftext|>` (the EOS) first, as Qwen3's. Built in well under a second."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab.update({f"<unused_{i}>": i for i in range(len(vocab), bpe_tokens)})
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    added = ["<|endoftext|>", *(f"<|added_{i}|>" for i in range(1, added_tokens))]
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in added])
+    folder.mkdir(parents=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}) + "\n")
+    return folder

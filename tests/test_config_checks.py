@@ -20,7 +20,15 @@ import grt_titan  # noqa: F401  registers the spec
 from grt_titan.config_checks import Flavors, UnknownFlavorError, check_job_config
 from grt_titan.model import grt_flavors
 
-from grt_test_helpers import DEBUG_TOML, MOR_OVERRIDES, REGISTERED_CONVERTERS, REPO, parse_config
+from grt_test_helpers import (
+    DEBUG_TOML,
+    MOR_OVERRIDES,
+    REGISTERED_CONVERTERS,
+    REPO,
+    parse_config,
+    source_tokenizer,
+    write_stand_in_tokenizer,
+)
 
 
 def start_up(config, **arg_changes):
@@ -290,9 +298,11 @@ def test_good_configs_pass(overrides):
     start_up(parse_config(*overrides))
 
 
-def test_every_shipped_config_passes():
+def test_every_shipped_config_passes(tmp_path):
     for path in sorted((REPO / "train_configs").glob("*.toml")):
         config = parse_config(path=path)
+        if (shape := source_tokenizer(path)) is not None:  # a retrofit preset: its source's tokenizer
+            config.model.hf_assets_path = str(write_stand_in_tokenizer(tmp_path / path.stem, *shape))
         args = get_train_spec("grt").model_args[config.model.flavor].replace()
         args.update_from_config(config)
         check_job_config(config, args)
@@ -535,3 +545,21 @@ def test_router_inference_is_checked_by_name():
         ValueError, match=r"router_inference = 'threshold' is invalid; is used by router = 'expert_choice'"
     ):
         start_up(parse_config("--grt.router_inference", "threshold"))
+
+
+@pytest.mark.parametrize("where", ["missing", "empty"])
+def test_a_set_hf_assets_path_without_a_tokenizer_is_named(tmp_path, where):
+    """A folder someone named (a retrofit's source) that holds no tokenizer stops the start, not
+    a silent fall back to GPT-2's ids; torchtitan's default path keeps the shipped GPT-2."""
+    folder = tmp_path / "Qwen3-0.6B"
+    if where == "empty":
+        folder.mkdir()
+    config = parse_config("--model.hf_assets_path", str(folder))
+    reason = "does not exist" if where == "missing" else "holds no .tiktoken file and no tokenizer.json"
+    with pytest.raises(ValueError, match=rf"\[model\] hf_assets_path = '{re.escape(str(folder))}' {reason}; allowed"):
+        check_job_config(config, start_up(config))
+    from torchtitan.config import JobConfig
+
+    from grt_titan.tokenizer import resolve_tokenizer_source
+
+    assert resolve_tokenizer_source(JobConfig().model.hf_assets_path) is None  # the shipped GPT-2

@@ -72,7 +72,8 @@ def hf_config_kwargs(args: GRTModelArgs, eos_id: int | None = None, bos_id: int 
         vocab_size=args.vocab_size,  # the true vocabulary, never padded_vocab_size
         hidden_size=args.dim,
         num_attention_heads=args.n_heads,
-        num_key_value_heads=(args.n_kv_heads or args.n_heads) if args.block_style == "llama" else args.n_heads,
+        num_key_value_heads=args.n_heads if args.block_style == "gpt2" else (args.n_kv_heads or args.n_heads),
+        head_dim=args.head_dim,  # qwen3's may differ from hidden_size / heads
         intermediate_size=args.ffn_hidden_dim,
         max_position_embeddings=args.max_seq_len,
         norm_eps=args.norm_eps,
@@ -107,7 +108,7 @@ def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
         vocab_size=config["vocab_size"],
         dim=config["hidden_size"],
         n_heads=config["num_attention_heads"],
-        n_kv_heads=kv_heads if config["block_style"] == "llama" and kv_heads != config["num_attention_heads"] else None,
+        n_kv_heads=kv_heads if config["block_style"] != "gpt2" and kv_heads != config["num_attention_heads"] else None,
         max_seq_len=config["max_position_embeddings"],
         norm_eps=config["norm_eps"],
         rope_theta=config.get("rope_theta", args.rope_theta),
@@ -138,6 +139,8 @@ def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
             overrides.update(depth_sampling="fixed", state_noise_std=0.0)
     if saved.get("n_kv_heads") is not None and overrides["n_kv_heads"] is None:
         overrides["n_kv_heads"] = saved["n_kv_heads"]  # n_kv_heads == n_heads, spelled out
+    if config.get("head_dim") not in (None, config["hidden_size"] // config["num_attention_heads"]):
+        overrides["attention_head_dim"] = config["head_dim"]  # qwen3's explicit head width
     if config.get("gate_hidden_size") not in (None, config["hidden_size"]):
         overrides["gate_hidden_dim"] = config["gate_hidden_size"]
     args = args.replace(**overrides)

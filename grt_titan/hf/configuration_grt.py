@@ -12,7 +12,9 @@ config.json written before these names (`num_recurrences` the default depth,
 
 from transformers import PretrainedConfig
 
-BLOCK_STYLES = ("gpt2", "llama")
+BLOCK_STYLES = ("gpt2", "llama", "qwen3")
+# Block styles whose per-head width may differ from hidden_size / num_attention_heads.
+EXPLICIT_HEAD_DIM_STYLES = ("qwen3",)
 
 # KV-cache strategies across recurrence steps; see `GRTCache` in cache_grt.py.
 KV_CACHE_STRATEGIES = ("per_step", "first", "last", "average")
@@ -115,13 +117,18 @@ class GRTConfig(PretrainedConfig):
 
     Args:
         block_style: "gpt2" (pre-LayerNorm, biased linears, GELU(tanh) MLP, learned
-            positions, tied head) or "llama" (RMSNorm, SwiGLU, GQA, RoPE, separate head).
+            positions, tied head), "llama" (RMSNorm, SwiGLU, GQA, RoPE on interleaved pairs,
+            separate head) or "qwen3" (llama's with an RMSNorm per head on q and k, qk-norm,
+            RoPE on the two halves of each head and an explicit head width).
         vocab_size, hidden_size, num_attention_heads: as usual.
-        num_key_value_heads: KV heads (llama style, grouped-query attention); None = heads.
+        num_key_value_heads: KV heads (llama and qwen3 styles, grouped-query attention); None = heads.
+        head_dim: per-head width; None = hidden_size / num_attention_heads (the only width
+            of gpt2 and llama blocks; qwen3's may differ, Qwen3-0.6B: 128 with d = 1024 and
+            16 heads). config.json holds it only where it differs.
         intermediate_size: MLP hidden size (gpt2: 4 d; llama: torchtitan's SwiGLU size).
         max_position_embeddings: learned positions (gpt2) / longest trained context (llama).
         norm_eps: epsilon of every LayerNorm / RMSNorm.
-        rope_theta: RoPE base (llama style).
+        rope_theta: RoPE base (llama and qwen3 styles).
         rope_llama3_scaling: torchtitan's llama3 frequency scaling (dict with
             `scaling_factor`, `low_freq_factor`, `high_freq_factor`,
             `original_max_position_embeddings`) or None for plain RoPE.
@@ -190,6 +197,7 @@ class GRTConfig(PretrainedConfig):
         hidden_size=768,
         num_attention_heads=12,
         num_key_value_heads=None,
+        head_dim=None,
         intermediate_size=None,
         max_position_embeddings=1024,
         norm_eps=1e-5,
@@ -234,6 +242,7 @@ class GRTConfig(PretrainedConfig):
         self.hidden_size = hidden_size
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
         self.intermediate_size = intermediate_size or 4 * hidden_size
         self.max_position_embeddings = max_position_embeddings
         self.norm_eps = norm_eps
@@ -281,9 +290,21 @@ class GRTConfig(PretrainedConfig):
             raise ValueError(f"block_style = {self.block_style!r}; allowed: {BLOCK_STYLES}")
         if self.kv_cache_strategy not in KV_CACHE_STRATEGIES:
             raise ValueError(f"kv_cache_strategy = {self.kv_cache_strategy!r}; allowed: {KV_CACHE_STRATEGIES}")
-        if self.hidden_size % self.num_attention_heads:
+        if (
+            self.hidden_size % self.num_attention_heads
+            and self.head_dim == self.hidden_size // self.num_attention_heads
+        ):
             raise ValueError(
                 f"hidden_size = {self.hidden_size} is not divisible by num_attention_heads = {self.num_attention_heads}"
+            )
+        if (
+            self.block_style not in EXPLICIT_HEAD_DIM_STYLES
+            and self.head_dim != self.hidden_size // self.num_attention_heads
+        ):
+            raise ValueError(
+                f"head_dim = {self.head_dim} is invalid for block_style = {self.block_style!r}; allowed: "
+                f"hidden_size / num_attention_heads = {self.hidden_size // self.num_attention_heads} "
+                f"(an explicit head width: {EXPLICIT_HEAD_DIM_STYLES})"
             )
         for name, depth in (("num_recurrences", self.num_recurrences), ("eval_recurrences", self.eval_recurrences)):
             if depth is not None and (depth < 0 or (self.num_core_layers == 0 and depth)):
@@ -326,12 +347,15 @@ class GRTConfig(PretrainedConfig):
 
     def to_dict(self):
         """As PretrainedConfig's, without the fields of parts the model does not have: none
-        for GRT's parts, else the parts and the settings of those in use."""
+        for GRT's parts, else the parts and the settings of those in use; `head_dim` only
+        where it is not hidden_size / num_attention_heads."""
         output = super().to_dict()
         drop = set(RECURRENCE_PARTS) if self.has_grt_parts else set()
         for (name, choice), settings in PART_SETTINGS.items():
             if getattr(self, name) != choice:
                 drop.update(settings)
+        if self.head_dim == self.hidden_size // self.num_attention_heads:
+            drop.add("head_dim")  # the derived width: config.json stays as before the field
         for key in drop:
             output.pop(key, None)
         return output
@@ -344,10 +368,6 @@ class GRTConfig(PretrainedConfig):
     def check_exit_settings(self) -> None:
         """`check_exit_settings` on the current attributes (they may be set after __init__)."""
         check_exit_settings(self.objective, self.exit_threshold, self.kv_cache_strategy, self.num_core_layers)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @property
     def num_hidden_layers(self) -> int:

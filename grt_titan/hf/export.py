@@ -8,10 +8,10 @@ be a DCP step folder (full or model-only) or the HF-named safetensors that
 `[checkpoint] last_save_in_hf = true` writes. See docs/hf_export.md.
 
 `--format`: `auto` (default) writes a dense model (no core) as the stock transformers class
-of its block style (GPT2LMHeadModel / LlamaForCausalLM, grt_titan/hf/stock.py) and a recurrent
-one as model_type "grt" (remote code); `stock` and `grt` force one (`stock` refuses a model
-without a stock form in one line). A dense model that `auto` cannot write as stock falls back
-to "grt" with a note on stderr.
+of its block style (GPT2LMHeadModel / LlamaForCausalLM / Qwen3ForCausalLM,
+grt_titan/hf/stock.py) and a recurrent one as model_type "grt" (remote code); `stock` and
+`grt` force one (`stock` refuses a model without a stock form in one line). A dense model
+that `auto` cannot write as stock falls back to "grt" with a note on stderr.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="grt-titan export-hf",
         description="Export a torchtitan GRT checkpoint to a Hugging Face folder (AutoModelForCausalLM: "
-        "with trust_remote_code=True for a recurrent model; a dense one as stock GPT-2 / Llama).",
+        "with trust_remote_code=True for a recurrent model; a dense one as stock GPT-2 / Llama / Qwen3).",
     )
     p.add_argument(
         "--checkpoint",
@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         default="auto",
         choices=EXPORT_FORMATS,
-        help="stock: GPT2LMHeadModel / LlamaForCausalLM (dense models only); grt: model_type 'grt' with "
+        help="stock: GPT2LMHeadModel / LlamaForCausalLM / Qwen3ForCausalLM (dense models only); grt: model_type 'grt' with "
         "remote code; auto (default): stock for a dense model, grt for a recurrent one",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")

@@ -11,9 +11,10 @@ Export -> import is exact for float32 exports; the depth sampler's counter
 embedding / LM head rows beyond vocab_size (not exported) are imported as zeros, so
 export -> import -> export gives the same weights.
 
-A stock GPT-2 / Llama folder (config.json model_type "gpt2" / "llama": what export-hf writes
-for a dense model, or a transformers model of that architecture) imports as the dense model
-(grt_titan/hf/stock.py); settings grt_titan's blocks cannot compute are refused by name.
+A stock GPT-2 / Llama / Qwen3 folder (config.json model_type "gpt2" / "llama" / "qwen3": what
+export-hf writes for a dense model, or a transformers model of that architecture) imports as the
+dense model (grt_titan/hf/stock.py, the one reader of stock folders, which the retrofit uses
+too); settings grt_titan's blocks cannot compute are refused by name.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ ARCHITECTURE_FIELDS = (
 def _check_against_config(hf_args: GRTModelArgs, config_file: str | Path, stock: bool = False) -> GRTModelArgs:
     cfg_args, _ = load_model_args(config_file)
     fields = list(ARCHITECTURE_FIELDS)
-    if stock:  # a stock config.json gives the MLP width and the tying, not how the args spell them
-        spellings = ("multiple_of", "ffn_dim_multiplier", "ffn_dim", "tie_word_embeddings")
-        fields = [f for f in fields if f not in spellings] + ["ffn_hidden_dim", "tie_embeddings"]
+    if stock:  # a stock config.json gives the MLP and head widths and the tying, not how the args spell them
+        spellings = ("multiple_of", "ffn_dim_multiplier", "ffn_dim", "tie_word_embeddings", "attention_head_dim")
+        fields = [f for f in fields if f not in spellings] + ["ffn_hidden_dim", "tie_embeddings", "head_dim"]
     if cfg_args.block_style == "gpt2":
         fields.append("max_seq_len")  # learned positions are weights
     diffs = [
@@ -114,11 +115,11 @@ def import_hf(
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="grt-titan import-hf",
-        description="Convert an exported GRT Hugging Face folder (or a stock GPT-2 / Llama one, as a dense "
+        description="Convert an exported GRT Hugging Face folder (or a stock GPT-2 / Llama / Qwen3 one, as a dense "
         "model) back to a torchtitan checkpoint.",
     )
     p.add_argument(
-        "--hf-dir", required=True, help="folder written by grt-titan export-hf, or a stock GPT-2 / Llama folder"
+        "--hf-dir", required=True, help="folder written by grt-titan export-hf, or a stock GPT-2 / Llama / Qwen3 folder"
     )
     p.add_argument("--out", required=True, help="checkpoint folder to create, e.g. <dump>/checkpoint/step-0")
     p.add_argument(

@@ -1,5 +1,6 @@
-"""Layers of the GRT's transformers model: RoPE, attention, MLP, blocks, and the recurrence
-step's parts (the gate, RRT's step adapters, the random initial state).
+"""Layers of the GRT's transformers model: RoPE, attention (qwen3 blocks: qk-norm), MLP,
+blocks, and the recurrence step's parts (the gate, RRT's step adapters, the random initial
+state).
 
 Remote code: imports torch and transformers only, exported next to modeling_grt.py. The
 functions marked `# Copied from grt_titan.model.<module>.<name>` are the training model's,
@@ -45,8 +46,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.type_as(x)
 
 
+# Adapted from torchtitan.models.qwen3.model.model.apply_rotary_emb: one tensor, cos / sin given
+def apply_rope_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the pairs (x[i], x[i + d_h / 2]) of `x` [B, T, H, d_h] in x's dtype, as
+    torchtitan's qwen3 blocks (and Hugging Face's rotate_half); `cos`, `sin` [.., d_h] hold each
+    frequency twice."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos.to(x.dtype)) + (rotated * sin.to(x.dtype))
+
+
 class GRTAttention(nn.Module):
-    """Causal self-attention (SDPA); GQA and RoPE for llama style, biases for gpt2 style."""
+    """Causal self-attention (SDPA); GQA and RoPE for llama and qwen3 styles (qwen3: qk-norm,
+    an RMSNorm per head on q and k before RoPE), biases for gpt2 style."""
 
     def __init__(self, config: GRTConfig):
         super().__init__()
@@ -59,6 +71,11 @@ class GRTAttention(nn.Module):
         self.k_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=bias)
+        self.qk_norm = config.block_style == "qwen3"
+        if self.qk_norm:
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps)
+        self.rotate = apply_rope_halves if config.block_style == "qwen3" else apply_rope
 
     def forward(self, x, rope, mask, kv_update, lora=None):
         bsz, seqlen, _ = x.shape
@@ -69,8 +86,10 @@ class GRTAttention(nn.Module):
         q = q.view(bsz, seqlen, self.num_heads, self.head_dim)
         k = k.view(bsz, seqlen, self.num_kv_heads, self.head_dim)
         v = v.view(bsz, seqlen, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = self.rotate(q, *rope), self.rotate(k, *rope)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if kv_update is not None:
             k, v = kv_update(k, v)
@@ -91,12 +110,12 @@ class GRTAttention(nn.Module):
 
 
 class GRTMLP(nn.Module):
-    """gpt2: down(gelu_tanh(up(x))); llama: down(silu(gate(x)) * up(x))."""
+    """gpt2: down(gelu_tanh(up(x))); llama and qwen3: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, config: GRTConfig):
         super().__init__()
         d, hidden = config.hidden_size, config.intermediate_size
-        self.swiglu = config.block_style == "llama"
+        self.swiglu = config.block_style != "gpt2"
         bias = not self.swiglu
         if self.swiglu:
             self.gate_proj = nn.Linear(d, hidden, bias=False)

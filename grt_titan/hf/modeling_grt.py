@@ -46,7 +46,9 @@ KV cache across recurrences: `GRTCache` (cache_grt.py), the one place the strate
 (`per_step`, `first`, `last`, `average`).
 
 RoPE (llama style) rotates interleaved pairs (x[2i], x[2i+1]) exactly like torchtitan's
-complex `apply_rotary_emb`, so the exported q/k weights are torchtitan's, unpermuted.
+complex `apply_rotary_emb`, so the exported q/k weights are torchtitan's, unpermuted; qwen3
+style rotates the halves (x[i], x[i + d_h / 2]) after its per-head q/k RMSNorm (qk-norm), as
+torchtitan's qwen3 block and Hugging Face's Qwen3 do.
 
 Analysis outputs (`output_recurrence=True`): the states h_0 (= h_pre, or the random initial
 state), h_1..h_r, the core proposals o_1..o_r and the gates g_1..g_r (None without a
@@ -287,10 +289,14 @@ class GRTModel(GRTPreTrainedModel):
         return table[position_ids].expand_as(h_pre)
 
     def _rope(self, position_ids, device):
-        if self.config.block_style != "llama":
+        """(cos, sin) of the positions: [B or 1, T, 1, d_h / 2] for llama's interleaved pairs,
+        each frequency twice, [.., d_h], for qwen3's halves; None for gpt2 (learned positions)."""
+        if self.config.block_style == "gpt2":
             return None
         inv_freq = rope_inverse_frequencies(self.config, device=device)
         angles = position_ids.float()[..., None] * inv_freq  # [B or 1, T, d_h / 2]
+        if self.config.block_style == "qwen3":  # torchtitan's qwen3 cache: cat([angles, angles])
+            angles = torch.cat([angles, angles], dim=-1)
         return angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
 
     def forward(

@@ -3,11 +3,12 @@
     grt-titan retrofit SRC --out DIR [--prelude P] [--core A:B] [--coda C] [--recurrences R]
 
 SRC is a local folder of a GPT-2, Llama (3.x) or Qwen3 model (config.json, model.safetensors
-or the shards of model.safetensors.index.json, tokenizer files). Source layers 0..P-1 become
-the prelude, A..B-1 the weight-tied core, the last C the coda; the layers between are
-dropped. Embeddings, GPT-2's positions, the final norm and the LM head (tied or not) are
-copied. W_proj and the gate are set so that the first loop preserves the source
-(docs/retrofit.md derives it from eq. 2-5):
+or the shards of model.safetensors.index.json, tokenizer files), read by grt_titan/hf/stock.py
+(the one reader of stock models: the architecture, the weights as flat per-layer tensors, and
+the refusals). Here: source layers 0..P-1 become the prelude, A..B-1 the weight-tied core, the
+last C the coda; the layers between are dropped. Embeddings, GPT-2's positions, the final norm
+and the LM head (tied or not) are copied. W_proj and the gate are set so that the first loop
+preserves the source (docs/retrofit.md derives it from eq. 2-5):
 
     h_0 = h_pre                                  (initial_state = prelude)
     W_proj = [I, 0]                              -> h_tilde = h_0 = h_pre
@@ -21,9 +22,11 @@ output (W_proj's zero h_pre half and the closed gate are learned from there).
 
 DIR receives:
 - `model/`: a torchtitan model-only DCP checkpoint (model FQNs at the top level, fp32), what
-  `[checkpoint] initial_load_path` loads with `initial_load_model_only = true`;
+  `[checkpoint] initial_load_path` loads with `initial_load_model_only = true`; it holds the
+  closed gate (W_proj and f_g's weights are weights, not settings);
 - `model_args.json`: the GRT's architecture (GRTModelArgs fields), the TOML's flavor
-  (`[model] flavor = "<DIR>/model_args.json"`: a flavor may be such a file);
+  (`[model] flavor = "<DIR>/model_args.json"`: a flavor may be such a file); its
+  `gate_bias_init` is the flavors' (+4): built from it alone, a GRT starts from scratch;
 - `train.toml`: a training config for it (the source's tokenizer, the recipe of the nearest
   preset at a continued-training learning rate);
 - `retrofit.json`: where each GRT layer comes from.
@@ -37,7 +40,6 @@ import argparse
 import dataclasses
 import json
 import math
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,11 +51,18 @@ import torch
 from grt_titan.atomic_dir import atomic_directory
 from grt_titan.checkpoint_io import CheckpointError, read_hf_weights, save_checkpoint
 from grt_titan.model.args import GRTModelArgs
-from grt_titan.model.blocks import llama_block_args, qwen3_block_args
 from grt_titan.model.model import GRTModel
 from grt_titan.model.state_dict_adapter import optional_native_keys
 
-SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "qwen3")
+from .stock import (
+    n_dense_layers,
+    pad_vocab_rows,
+    place_layers,
+    read_stock_config,
+    source_args,
+    stock_to_flat,
+)
+
 # The gate's closed bias B: sigmoid(-17) = 4.1e-8 < 2^-24 / 2, so 1 - g rounds to 1 in fp32
 # and g h_0 is below the resolution of core(h_pre) wherever |h_0| is not 1e7 times larger.
 GATE_CLOSED_BIAS = 17.0
@@ -61,6 +70,9 @@ DEFAULT_RECURRENCES = 4
 # Continued training: the nearest preset's peak learning rate divided by this.
 CONTINUED_LR_DIVISOR = 10.0
 PRESETS = Path(__file__).resolve().parents[2] / "train_configs"
+# The GRT's own parts, which no source layer fills: W_proj and the gate (set by
+# `identity_preserving_init`).
+GRT_OWN_PARTS = ("recurrence.step.proj.", "recurrence.step.gate.")
 
 
 class RetrofitError(CheckpointError):
@@ -88,10 +100,10 @@ class LayerPlan:
         return tuple(i for i in range(self.num_source_layers) if i not in self.kept)
 
     def grt_keys(self) -> dict[int, str]:
-        """Source layer -> the native prefix of the GRT block it becomes."""
-        keys = {s: f"prelude.layers.{j}." for j, s in enumerate(self.prelude)}
-        keys.update({s: f"recurrence.step.core.layers.{j}." for j, s in enumerate(self.core)})
-        keys.update({s: f"coda.layers.{j}." for j, s in enumerate(self.coda)})
+        """Source layer -> the GRT block it becomes (its native prefix)."""
+        keys = {s: f"prelude.layers.{j}" for j, s in enumerate(self.prelude)}
+        keys.update({s: f"recurrence.step.core.layers.{j}" for j, s in enumerate(self.core)})
+        keys.update({s: f"coda.layers.{j}" for j, s in enumerate(self.coda)})
         return keys
 
 
@@ -139,127 +151,20 @@ def plan_layers(num_layers: int, prelude: int | None, core: tuple[int, int] | No
     return LayerPlan(num_layers, tuple(range(p)), tuple(range(a, b)), tuple(range(num_layers - c, num_layers)))
 
 
-# ---- the source's config -> GRTModelArgs ---------------------------------------------------
+# ---- the source -> the GRT's args and weights ----------------------------------------------------
 
 
-def read_source_config(src: Path) -> dict[str, Any]:
-    path = src / "config.json"
-    if not src.is_dir():
-        raise RetrofitError(f"SRC {src}: not a folder")
-    if not path.is_file():
-        raise RetrofitError(f"{path}: missing (SRC must be a Hugging Face model folder)")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise RetrofitError(f"{path}: not valid JSON: {e}") from e
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise RetrofitError(
-            f"{path}: model_type = {model_type!r} is not supported; allowed: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    return config
-
-
-def num_source_layers(config: dict[str, Any]) -> int:
-    return int(config["n_layer"] if config["model_type"] == "gpt2" else config["num_hidden_layers"])
-
-
-def _require(config: dict[str, Any], key: str, allowed: Any, default: Any = None) -> None:
-    value = config.get(key, default)
-    if value not in (allowed if isinstance(allowed, tuple) else (allowed,)):
-        raise RetrofitError(f"config.json: {key} = {value!r} is not supported; allowed: {allowed!r}")
-
-
-def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    """(rope_theta, scaling dict) from transformers 4.x (rope_theta, rope_scaling) or 5.x
-    (rope_parameters) configs."""
-    params = config.get("rope_parameters") or {}
-    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    scaling = config.get("rope_scaling") or params
-    return float(theta), dict(scaling)
-
-
-def _rope_type(scaling: dict[str, Any]) -> str:
-    return scaling.get("rope_type", scaling.get("type", "default"))
-
-
-def source_model_args(config: dict[str, Any], plan: LayerPlan, **grt: Any) -> GRTModelArgs:
-    """The GRT args that describe the source exactly (widths, heads, kv heads, head width,
-    MLP width, RoPE theta and scaling, norm eps, tying, vocabulary, positions), with the
-    plan's layer counts and the `[grt]` settings `grt` (num_recurrences, ...)."""
-    model_type = config["model_type"]
-    common = dict(
+def retrofit_args(source: GRTModelArgs, plan: LayerPlan, **grt: Any) -> GRTModelArgs:
+    """The GRT's args: the source's architecture (`source`, grt_titan/hf/stock.py's reading of
+    its config.json), the plan's layer counts and the `[grt]` settings `grt` (num_recurrences,
+    ...). The gate's closed bias is not among them: it lives in the checkpoint's weights
+    (`identity_preserving_init`), so the args build a GRT with the flavors' normal gate init."""
+    args = source.replace(
         n_prelude_layers=len(plan.prelude),
         n_core_layers=len(plan.core),
         n_coda_layers=len(plan.coda),
-        vocab_size=int(config["vocab_size"]),
-        # Loop 1 copies the source: closed gate, W_proj = [I, 0] (set on the weights, not here).
-        gate_bias_init=-GATE_CLOSED_BIAS,
+        **{k: v for k, v in grt.items() if v is not None},
     )
-    if model_type == "gpt2":
-        _require(config, "activation_function", ("gelu_new", "gelu_pytorch_tanh"), "gelu_new")
-        _require(config, "scale_attn_weights", True, True)
-        _require(config, "scale_attn_by_inverse_layer_idx", False, False)
-        dim = int(config["n_embd"])
-        n_inner = config.get("n_inner")
-        args = GRTModelArgs(
-            block_style="gpt2",
-            dim=dim,
-            n_heads=int(config["n_head"]),
-            max_seq_len=int(config["n_positions"]),
-            norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
-            ffn_dim=None if n_inner in (None, 4 * dim) else int(n_inner),
-            tie_word_embeddings=None if config.get("tie_word_embeddings", True) else False,
-            **common,
-        )
-    else:
-        _require(config, "hidden_act", "silu", "silu")
-        _require(config, "attention_bias", False, False)
-        theta, scaling = _rope(config)
-        dim, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads") or heads)
-        head_dim = int(config.get("head_dim") or dim // heads)
-        fields = dict(
-            dim=dim,
-            n_heads=heads,
-            n_kv_heads=kv_heads,
-            max_seq_len=int(config.get("max_position_embeddings", 2048)),
-            norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            rope_theta=theta,
-            ffn_dim=int(config["intermediate_size"]),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        )
-        if model_type == "llama":
-            _require(config, "mlp_bias", False, False)
-            if head_dim * heads != dim:
-                raise RetrofitError(
-                    f"config.json: head_dim = {head_dim} is not supported for llama; allowed: "
-                    f"hidden_size / num_attention_heads = {dim // heads} (torchtitan's llama attention)"
-                )
-            kind = _rope_type(scaling)
-            if kind == "llama3":
-                rope = [
-                    float(scaling["factor"]),
-                    float(scaling["low_freq_factor"]),
-                    float(scaling["high_freq_factor"]),
-                    float(scaling["original_max_position_embeddings"]),
-                ]
-            elif kind == "default":
-                rope = [1.0, 1.0, 4.0, float(fields["max_seq_len"])]  # factor 1: plain RoPE
-            else:
-                raise RetrofitError(
-                    f"config.json: rope_scaling rope_type = {kind!r} is not supported; allowed: llama3, default"
-                )
-            args = GRTModelArgs(block_style="llama", rope_scaling=rope, **fields, **common)
-        else:
-            _require(config, "use_sliding_window", False, False)
-            kind = _rope_type(scaling)
-            if kind != "default":
-                raise RetrofitError(
-                    f"config.json: rope_scaling rope_type = {kind!r} is not supported for qwen3; allowed: default"
-                )
-            args = GRTModelArgs(block_style="qwen3", attention_head_dim=head_dim, **fields, **common)
-    args = args.replace(**{k: v for k, v in grt.items() if v is not None})
     try:
         args.validate(where="retrofit")
     except ValueError as e:
@@ -267,111 +172,13 @@ def source_model_args(config: dict[str, Any], plan: LayerPlan, **grt: Any) -> GR
     return args
 
 
-# ---- the source's weights -> native GRT weights ----------------------------------------------
-
-_GPT2_BLOCK = {
-    "ln_1": "attention_norm",
-    "attn.c_proj": "attention.wo",
-    "ln_2": "ffn_norm",
-    "mlp.c_fc": "feed_forward.w1",
-    "mlp.c_proj": "feed_forward.w2",
-}
-_LAYER = re.compile(r"^(?:model\.layers|transformer\.h|h)\.(\d+)\.")
-
-
-def _source_layer(key: str) -> int | None:
-    match = _LAYER.match(key)
-    return None if match is None else int(match.group(1))
-
-
-def _gpt2_native(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """GPT-2's HF weights in torchtitan-style names `layers.{i}.<block>` (Conv1D weights are
-    [in, out]: transposed to Linear's [out, in]; c_attn split into wq, wk, wv)."""
-    out = {}
-    for key, value in hf.items():
-        key = key.removeprefix("transformer.")
-        if key in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias", "lm_head.weight"):
-            name = {"wte": "tok_embeddings", "wpe": "pos_embeddings", "ln_f": "norm", "lm_head": "output"}
-            module, _, leaf = key.rpartition(".")
-            out[f"{name[module]}.{leaf}"] = value
-            continue
-        match = re.fullmatch(r"h\.(\d+)\.(.+)\.(weight|bias)", key)
-        if match is None:
-            if re.fullmatch(r"h\.\d+\.attn\.(masked_)?bias", key):  # old checkpoints' causal-mask buffers
-                continue
-            raise RetrofitError(f"weights: unexpected GPT-2 key {key!r}")
-        layer, module, leaf = match.groups()
-        if module == "attn.c_attn":
-            if leaf == "weight":
-                value = value.t()
-            for name, part in zip(("wq", "wk", "wv"), value.chunk(3, dim=0), strict=True):
-                out[f"layers.{layer}.attention.{name}.{leaf}"] = part.contiguous()
-            continue
-        if module not in _GPT2_BLOCK:
-            raise RetrofitError(f"weights: unexpected GPT-2 key {key!r}")
-        is_conv1d = leaf == "weight" and module not in ("ln_1", "ln_2")
-        out[f"layers.{layer}.{_GPT2_BLOCK[module]}.{leaf}"] = value.t().contiguous() if is_conv1d else value
-    return out
-
-
-def _torchtitan_native(hf: dict[str, torch.Tensor], args: GRTModelArgs) -> dict[str, torch.Tensor]:
-    """Llama / Qwen3 HF weights in torchtitan's names, by torchtitan's own state-dict
-    adapters: their key maps, and for llama the q/k permutation to interleaved RoPE."""
-    if args.block_style == "llama":
-        from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAdapter
-
-        adapter = Llama3StateDictAdapter(llama_block_args(args), None)
-    else:
-        from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
-
-        adapter = Qwen3StateDictAdapter(qwen3_block_args(args), None)
-    try:
-        return adapter.from_hf(dict(hf))
-    except KeyError as e:
-        raise RetrofitError(f"weights: unexpected {args.block_style} key {e.args[0]!r}") from None
-
-
-def native_source_weights(hf: dict[str, torch.Tensor], args: GRTModelArgs, plan: LayerPlan) -> dict[str, torch.Tensor]:
-    """The GRT's native weights that come from the source: its kept layers at their GRT
-    places, embeddings, positions, final norm, LM head (untied only). With `vocab_multiple_of`
-    the embedding / head rows are padded with zero rows to padded_vocab_size, as import-hf
-    pads them (never an input id or a target)."""
-    kept = set(plan.kept)
-    hf = {k: v for k, v in hf.items() if _source_layer(k) is None or _source_layer(k) in kept}
-    for k in {_source_layer(k) for k in hf} - {None}:
-        if k >= plan.num_source_layers:
-            raise RetrofitError(f"weights: layer {k} beyond config.json's {plan.num_source_layers} layers")
-    flat = _gpt2_native(hf) if args.block_style == "gpt2" else _torchtitan_native(hf, args)
-    places, native = plan.grt_keys(), {}
-    for key, value in flat.items():
-        match = re.match(r"layers\.(\d+)\.", key)
-        if match is None:
-            if key == "output.weight" and args.tie_embeddings:
-                continue  # tied: the GRT's head is its embedding
-            native[key] = value
-        else:
-            native[places[int(match.group(1))] + key[match.end() :]] = value
-    extra = args.padded_vocab_size - args.vocab_size
-    for key in ("tok_embeddings.weight", "output.weight"):
-        if extra and key in native and native[key].shape[0] == args.vocab_size:
-            native[key] = torch.cat([native[key], native[key].new_zeros(extra, native[key].shape[1])])
-    return native
-
-
-def _check_weights(native: dict[str, torch.Tensor], model: GRTModel, src: Path) -> None:
-    expected = model.state_dict()
-    own = {k for k in expected if k.startswith(("recurrence.step.proj.", "recurrence.step.gate."))}
-    own |= optional_native_keys(model.model_args)
-    missing = sorted(k for k in expected if k not in native and k not in own)
-    if missing:
-        raise RetrofitError(f"{src}: weights missing for {missing[0]} (and {len(missing) - 1} more)")
-    for key, value in native.items():
-        if key not in expected:
-            raise RetrofitError(f"{src}: weight {key!r} has no place in the GRT")
-        if tuple(value.shape) != tuple(expected[key].shape):
-            raise RetrofitError(
-                f"{src}: weight {key!r} has shape {tuple(value.shape)}, config.json implies {tuple(expected[key].shape)}"
-            )
+def native_source_weights(
+    hf: dict[str, torch.Tensor], source: GRTModelArgs, plan: LayerPlan, args: GRTModelArgs
+) -> dict[str, torch.Tensor]:
+    """The GRT's native weights that come from the source: its kept layers at their GRT places,
+    embeddings, positions, final norm, LM head (untied only). With `vocab_multiple_of` the
+    embedding / head rows are padded with zero rows to padded_vocab_size, as import-hf pads them."""
+    return pad_vocab_rows(place_layers(stock_to_flat(hf, source, plan.kept), plan.grt_keys()), args)
 
 
 def identity_preserving_init(model: GRTModel, gate_bias: float = GATE_CLOSED_BIAS) -> None:
@@ -402,20 +209,22 @@ def retrofit_model(
     (num_recurrences, ...). The model is in train mode, as `model_from_state` returns one.
     """
     src = Path(src)
-    config = read_source_config(src)
-    plan = plan or plan_layers(num_source_layers(config), None, None, None)
-    args = source_model_args(config, plan, **grt)
+    config = read_stock_config(src)
+    source = source_args(config)
+    plan = plan or plan_layers(n_dense_layers(source), None, None, None)
+    args = retrofit_args(source, plan, **grt)
     try:
         hf = read_hf_weights(src)
     except FileNotFoundError as e:
         raise RetrofitError(f"{src}: weight file missing: {e}") from e
-    native = native_source_weights(hf, args, plan)
+    native = native_source_weights(hf, source, plan, args)
     torch.manual_seed(seed)  # f_g's first layer: its only random weights
     model = GRTModel(args)
     with torch.no_grad():
         model.init_weights()
-    _check_weights(native, model, src)
-    model.load_state_dict({k: v.float() for k, v in native.items()}, strict=False)
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in native.items()}, strict=False)
+    own = set(missing) - optional_native_keys(args)  # what the source does not hold: W_proj and the gate
+    assert not unexpected and all(k.startswith(GRT_OWN_PARTS) for k in own), (unexpected, sorted(own))
     model.tie_weights()
     identity_preserving_init(model, gate_bias)
     return model, plan, config
@@ -428,7 +237,11 @@ def check_tokenizer(src: Path, args: GRTModelArgs) -> int:
     """The source tokenizer's vocabulary size; refused if it emits ids the embeddings lack."""
     from grt_titan.tokenizer import load_tokenizer, resolve_tokenizer_source
 
-    if resolve_tokenizer_source(str(src)) is None:
+    try:
+        found = resolve_tokenizer_source(str(src))
+    except FileNotFoundError:
+        found = None
+    if found is None:
         raise RetrofitError(f"{src}: no tokenizer.json (the retrofit trains with the source's own tokenizer)")
     try:
         vocab = load_tokenizer(src).get_vocab_size()
@@ -510,8 +323,8 @@ def training_toml(src: Path, out: Path, args: GRTModelArgs, plan: LayerPlan, con
         f"state_noise_std = {args.state_noise_std!r}",
         f"gate_noise_std = {args.gate_noise_std!r}",
         *([f"vocab_multiple_of = {args.vocab_multiple_of}"] if args.vocab_multiple_of > 1 else []),
-        "# closed at init: loop 1 writes the core's output through (the checkpoint sets f_g's bias)",
-        f"gate_bias_init = {args.gate_bias_init!r}",
+        "# The gate starts closed (loop 1 writes the core's output through) by the checkpoint's f_g",
+        "# bias, not by gate_bias_init: without initial_load_path this trains a GRT from scratch.",
         "",
         "[checkpoint]",
         "enable = true",
@@ -566,10 +379,9 @@ def write_retrofit(
     src, out = Path(src).resolve(), Path(out).resolve()
     if out.exists() and not overwrite:
         raise RetrofitError(f"--out {out} already exists (pass --overwrite to replace it)")
-    config = read_source_config(src)
-    plan = plan_layers(num_source_layers(config), prelude, core, coda)
-    args = source_model_args(config, plan, **grt)
-    vocab = check_tokenizer(src, args)
+    source = source_args(read_stock_config(src))
+    plan = plan_layers(n_dense_layers(source), prelude, core, coda)
+    vocab = check_tokenizer(src, source)  # before the weights are read
     model, plan, config = retrofit_model(src, plan, seed=seed, gate_bias=gate_bias, **grt)
     args = model.model_args
     # Every key of the model's state dict, the tied head's too (torchtitan's load asks for it).

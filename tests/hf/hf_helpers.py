@@ -42,6 +42,9 @@ def small_args(block_style: str):
     if block_style == "llama":
         # GQA (4 heads, 2 KV heads) and a small SwiGLU, to exercise the llama code paths.
         args = args.replace(block_style="llama", n_kv_heads=2, multiple_of=32)
+    if block_style == "qwen3":
+        # llama's plus qk-norm, a head width other than d / heads (48, not 32) and Qwen3's RoPE base.
+        args = args.replace(block_style="qwen3", n_kv_heads=2, ffn_dim=192, attention_head_dim=48, rope_theta=1e6)
     return args
 
 

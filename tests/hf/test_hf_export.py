@@ -14,7 +14,7 @@ from grt_titan.cli import main as cli
 from grt_titan.hf.convert import REMOTE_CODE_FILES, SINGLE_FILE, write_hf_folder
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS
 
-from hf_helpers import load_hf, seeded_model, small_args
+from hf_helpers import ATOL, decode_logits, load_hf, prompt, seeded_model, small_args
 
 # The remote code: the configuration, the model and the files it imports (exactly those
 # transformers loads: tests/hf/test_hf_copies.py).
@@ -73,6 +73,31 @@ def test_export_folder(debug_export, debug_checkpoint):
     _, native = debug_checkpoint
     stored = sum(p.numel() for p in native.parameters())
     assert f"{stored / 1e6:.2f}M" in card
+
+
+def test_qwen3_blocks_export_and_compute_torchtitans_logits(tmp_path):
+    """A GRT of qwen3 blocks (a retrofitted Qwen3's, or a Qwen3-style run's: qk-norm, a head
+    width other than d / heads, GQA, rotate-half RoPE) exports as model_type "grt": its logits
+    at r = 1 and R + 2 and its cached decoding are the torchtitan model's, and import reads the
+    args back."""
+    from grt_titan.hf.config_map import model_args_from_hf_config
+
+    args = small_args("qwen3")
+    native = seeded_model(args)
+    out = write_hf_folder(tmp_path / "qwen3", native.state_dict(), args, write_tokenizer=False)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["block_style"], config["head_dim"], config["num_key_value_heads"]) == ("qwen3", 48, 2)
+    assert model_args_from_hf_config(config) == args
+    hf = load_hf(out)
+    x, R = prompt(batch=2, seq=24, seed=3), args.num_recurrences
+    with torch.no_grad():
+        for r in (1, R + 2):
+            diff = (hf(x, num_recurrences=r).logits - native(x, num_recurrences=r)).abs().max().item()
+            assert diff < ATOL, f"r = {r}: {diff:.3g}"
+        # The KV cache across recurrences keeps the qk-normed, rotated keys: decoding = the forward.
+        cached, _ = decode_logits(hf, x[:1], "per_step", r=R)
+        diff = (cached - native(x[:1], num_recurrences=R)[:, -cached.shape[1] :]).abs().max().item()
+    assert diff < ATOL, f"cached decoding: {diff:.3g}"
 
 
 def test_exported_model_loads_and_matches(debug_export, debug_checkpoint):

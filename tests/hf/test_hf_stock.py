@@ -1,7 +1,8 @@
 """Dense models as stock transformers folders (grt_titan/hf/stock.py; docs/hf_export.md,
-"Dense models: stock GPT-2 / Llama"): export loads as GPT2LMHeadModel / LlamaForCausalLM
-with no trust_remote_code and computes the torchtitan model's logits; import reads the
-folder (or one transformers wrote itself) back exactly; what has no stock form is refused."""
+"Dense models: stock GPT-2, Llama and Qwen3 folders"): export loads as GPT2LMHeadModel /
+LlamaForCausalLM / Qwen3ForCausalLM with no trust_remote_code and computes the torchtitan
+model's logits; import reads the folder (or one transformers wrote itself) back exactly; what
+has no stock form is refused."""
 
 import json
 
@@ -16,6 +17,7 @@ from grt_titan.checkpoint_io import (
     save_checkpoint,
 )
 from grt_titan.cli import main as cli
+from grt_titan.hf.export import resolve_format
 from grt_titan.hf.importer import import_hf
 from grt_titan.hf.stock import (
     STOCK_CLASSES,
@@ -34,13 +36,23 @@ from hf_helpers import ATOL, REPO, SMALL_VOCAB, prompt, seeded_model
 
 # Tiny dense twins: the GPT-2 style (tied head, padded vocabulary) and the llama style with
 # GQA; then the sizes a retrofitted source may have (explicit MLP width, untied GPT-2 head,
-# tied Llama head, plain RoPE).
+# tied Llama head, plain RoPE); and a dense Qwen3-style run (qk-norm, a head width other than
+# d / heads, GQA, tied head, padded vocabulary, Qwen3's RoPE base).
 VARIANTS = {
     "gpt2": dict(vocab_multiple_of=64),
     "llama_gqa": dict(block_style="llama", n_kv_heads=2, multiple_of=32, vocab_size=500, vocab_multiple_of=128),
     "gpt2_untied_ffn": dict(ffn_dim=320, tie_word_embeddings=False),
     "llama_tied_plain_rope": dict(
         block_style="llama", n_kv_heads=1, ffn_dim=200, tie_word_embeddings=True, rope_scaling=[1.0, 1.0, 4.0, 1024.0]
+    ),
+    "qwen3": dict(
+        block_style="qwen3",
+        n_kv_heads=2,
+        attention_head_dim=48,
+        ffn_dim=200,
+        tie_word_embeddings=True,
+        vocab_multiple_of=128,
+        rope_theta=1e6,
     ),
 }
 
@@ -70,6 +82,7 @@ def test_stock_class_logits_equal_torchtitan(stock_export):
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == args.block_style and config["architectures"] == [STOCK_CLASSES[args.block_style]]
     assert "auto_map" not in config and not list(folder.glob("*.py"))  # nothing remote
+    assert resolve_format(args) == "stock"  # what export-hf --format auto writes
     assert config["vocab_size"] == args.vocab_size  # padding trimmed
     hf = load_stock(folder)
     assert type(hf).__name__ == STOCK_CLASSES[args.block_style]
@@ -103,37 +116,45 @@ def test_export_import_round_trip_is_exact(stock_export, tmp_path):
     )
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "qwen3"])
 def test_import_a_folder_transformers_wrote(model_type, tmp_path):
     """A folder saved by transformers' own class (no grt_titan settings in it) imports as the
     dense model, all layers in the prelude, and computes the stock model's logits."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
+    # Llama and Qwen3: GQA; Qwen3 with its own head width (24, not 64 / 4) and RoPE base.
+    rope_blocks = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    llama3_rope = {
+        "rope_type": "llama3",
+        "rope_theta": 50000.0,
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 2.0,
+        "original_max_position_embeddings": 32,
+    }
     if model_type == "gpt2":
         config = GPT2Config(
             vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
         )
         hf = GPT2LMHeadModel(config)
+    elif model_type == "llama":
+        hf = LlamaForCausalLM(LlamaConfig(**rope_blocks, rope_parameters=llama3_rope))
     else:
-        config = LlamaConfig(
-            vocab_size=300,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            rope_parameters={
-                "rope_type": "llama3",
-                "rope_theta": 50000.0,
-                "factor": 4.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 2.0,
-                "original_max_position_embeddings": 32,
-            },
-        )
-        hf = LlamaForCausalLM(config)
+        qwen3_rope = {"rope_type": "default", "rope_theta": 1e6}
+        hf = Qwen3ForCausalLM(Qwen3Config(**rope_blocks, head_dim=24, rope_parameters=qwen3_rope))
+        with torch.no_grad():  # qk-norm weights away from 1, so a lost q_norm / k_norm shows
+            for name, p in hf.named_parameters():
+                if "_norm" in name:
+                    p.add_(0.1 * torch.randn_like(p))
     hf.eval().save_pretrained(str(tmp_path / "src"))
     out = import_hf(tmp_path / "src", tmp_path / "step-0")
     args = dense_args_from_stock_config(json.loads((tmp_path / "src" / "config.json").read_text()))
@@ -185,17 +206,19 @@ def test_recurrent_model_refused_as_stock_in_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "change, key",
+    "variant, change, key",
     [
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rope_scaling"),
-        ({"attention_bias": True}, "attention_bias"),
-        ({"head_dim": 64}, "head_dim"),
-        ({"model_type": "mistral"}, "model_type"),
+        ("llama_gqa", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rope_scaling"),
+        ("llama_gqa", {"attention_bias": True}, "attention_bias"),
+        ("llama_gqa", {"head_dim": 64}, "head_dim"),
+        ("llama_gqa", {"model_type": "mistral"}, "model_type"),
+        ("qwen3", {"use_sliding_window": True}, "use_sliding_window"),
+        ("qwen3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0}}, "rope_scaling"),
     ],
 )
-def test_stock_settings_grt_titan_cannot_compute_are_refused(change, key):
-    config = stock_config(dense_args("llama_gqa")).to_dict()
-    assert dense_args_from_stock_config(config) == dense_args("llama_gqa")
+def test_stock_settings_grt_titan_cannot_compute_are_refused(variant, change, key):
+    config = stock_config(dense_args(variant)).to_dict()
+    assert dense_args_from_stock_config(config) == dense_args(variant)
     with pytest.raises(StockFormatError, match=key) as info:
         dense_args_from_stock_config({**config, **change})
     assert "\n" not in str(info.value)

@@ -1,4 +1,13 @@
-"""Float8 through torchtitan's converter (torchao, emulated on CPU)."""
+"""Float8 through torchtitan's converter (torchao, emulated on CPU).
+
+Block styles: float8 swaps linears, whatever block holds them, so the FSDP training run stays
+on the paper's gpt2 blocks (grt_debug), and qwen3 blocks get what is their own: the
+conversion of their linears (SwiGLU's w3; q_norm / k_norm are not linears) and the float8 TP
+plan, torchao's Float8 styles on torchtitan's qwen3 block plan with its head-sharded q, k, v
+(the fake-backend test, which ran gpt2 blocks before: the parallel matrix's float8 corner,
+tests/infra/test_parallel_matrix.py, runs gpt2's float8 TP plan with the same float8
+all-gather at TP 4, so no gpt2 path lost a test).
+"""
 
 import pytest
 import torchtitan.components.quantization  # noqa: F401  registers the float8 converter
@@ -9,14 +18,14 @@ import grt_titan  # noqa: F401
 from grt_titan.model import grt_flavors
 from grt_titan.model.model import build_meta_model
 
-from grt_test_helpers import one_process, one_rank_dims, parse_config, step_losses
+from grt_test_helpers import ANSI, one_process, one_rank_dims, parse_config, step_losses
 
 
-def converted_fqns(*overrides) -> tuple[set[str], set[str]]:
+def converted_fqns(*overrides, block_style: str = "gpt2") -> tuple[set[str], set[str]]:
     config = parse_config(
         "--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate", *overrides
     )
-    model = build_meta_model(grt_flavors["debug"].replace())
+    model = build_meta_model(grt_flavors["debug"].replace(block_style=block_style))
     linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     build_model_converters(config, one_rank_dims()).convert(model)
     from torchao.float8.float8_linear import Float8Linear
@@ -24,12 +33,15 @@ def converted_fqns(*overrides) -> tuple[set[str], set[str]]:
     return linears, {n for n, m in model.named_modules() if isinstance(m, Float8Linear)}
 
 
-def test_float8_converts_block_projection_and_gate_linears():
-    linears, converted = converted_fqns()
+@pytest.mark.parametrize("block_style", ["gpt2", "qwen3"])
+def test_float8_converts_block_projection_and_gate_linears(block_style):
+    linears, converted = converted_fqns(block_style=block_style)
     # Every linear but the LM head (50257 outputs is not a multiple of 16).
     assert converted == linears - {"output"}
     assert {"recurrence.step.proj", "recurrence.step.gate.w_in", "recurrence.step.gate.w_out"} <= converted
     assert "recurrence.step.core.layers.0.attention.wq" in converted
+    if block_style == "qwen3":
+        assert "recurrence.step.core.layers.0.feed_forward.w3" in converted
 
 
 def test_float8_filter_fqns_keeps_the_gate_high_precision():
@@ -72,11 +84,14 @@ def test_float8_emulated_trains_like_bf16_on_two_fsdp_ranks(run_torchrun, tmp_pa
 
 @pytest.mark.slow
 def test_float8_tensor_parallel_builds_and_steps_on_fake_backend(tmp_path):
-    """gloo cannot run float8 TP; the fake backend checks plans, shapes and a full step."""
+    """gloo cannot run float8 TP; the fake backend checks plans, shapes and a full step.
+    qwen3 blocks: torchao's Float8 TP styles on the qwen3 plan (module docstring)."""
     proc = one_process(
         [
             "--job.config_file",
             "train_configs/grt_debug.toml",
+            "--grt.block_style",
+            "qwen3",
             "--comm.mode",
             "fake_backend",
             "--job.dump_folder",
@@ -106,6 +121,8 @@ def test_float8_tensor_parallel_builds_and_steps_on_fake_backend(tmp_path):
     assert proc.returncode == 0, output[-3000:]
     assert "Applied Float8 tensorwise Tensor Parallelism to the GRT" in output
     assert sorted(step_losses(output)) == [1, 2]
+    qwen3 = sum(p.numel() for p in build_meta_model(grt_flavors["debug"].replace(block_style="qwen3")).parameters())
+    assert f"size: {qwen3:,} total parameters" in ANSI.sub("", output)  # the qwen3 model ran
 
 
 @pytest.mark.slow

@@ -9,20 +9,38 @@ ran: the mesh, the model's size, compile and AC, never a loss value. The
 world size comes from the header's first line: "2 CPU processes", "one node of 8 x ...",
 "4+ nodes of 8 x ..." (4 x 8 = 32). A header this test cannot read fails it, so no preset
 promises a layout that is not run here.
+
+A retrofit preset (train_configs/retrofit_*.toml: `grt-titan retrofit`'s TOML for a model users
+hold, docs/retrofit.md) reads the source's tokenizer from `[model] hf_assets_path`; CI holds no
+such folder, so its run gets a stand-in tokenizer with the source tokenizer's number of ids
+(the start-up vocabulary check compares it with the flavor's rows) and a prepared dataset of
+its ids. Its weights are not needed: no run here loads a checkpoint.
 """
 
+import dataclasses
+import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tomli
+from torchtitan.protocols.train_spec import get_train_spec
 
-from grt_titan.checkpoint_io import load_model_args
 from grt_titan.model.model import build_meta_model
 
-from grt_test_helpers import ANSI, mesh_degrees, step_losses
+from grt_test_helpers import (
+    ANSI,
+    REPO,
+    mesh_degrees,
+    parse_config,
+    source_tokenizer,
+    step_losses,
+    write_stand_in_tokenizer,
+    write_token_dataset,
+)
 from tests.launcher import fake_backend_env, launch
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "train_configs").glob("*.toml"))
@@ -74,39 +92,125 @@ def preset_args(path: Path, dump_folder: Path) -> list[str]:
     ]
 
 
+# ---- retrofit presets: a stand-in for the source folder ---------------------------------------
+
+
+def stand_in_source_args(path: Path, tmp: Path) -> list[str]:
+    """For a retrofit preset: its run's tokenizer (the stand-in) and a prepared dataset of that
+    tokenizer's ids (the embedded corpus would be tokenized first: tens of seconds)."""
+    shape = source_tokenizer(path)
+    if shape is None:
+        return []
+    from grt_titan.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(write_stand_in_tokenizer(tmp / f"{path.stem}-tokenizer", *shape))
+    ids = tokenizer.get_vocab_size()
+    tokens = np.arange(1 << 14, dtype=np.int64) * 7919 % ids  # spread over all ids, not only the low ones
+    splits = {"train": tokens, "val": np.zeros(0, np.int64)}
+    data = write_token_dataset(tmp / f"{path.stem}-data", tokenizer, splits, shard_tokens=1 << 13, val_fraction=0.0)
+    return ["--model.hf_assets_path", str(tokenizer.path), "--training.dataset", str(data)]
+
+
 @pytest.fixture(scope="module")
-def preset_runs(module_tmp):
-    """All presets, two at a time (each is one process; compile dominates)."""
+def preset_runs(request, module_tmp):
+    """The presets this session tests (all of them in CI; `-k NAME` runs one), two at a time
+    (each is one process; compile dominates)."""
     tmp = module_tmp("presets")
+    selected = {
+        item.callspec.params["path"]
+        for item in request.session.items
+        if item.module is request.module and "path" in getattr(getattr(item, "callspec", None), "params", {})
+    }
 
     def run(path):
+        stand_in = stand_in_source_args(path, tmp)
         proc = launch(
             "grt_titan.train",
-            preset_args(path, tmp / path.stem),
+            [*preset_args(path, tmp / path.stem), *stand_in],
             fake_backend_env(intended_world_size(path)),
             timeout=1200,
         )
         (tmp / f"{path.stem}.log").write_text(proc.stdout + proc.stderr)
-        return path.stem, proc
+        return path.stem, (proc, stand_in)
 
     with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(run, CONFIGS))
+        return dict(pool.map(run, [path for path in CONFIGS if path in selected]))
 
 
 def test_every_header_names_a_world_size():
     sizes = {path.stem: intended_world_size(path) for path in CONFIGS}
     assert sizes["grt_debug"] == 2 and sizes["grt_large"] == 8 and sizes["grt_llama_1b"] == 32
+    assert sizes["retrofit_qwen3_0_6b"] == 8
+
+
+def _qwen3_0_6b_config() -> dict:
+    """Qwen/Qwen3-0.6B's config.json (its numbers; transformers' own class, no weights)."""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    )
+    return json.loads(config.to_json_string())
+
+
+def test_qwen3_preset_is_what_retrofit_writes():
+    """retrofit_qwen3_0_6b ships `grt-titan retrofit`'s output for Qwen3-0.6B at its defaults:
+    the flavor file is its model_args.json, the TOML its train.toml but for the paths
+    (repository-relative) and the layout (TP 2)."""
+    from grt_titan.hf.retrofit import DEFAULT_RECURRENCES, plan_layers, retrofit_args, training_toml
+    from grt_titan.hf.stock import n_dense_layers, source_args
+
+    config = _qwen3_0_6b_config()
+    source = source_args(config)  # what `grt-titan retrofit` reads from config.json, weights aside
+    plan = plan_layers(n_dense_layers(source), None, None, None)
+    args = retrofit_args(source, plan, num_recurrences=DEFAULT_RECURRENCES)
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    preset = REPO / "train_configs" / "retrofit_qwen3_0_6b.toml"
+    shipped = tomli.loads(preset.read_text())
+    assert json.loads((REPO / shipped["model"]["flavor"]).read_text()) == json.loads(json.dumps(fields))
+    assert (plan.prelude, plan.core, plan.coda) == ((0, 1, 2), tuple(range(19, 25)), (25, 26, 27))
+
+    src, out = Path("/src/Qwen3-0.6B"), Path("/out/qwen3")
+    written = tomli.loads(training_toml(src, out, args, plan, config))
+    paths = {
+        ("job", "dump_folder"): "./outputs/retrofit_qwen3_0_6b",
+        ("model", "flavor"): "train_configs/retrofit/qwen3_0_6b.json",
+        ("model", "hf_assets_path"): "models/Qwen3-0.6B",
+        ("checkpoint", "initial_load_path"): "retrofits/qwen3/model",
+    }
+    for (section, key), value in paths.items():
+        assert shipped[section].pop(key) == value
+        written[section].pop(key)
+    assert shipped.pop("parallelism") == {"data_parallel_shard_degree": -1, "tensor_parallel_degree": 2}
+    written.pop("parallelism")
+    shipped["job"].pop("description")
+    written["job"].pop("description")
+    assert shipped == written
+    # The docs' retrofit command writes where the preset loads from.
+    assert "grt-titan retrofit models/Qwen3-0.6B --out retrofits/qwen3" in (REPO / "docs" / "retrofit.md").read_text()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_preset_starts_at_its_layout(path, preset_runs):
-    proc = preset_runs[path.stem]
+    proc, stand_in = preset_runs[path.stem]
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert list(step_losses(output)) == [1], output[-2000:]  # one step ran (its value means nothing here)
     # The model that ran is the preset's: torchtitan's parameter count of the built model.
-    args = load_model_args(path)[0]
+    config = parse_config(*stand_in, path=path)
+    args = get_train_spec("grt").model_args[config.model.flavor].replace()
+    args.update_from_config(config)
     expected = sum(p.numel() for p in build_meta_model(args).parameters())
     assert f"size: {expected:,} total parameters" in ANSI.sub("", output)
     # The layout that ran is the preset's: its degrees multiply to the intended world size.
@@ -120,3 +224,5 @@ def test_preset_starts_at_its_layout(path, preset_runs):
     ac_mode = toml.get("activation_checkpoint", {}).get("mode", "none")
     if ac_mode != "none":
         assert f"Applied {ac_mode} activation checkpointing to the model" in output
+    if (shape := source_tokenizer(path)) is not None:  # a retrofit preset ran with the source's vocabulary
+        assert f"vocab {sum(shape)}, sha256" in output
