@@ -29,11 +29,13 @@ from torchtitan.protocols.model_converter import _registry_model_converter_cls
 from grt_titan.checkpoint_io import resume_problems
 from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
+from grt_titan.fake_backend import is_fake_backend
 from grt_titan.field_checks import field_problems
 from grt_titan.job_config import FLOAT8_CONVERTER
 from grt_titan.model.flavors import flavor_from_file
 from grt_titan.model.model import build_meta_model
 from grt_titan.model.part import JobSettings
+from grt_titan.teacher import device_memory_bytes, teacher_problems
 from grt_titan.tokenizer import GPT2_VOCAB_SIZE, load_tokenizer, resolve_tokenizer_source
 
 # torchtitan's flag in [quantize.linear.float8] filter_fqns that lets torchao skip small layers.
@@ -219,16 +221,46 @@ def _sequence_problems(job_config, args) -> list[str]:
     return problems
 
 
-def _tokenizer_vocab_size(job_config) -> int:
+def _tokenizer_path(job_config):
     model = job_config.model
-    path = resolve_tokenizer_source(getattr(model, "tokenizer_path", None)) or resolve_tokenizer_source(
+    return resolve_tokenizer_source(getattr(model, "tokenizer_path", None)) or resolve_tokenizer_source(
         getattr(model, "hf_assets_path", None)
     )
+
+
+def _tokenizer_vocab_size(job_config) -> int:
+    path = _tokenizer_path(job_config)
     return GPT2_VOCAB_SIZE if path is None else load_tokenizer(path).get_vocab_size()
 
 
+def _distill_problems(job_config, args) -> list[str]:
+    """`[distill]`: the teacher's source, vocabulary, tokenizer, TP split and memory
+    (grt_titan/teacher.py); nothing without a teacher."""
+    distill = getattr(job_config, "distill", None)
+    if distill is None or not distill.teacher:
+        return []
+    # A fake-backend dry run stands for another machine: its memory is not this one's.
+    device_bytes = None if is_fake_backend(job_config) else device_memory_bytes()
+    try:
+        tokenizer = load_tokenizer(_tokenizer_path(job_config))
+    except (FileNotFoundError, ValueError):
+        return []  # the student's tokenizer is missing: _vocab_problems says so
+    problems = teacher_problems(job_config, args, _data_parallel_shard(job_config), device_bytes, tokenizer)
+    from grt_titan.components.trainer import GRTTrainer  # here: torchtitan.train is a large import
+
+    if dist.is_initialized() and GRTTrainer.build_teacher is None:  # a trainer without a teacher
+        problems.append(
+            "[distill] teacher is set, but this trainer has no teacher (torchtitan's own -m torchtitan.train); "
+            "allowed: python -m grt_titan.train, or no [distill] teacher"
+        )
+    return problems
+
+
 def _vocab_problems(job_config, args) -> list[str]:
-    vocab = _tokenizer_vocab_size(job_config)
+    try:
+        vocab = _tokenizer_vocab_size(job_config)
+    except (FileNotFoundError, ValueError) as e:  # a set hf_assets_path without one tokenizer
+        return [str(e)]
     if args.vocab_size < vocab:
         return [
             f"[model] flavor = {job_config.model.flavor!r} has vocab_size = {args.vocab_size}, "
@@ -404,6 +436,7 @@ def check_job_config(job_config, model_args) -> None:
     problems += _converter_problems(job_config)
     problems += _float8_problems(job_config, model_args)
     problems += _dataset_problems(job_config)
+    problems += _distill_problems(job_config, model_args)
     problems += resume_problems(job_config)
     if problems:
         _raise(problems)

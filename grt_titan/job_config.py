@@ -1,4 +1,4 @@
-"""The `[grt]` and `[data]` TOML sections, merged into torchtitan's JobConfig.
+"""The `[grt]`, `[data]`, `[distill]` (and smaller) TOML sections, merged into torchtitan's JobConfig.
 
 No `from __future__ import annotations` here: torchtitan resolves these types at parse time.
 
@@ -31,6 +31,7 @@ from grt_titan.tokenizer import GPT2_TIKTOKEN_PATH
 FLOAT8_CONVERTER = "quantize.linear.float8"
 
 RecurrenceCheckpoint = Literal["block", "step"]
+DistillLoss = Literal["forward_kl"]
 
 
 @dataclass
@@ -246,6 +247,33 @@ class LossSpikeConfig:
 
 
 @dataclass
+class DistillConfig:
+    """The `[distill]` TOML section: a frozen teacher's logits as a second training signal
+    (docs/distillation.md). Off while `teacher` is empty; the student's loss per token is
+    (1 - alpha) CE + alpha T^2 KL(teacher_T || student_T), averaged like the CE."""
+
+    teacher: str = ""
+    """The teacher: a torchtitan checkpoint step folder (or a checkpoint folder: its latest
+    complete step) with `teacher_config`, or a Hugging Face folder that `grt-titan import-hf`
+    reads (a grt_titan export, a stock GPT-2 / Llama folder). Empty: no distillation."""
+
+    teacher_config: str = ""
+    """The teacher's training TOML when `teacher` is a torchtitan checkpoint (its flavor and
+    `[grt]` overrides give the architecture); unused for a Hugging Face folder."""
+
+    alpha: float = 0.5
+    """Weight of the KD term, in [0, 1]: 0 trains on CE alone (the teacher only logged),
+    1 on the KD term alone."""
+
+    temperature: float = 1.0
+    """T > 0: both distributions are softmax(logits / T); the KD term is scaled by T^2 so
+    its gradient keeps the CE's magnitude as T changes (Hinton et al. 2015)."""
+
+    loss: DistillLoss = "forward_kl"
+    """forward_kl: KL(teacher || student) over the full (padded) vocabulary, per token."""
+
+
+@dataclass
 class GRTModelDefaults:
     """grt_titan's defaults for torchtitan's `[model]` section (merged into it)."""
 
@@ -266,3 +294,4 @@ class JobConfig:
     checkpoint: GRTCheckpointConfig = field(default_factory=GRTCheckpointConfig)
     loss_spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
     grt_metrics: GRTMetricsConfig = field(default_factory=GRTMetricsConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)

@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
 
     import grt_titan  # noqa: F401  registers the `grt` train spec
     from grt_titan.components.trainer import GRTTrainer
+    from grt_titan.teacher import build_teacher
+
+    GRTTrainer.build_teacher = build_teacher  # the [distill] teacher (components/ may not read hf/)
 
     init_logger()
     quiet_other_ranks()

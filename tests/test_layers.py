@@ -1,7 +1,8 @@
 """The package's layer order (docs/architecture.md), read from the source with ast.
 
-    leaves  ->  model  ->  io  ->  infra, data, components  ->  config_checks  ->  spec and CLIs
-    hf/ and analysis/ use only model, io, data and the leaves.
+    leaves  ->  model  ->  io  ->  infra, data, components  ->  (teacher)  ->  config_checks  ->  spec and CLIs
+    hf/ and analysis/ use only model, io, data and the leaves; teacher (the distillation
+    teacher: read by io and hf's readers, sharded by infra) sits above them.
 
 io is the one-process I/O that every reader of a trained GRT shares: checkpoint_io
 (training TOMLs, checkpoint folders, the latest complete step, resume inspection) and
@@ -39,6 +40,7 @@ LEAVES = {
 }
 IO = {"grt_titan.checkpoint_io", "grt_titan.hf.config_map"}
 ENTRY = {"grt_titan", "grt_titan.spec", "grt_titan.train", "grt_titan.cli"}
+TEACHER = {"grt_titan.teacher"}
 # Which groups each group may import (a group may always import itself).
 ALLOWED = {
     "leaf": set(),
@@ -49,8 +51,9 @@ ALLOWED = {
     "components": {"leaf", "model", "io", "data"},
     "hf": {"leaf", "model", "io", "data"},
     "analysis": {"leaf", "model", "io", "data"},
-    "config_checks": {"leaf", "model", "io", "data", "infra", "components"},
-    "entry": {"leaf", "model", "io", "data", "infra", "components", "hf", "analysis", "config_checks"},
+    "teacher": {"leaf", "model", "io", "data", "infra", "components", "hf"},
+    "config_checks": {"leaf", "model", "io", "data", "infra", "components", "teacher"},
+    "entry": {"leaf", "model", "io", "data", "infra", "components", "hf", "analysis", "teacher", "config_checks"},
 }
 
 
@@ -61,6 +64,8 @@ def group(module: str) -> str:
         return "io"
     if module in ENTRY:
         return "entry"
+    if module in TEACHER:
+        return "teacher"
     if module == "grt_titan.config_checks":
         return "config_checks"
     parts = module.split(".")

@@ -30,14 +30,14 @@ def grt_loss(pred: torch.Tensor | TrainingOutput, labels: torch.Tensor) -> torch
             reduction="none",
             ignore_index=IGNORE_INDEX,
         )
-        weights = _placed_like(pred.step_weights, per_token)
+        weights = placed_like(pred.step_weights, per_token)
         loss = (per_token * weights.flatten().float()).sum()
     if pred.aux_loss_sum is not None:
-        loss = loss + _placed_like(pred.aux_loss_sum, loss).float()
+        loss = loss + placed_like(pred.aux_loss_sum, loss).float()
     return loss
 
 
-def _placed_like(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def placed_like(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Tensor parallel with loss parallel: the CE terms are replicated DTensors, the model's
     weights and auxiliary sums plain tensors equal on every rank: make them DTensors alike."""
     if isinstance(like, DTensor) and not isinstance(x, DTensor):

@@ -202,6 +202,9 @@ class GRTMetricsProcessor(MetricsProcessor):
         self._steps_since_log = 0
         self._optimizer_steps = 0
         self._stats_step = -1  # value of _optimizer_steps while `stats` was filled
+        # More metrics on log steps: objects with `metrics() -> dict` (collective, every rank)
+        # and `console_line(metrics) -> str` (the distillation's, grt_titan/components/distill.py).
+        self.metric_sources: list[Any] = []
 
     # ---- wiring (the Trainer sets these two attributes) --------------------------------
 
@@ -306,10 +309,16 @@ class GRTMetricsProcessor(MetricsProcessor):
             sampler.history.clear()
         grt = self.recurrence_metrics() if self.config.enable and self._recurrence is not None else {}
         extra_metrics.update(grt)
+        sourced = [(source, source.metrics()) for source in self.metric_sources]
+        for _, metrics in sourced:
+            extra_metrics.update(metrics)
         with _rewriting_log(_mfu_replaced_by(self.mfu_text) if self.mfu_text is not None else None):
             super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
         if grt:
             logger.info(console_line(grt))
+        for source, metrics in sourced:
+            if metrics:
+                logger.info(source.console_line(metrics))
         self._last_logged_step = step
         self._steps_since_log = 0
 

@@ -8,19 +8,30 @@ step of torchtitan's loop; it only
   step (`LossSpikeMonitor`), exits for a rewind at a spike, and gives the dataloader the
   windows of batches skipped at earlier spikes. On torchtitan's fake backend (a dry run,
   grt_titan/fake_backend.py) the losses are not real and the rewind is off.
+- with `[distill] teacher`, runs the frozen teacher on each microbatch before the student
+  and trains on the KD-weighted loss (`Distiller`, docs/distillation.md); the teacher is not
+  a model part, so it is never checkpointed and every start reads it from its source.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, ClassVar
 
+import torch
+from torch import nn
 from torchtitan.train import Trainer
 
 from grt_titan.components.checkpoint import GRTCheckpointManager
+from grt_titan.components.distill import Distiller, log_start
 from grt_titan.components.loss_spike import build_loss_spike_monitor
 
 
 class GRTTrainer(Trainer):
+    # The `[distill]` teacher's builder, (job_config, parallel_dims) -> frozen sharded module:
+    # grt_titan/teacher.py's `build_teacher`, installed by grt_titan.train before the trainer is
+    # built (it reads grt_titan/hf/ and shards with infra/, which components/ may not import).
+    build_teacher: ClassVar[Callable[[Any, Any], nn.Module] | None] = None
+
     def __init__(self, job_config):
         super().__init__(job_config)
         # torchtitan builds its CheckpointManager inline; rebuild it as ours with the same
@@ -39,11 +50,51 @@ class GRTTrainer(Trainer):
             checksums=getattr(job_config.checkpoint, "checksums", True),
         )
         self.loss_spike = build_loss_spike_monitor(self, job_config)
+        self.distiller = self._build_distiller(job_config)
+
+    def _build_distiller(self, job_config) -> Distiller | None:
+        config = getattr(job_config, "distill", None)
+        if config is None or not config.teacher:
+            return None
+        if GRTTrainer.build_teacher is None:
+            raise RuntimeError("[distill] teacher: no teacher builder; `python -m grt_titan.train` installs it")
+        teacher = GRTTrainer.build_teacher(job_config, self.parallel_dims)
+        distiller = Distiller(teacher, config, self.parallel_dims, self.device.type)
+        self.metrics_processor.metric_sources.append(distiller)
+        if job_config.validation.enable:
+            self.validator.distiller = distiller
+        log_start(distiller)
+        return distiller
+
+    def train_step(self, data_iterator):
+        if self.distiller is not None:
+            self.distiller.begin_step()
+        return super().train_step(data_iterator)
 
     def forward_backward_step(self, *args, **kwargs):
-        loss = super().forward_backward_step(*args, **kwargs)
+        step = super().forward_backward_step if self.distiller is None else self.distill_forward_backward_step
+        loss = step(*args, **kwargs)
         if self.loss_spike is not None:
             self.loss_spike.after_microbatch(loss)
+        return loss
+
+    def distill_forward_backward_step(
+        self, *, input_dict: dict[str, torch.Tensor], labels: torch.Tensor, global_valid_tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """torchtitan 0.2.2's `forward_backward_step` (its branch without pipeline stages, which
+        the GRT never has) with the teacher's forward first, on the same microbatch, and the
+        KD term in the loss. Returns, as torchtitan's, the local loss sum / global tokens."""
+        inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
+        assert len(self.model_parts) == 1, "the GRT has no pipeline stages"
+        with self.train_context():
+            with self.maybe_enable_amp:
+                teacher_logits = self.distiller.teacher_logits(inputs)
+                pred = self.model_parts[0](inputs, **extra_inputs, **extra_kwargs)
+                student_loss = self.loss_fn(pred, labels)
+                loss_sum = self.distiller.loss(pred, teacher_logits, labels, student_loss, global_valid_tokens)
+                loss = loss_sum / global_valid_tokens
+            del pred, teacher_logits  # free the logits before the backward, as torchtitan does
+            loss.backward()
         return loss
 
     def state_dict(self) -> dict[str, Any]:

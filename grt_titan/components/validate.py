@@ -9,6 +9,10 @@ num_recurrences=r)`): the early-exit / compute-quality curve of paper figure 3. 
 `validation_metrics/loss_r{r}` and `validation_metrics/flops_per_token_r{r}` (eq. 1 at
 depth r, forward, validation seq_len) and, on rank 0 with TensorBoard, the image
 `validation_metrics/depth_curve`. Dense flavors log no per-r values.
+
+With a distillation teacher (`[distill]`, set by GRTTrainer as `distiller`) the teacher scores
+the same batches and `validation_metrics/distill_kd_loss` (T^2 KL per token at the eval
+depth) is logged beside the student's `validation_metrics/loss`, which stays its CE.
 """
 
 from __future__ import annotations
@@ -84,31 +88,40 @@ class GRTValidator(Validator):
         self.pp_has_first_stage = pp_has_first_stage
         self.pp_has_last_stage = pp_has_last_stage
         self.depthwise = metrics_config(job_config).validation_depths
+        self.distiller = None  # a Distiller (grt_titan/components/distill.py) with a teacher
         self._warned_no_plot = False
         if job_config.validation.steps == -1:
             logger.warning("validation.steps = -1 may hang if ranks hold unequal sample counts")
 
     def validate(self, model_parts: list[nn.Module], step: int) -> None:
         recurrence = find_recurrence(model_parts)
-        if not self.depthwise or recurrence is None or self.parallel_dims.pp_enabled:
+        depthwise = self.depthwise and recurrence is not None
+        if (not depthwise and self.distiller is None) or self.parallel_dims.pp_enabled:
             return super().validate(model_parts, step)
-        return self.validate_depthwise(model_parts, step, recurrence.eval_recurrences)
+        eval_depth = recurrence.eval_recurrences if recurrence is not None else None
+        return self.validate_depthwise(model_parts, step, eval_depth, depthwise)
 
     @torch.no_grad()
-    def validate_depthwise(self, model_parts: list[nn.Module], step: int, eval_depth: int) -> dict[int, float]:
-        """torchtitan's validation loop, scoring each batch at every depth; returns {r: loss}."""
+    def validate_depthwise(
+        self, model_parts: list[nn.Module], step: int, eval_depth: int | None, depthwise: bool = True
+    ) -> dict[int, float]:
+        """torchtitan's validation loop, scoring each batch at every depth (`depthwise`; else
+        at the eval depth only), and with a teacher its KD term; returns {r: loss}."""
         assert len(model_parts) == 1, "the GRT has no pipeline stages"
         model = model_parts[0]
         args = model.model_args
-        depths = validation_depths(args.num_recurrences)
-        if not args.extrapolates:  # one router (MoR) or adapter (RRT) per step: nothing past R
+        depths = validation_depths(args.num_recurrences) if depthwise else []
+        if depthwise and not args.extrapolates:  # one router (MoR) or adapter (RRT) per step: nothing past R
             depths = depths[:-1]
         # The eval-depth loss is one of the depths unless eval_recurrences is set elsewhere.
         runs: list[int | None] = depths + ([] if eval_depth in depths else [None])
         model.eval()
         parallel_dims = self.parallel_dims
         device = tt_utils.device_type
-        totals = torch.zeros(len(runs), dtype=torch.float64, device=device)
+        eval_run = eval_depth if eval_depth in depths else None
+        teacher = self.distiller
+        # One total per run, then the KD term at the eval depth when a teacher is set.
+        totals = torch.zeros(len(runs) + (teacher is not None), dtype=torch.float64, device=device)
         num_steps = 0
         for input_dict, labels in self.validation_dataloader:
             if self.job_config.validation.steps != -1 and num_steps >= self.job_config.validation.steps:
@@ -124,10 +137,17 @@ class GRTValidator(Validator):
                 global_valid_tokens = local_valid_tokens.float()
             losses = []
             with self.validation_context(), self.maybe_enable_amp:
+                teacher_logits = teacher.teacher_logits(inputs, timed=False) if teacher is not None else None
+                kd = None
                 for r in runs:
                     pred = model(inputs, **extra_inputs, **extra_kwargs, num_recurrences=r)
                     losses.append(_plain(self.loss_fn(pred, labels)).double() / global_valid_tokens)
+                    if teacher is not None and r == eval_run:
+                        kd = teacher.kd_sum(pred, teacher_logits, labels).double() / global_valid_tokens
                     del pred
+                if teacher is not None:
+                    losses.append(kd)
+                del teacher_logits
             totals += torch.stack(losses)
             num_steps += 1
         totals /= max(num_steps, 1)
@@ -138,7 +158,7 @@ class GRTValidator(Validator):
         values = totals.tolist()
         by_run = dict(zip(runs, values))
         loss_at = {r: by_run[r] for r in depths}
-        eval_loss = by_run[eval_depth if eval_depth in depths else None]
+        eval_loss = by_run[eval_run]
 
         seq_len = self.job_config.validation.seq_len
         flops = {r: args.forward_flops_per_token(seq_len, r) for r in depths}
@@ -146,9 +166,16 @@ class GRTValidator(Validator):
         for r in depths:
             extra[f"validation_metrics/loss_r{r}"] = loss_at[r]
             extra[f"validation_metrics/flops_per_token_r{r}"] = flops[r]
+        if teacher is not None:
+            extra["validation_metrics/distill_kd_loss"] = values[-1]
         self.metrics_processor.log_validation(loss=eval_loss, step=step, extra_metrics=extra)
-        logger.info(f"validate step {step:2}  loss by depth r: " + "  ".join(f"{r}: {loss_at[r]:.4f}" for r in depths))
-        self._log_depth_curve(step, args, depths, loss_at, flops)
+        if depths:
+            logger.info(
+                f"validate step {step:2}  loss by depth r: " + "  ".join(f"{r}: {loss_at[r]:.4f}" for r in depths)
+            )
+            self._log_depth_curve(step, args, depths, loss_at, flops)
+        if teacher is not None:
+            logger.info(f"validate step {step:2}  distill kd: {values[-1]:.4f} (the student's CE: {eval_loss:.4f})")
         model.train()
         return loss_at
 

@@ -1,4 +1,5 @@
-"""Every parallel plan of the GRT: TP, activation checkpointing, compile, FSDP2/HSDP, DDP.
+"""Every parallel plan of the GRT: TP, activation checkpointing, compile, FSDP2/HSDP, DDP;
+and the distillation teacher's (`parallelize_teacher`: the student's TP and FSDP meshes).
 
 Order as in torchtitan's llama3: TP -> AC -> compile -> FSDP (or DDP).
 
@@ -116,14 +117,11 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
         apply_recurrence_compile(model, job_config.compile)
 
     if parallel_dims.fsdp_enabled:
-        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
-        apply_fsdp(
+        shard_data_parallel(
             model,
-            parallel_dims.get_mesh(names),
-            param_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_param],
-            reduce_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce],
+            parallel_dims,
+            job_config,
             pp_enabled=parallel_dims.pp_enabled,
-            cpu_offload=job_config.training.enable_cpu_offload,
             reshard_after_forward_policy=job_config.parallelism.fsdp_reshard_after_forward,
             core_reshard_after_forward=core_reshard,
         )
@@ -138,6 +136,45 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
         assert not parallel_dims.tp_enabled, "DDP with TP: checked at start-up"
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), compile_enabled)
     return model
+
+
+def parallelize_teacher(model: GRTModel, parallel_dims: ParallelDims, job_config) -> GRTModel:
+    """A distillation teacher (grt_titan/teacher.py) sharded like the student: the student's
+    TP plan (its logits vocabulary-sharded exactly when the student's are) and FSDP over the
+    student's data-parallel mesh, every unit resharded after its forward. No AC and no
+    compile: the teacher runs under no_grad and keeps no activations. Under DDP (or one
+    rank) it is replicated, as the student."""
+    if parallel_dims.tp_enabled:
+        apply_tp(
+            model,
+            parallel_dims.get_mesh("tp"),
+            loss_parallel=not job_config.parallelism.disable_loss_parallel,
+            enable_float8_tensorwise_tp=False,
+        )
+    if parallel_dims.fsdp_enabled:
+        shard_data_parallel(
+            model,
+            parallel_dims,
+            job_config,
+            pp_enabled=False,
+            reshard_after_forward_policy="always",
+            core_reshard_after_forward=True,
+        )
+    return model
+
+
+def shard_data_parallel(model: GRTModel, parallel_dims: ParallelDims, job_config, **policy) -> None:
+    """FSDP2 (HSDP with dp_replicate) over the job's data-parallel mesh in its mixed precision;
+    `policy`: apply_fsdp's pipeline and resharding arguments."""
+    names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+    apply_fsdp(
+        model,
+        parallel_dims.get_mesh(names),
+        param_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce],
+        cpu_offload=job_config.training.enable_cpu_offload,
+        **policy,
+    )
 
 
 def log_per_step_logits(args, job_config, fsdp_enabled: bool) -> None:
@@ -195,7 +232,11 @@ def _qwen3_block_tp_plan(colwise, rowwise, prepare_input) -> dict:
     heads = (Shard(1),) * 3  # q, k, v [B, heads, S, head_dim], sharded over heads
     return {
         "attention_norm": SequenceParallel(),
-        "attention": prepare_input(
+        # A plain PrepareModuleInput, not float8's: torchao's would cast every input it has a
+        # layout for to float8, the RoPE cache too, and RoPE's multiply has no float8 kernel
+        # (torchtitan 0.2.2's qwen3 plan has that defect). Under float8 the linears cast their
+        # own inputs (tests/infra/test_float8.py, qwen3 blocks under TP).
+        "attention": PrepareModuleInput(
             input_layouts=(Shard(1), Replicate(), None, None),
             desired_input_layouts=(Replicate(), Replicate(), None, None),
         ),

@@ -1,0 +1,110 @@
+"""grt_titan/teacher.py's start-up checks of `[distill]`: one line per problem, naming the key
+(in process, on grt_debug's config as the student)."""
+
+from __future__ import annotations
+
+import pytest
+from torchtitan.protocols.train_spec import get_train_spec
+
+import grt_titan  # noqa: F401  registers the spec
+from grt_titan.config_checks import check_job_config
+from grt_titan.teacher import teacher_problems
+from grt_titan.tokenizer import load_tokenizer
+
+from grt_test_helpers import REPO, parse_config
+
+DENSE_TOML = REPO / "train_configs" / "dense_debug.toml"
+
+
+def student(config):
+    """The student's args (the config's flavor and `[grt]`; its `[distill]` is what is checked)."""
+    args = get_train_spec("grt").model_args[config.model.flavor].replace()
+    distill = config.distill
+    config.distill = type(distill)()  # update_from_config runs the whole start-up check
+    args.update_from_config(config)
+    config.distill = distill
+    return args
+
+
+@pytest.fixture
+def teacher_folder(tmp_path):
+    """A folder that looks like a DCP step (its weights are never read by the checks)."""
+    step = tmp_path / "teacher" / "step-5"
+    step.mkdir(parents=True)
+    (step / ".metadata").write_bytes(b"")
+    return step.parent
+
+
+def problems(*overrides, shards=None, device_bytes=None, tokenizer=None):
+    config = parse_config(*overrides)
+    return teacher_problems(config, student(config), shards, device_bytes, tokenizer)
+
+
+def test_no_teacher_no_problem():
+    assert problems("--distill.alpha", "7") == []
+
+
+def test_alpha_and_temperature_are_named(teacher_folder):
+    lines = problems(
+        "--distill.teacher", str(teacher_folder), "--distill.teacher_config", str(DENSE_TOML),
+        "--distill.alpha", "1.5", "--distill.temperature", "0",
+    )  # fmt: skip
+    assert lines == [
+        "[distill] alpha = 1.5 is invalid; allowed: [0, 1]",
+        "[distill] temperature = 0.0 is invalid; allowed: > 0",
+    ]
+
+
+@pytest.mark.parametrize(
+    "where, extra, expected",
+    [
+        ("missing", [], "[distill] teacher = '{path}' does not exist"),
+        ("empty", [], "is neither a Hugging Face folder (config.json) nor a torchtitan checkpoint"),
+        ("checkpoint", [], "[distill] teacher_config is empty"),
+        ("checkpoint", ["--distill.teacher_config", "nowhere.toml"], "[distill] teacher_config: config file"),
+        ("bad_json", [], "[distill] teacher: {path}/config.json cannot be read"),
+    ],
+)
+def test_unreadable_teacher_is_named(where, extra, expected, teacher_folder, tmp_path):
+    path = {"missing": tmp_path / "nothing", "checkpoint": teacher_folder}.get(where, tmp_path / where)
+    if where in ("empty", "bad_json"):
+        path.mkdir()
+    if where == "bad_json":
+        (path / "config.json").write_text("{not json")
+    (line,) = problems("--distill.teacher", str(path), *extra)
+    assert expected.format(path=path) in line
+
+
+def test_vocabulary_tokenizer_tp_and_memory_are_named(teacher_folder, tmp_path):
+    base = ["--distill.teacher", str(teacher_folder), "--distill.teacher_config", str(DENSE_TOML)]
+    assert problems(*base, shards=2, device_bytes=2**40, tokenizer=load_tokenizer()) == []
+    # Another vocabulary padding than the student's.
+    (line,) = problems(*base, "--grt.vocab_multiple_of", "128")
+    assert line.startswith("[distill] teacher: vocabulary 50257 (padded to 50257) differs from the student's 50257")
+    assert "(padded to 50304)" in line and "vocab_multiple_of" in line
+
+    class OtherTokenizer:  # same size, other ids
+        path = "other.tiktoken"
+
+        def get_vocab_size(self):
+            return 50257
+
+        def encode(self, text, **kwargs):
+            return [0]
+
+    (line,) = problems(*base, tokenizer=OtherTokenizer())
+    assert line.startswith("[distill] teacher: its tokenizer") and "[model] hf_assets_path" in line
+    # A teacher TP cannot split (student args from the config before TP is set, which the student's own check refuses).
+    config = parse_config(*base, "--parallelism.tensor_parallel_degree", "3")
+    (line,) = teacher_problems(config, student(parse_config()), None, None)
+    assert line.startswith("[distill] teacher: n_heads = 4") and "tensor_parallel_degree = 3" in line
+    (line,) = problems(*base, shards=2, device_bytes=2**20)
+    assert line.startswith(f"[distill] teacher = '{teacher_folder}': 8,546,944 parameters need about")
+    assert "data_parallel_shard_degree" in line
+
+
+def test_checks_run_at_start_up(tmp_path):
+    config = parse_config("--distill.teacher", str(tmp_path / "nothing"), "--distill.alpha", "-1")
+    with pytest.raises(ValueError) as e:
+        check_job_config(config, student(config))
+    assert "[distill] alpha = -1.0 is invalid" in str(e.value) and "[distill] teacher = " in str(e.value)
