@@ -32,6 +32,7 @@ LONGEST_FIRST = {
     "reliability/test_rank_failure.py": 90,
     "infra/test_float8.py": 80,
     "hf/test_retrofit.py": 60,
+    "components/test_distill.py": 50,
     "components/test_observability_e2e.py": 75,
     "infra/test_golden_losses.py": 65,
     "reliability/test_resume.py": 50,

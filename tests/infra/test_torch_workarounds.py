@@ -1,7 +1,5 @@
 """Each workaround in grt_titan/infra/torch_workarounds.py: the defect still shows without it
-(when this starts failing, torch has fixed it and the workaround can go) and is gone with it;
-for the compile-cache one, "gone with it" is the trainer's own warm-cache run in
-tests/infra/test_tp_compile_ac.py.
+(when this starts failing, torch has fixed it and the workaround can go) and is gone with it.
 
 Each case runs in a process of its own (a job of tests/launcher.py, forked from a server that has only
 imported): the workarounds change process-wide torch state.
@@ -44,19 +42,18 @@ def test_rng_states_ordered_before_the_saved_device_mesh(tmp_path):
 
 
 @pytest.mark.slow
-def test_uneven_shards_share_compile_cache_entries_without_the_workaround(tmp_path):
-    """The defect only: rank 1 (2 of 5 rows) fills the cache, rank 0 (3 rows) then starts on a
-    warm one and is handed rank 1's graph. The workaround is tested where it is installed:
-    tests/infra/test_tp_compile_ac.py's `step-gpt2` case runs the trainer (TP 2, GPT-2's
-    unevenly sharded vocabulary, inductor) twice over one cache, and its second run stops
-    without the workaround. (`python -m tests.infra.torch_workarounds_worker uneven_cache fix
-    ...` runs this case with it.)"""
+def test_uneven_shards_share_compile_cache_entries_and_the_workaround_keeps_them_apart(tmp_path):
+    """Rank 1 (2 of 5 rows) fills the cache; rank 0 (3 rows) then starts on the warm cache and
+    is handed rank 1's graph, unless the workaround turned the AOTAutograd cache off for its
+    uneven shard (inductor's own FX graph cache, keyed on local shapes, stays on)."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
     cold = run_case(tmp_path, "uneven_cache", False, "1", env=env)
     assert cold["ok"] and cold["local_rows"] == 2, cold.get("trace")
     warm = run_case(tmp_path, "uneven_cache", False, "0", env=env)
     assert not warm["ok"]
     assert "expected size 3==2" in warm["error"]
+    fixed = run_case(tmp_path, "uneven_cache", True, "0", env=env)
+    assert fixed["ok"] and fixed["local_rows"] == 3, fixed.get("trace")
 
 
 @pytest.mark.slow
