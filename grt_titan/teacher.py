@@ -268,6 +268,21 @@ def build_teacher(job_config, parallel_dims) -> nn.Module:
     model.eval()
     logger.info(
         f"Distillation teacher: {source.path} ({source.kind}, {args.method_name}, "
-        f"{parameter_count(args):,} parameters), frozen, sharded like the student"
+        f"{parameter_count(args):,} parameters), frozen, sharded like the student "
+        f"({teacher_layout(parallel_dims)})"
     )
     return model
+
+
+def teacher_layout(parallel_dims) -> str:
+    """How `parallelize_teacher` laid the teacher out, the student's layout: "FSDP 8",
+    "FSDP 4 x TP 2", "HSDP 2 x 4"; "replicated, DDP 2" or "one rank" without sharding."""
+    pd = parallel_dims
+    parts = []
+    if pd.fsdp_enabled:
+        parts.append(f"HSDP {pd.dp_replicate} x {pd.dp_shard}" if pd.dp_replicate_enabled else f"FSDP {pd.dp_shard}")
+    if pd.tp_enabled:
+        parts.append(f"TP {pd.tp}")
+    if parts:
+        return " x ".join(parts)
+    return f"replicated, DDP {pd.dp_replicate}" if pd.dp_replicate_enabled else "one rank"

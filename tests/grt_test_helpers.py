@@ -309,3 +309,38 @@ def write_stand_in_tokenizer(folder: Path, bpe_tokens: int, added_tokens: int) -
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}) + "\n")
     return folder
+
+
+STAND_IN_TEACHER_CONFIG = REPO / "train_configs" / "dense_debug.toml"
+
+
+def distill_teacher(path: Path) -> str | None:
+    """The preset's `[distill] teacher`; None for a preset without distillation."""
+    import tomli
+
+    return tomli.loads(path.read_text()).get("distill", {}).get("teacher") or None
+
+
+def stand_in_teacher_args(path: Path, tmp: Path) -> list[str]:
+    """For a distillation preset: a dense_debug teacher (random weights; a step folder as
+    tests/components/test_distill.py writes it) in place of the checkpoint the preset names."""
+    if distill_teacher(path) is None:
+        return []
+    from grt_titan.checkpoint_io import save_checkpoint
+
+    folder = tmp / f"{path.stem}-teacher"
+    save_checkpoint(folder / "step-0", build_model("dense_debug", seed=3).state_dict())
+    return ["--distill.teacher", str(folder), "--distill.teacher_config", str(STAND_IN_TEACHER_CONFIG)]
+
+
+def stand_in_overrides(path: Path, tmp: Path) -> list[str]:
+    """Command-line overrides that let a shipped TOML start here: a retrofit preset's source
+    tokenizer (a stand-in of its size, `write_stand_in_tokenizer`) and a distillation preset's
+    teacher (`stand_in_teacher_args`); none for the others."""
+    shape = source_tokenizer(path)
+    tokenizer = (
+        []
+        if shape is None
+        else ["--model.hf_assets_path", str(write_stand_in_tokenizer(tmp / f"{path.stem}-tokenizer", *shape))]
+    )
+    return [*tokenizer, *stand_in_teacher_args(path, tmp)]

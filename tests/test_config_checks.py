@@ -26,8 +26,7 @@ from grt_test_helpers import (
     REGISTERED_CONVERTERS,
     REPO,
     parse_config,
-    source_tokenizer,
-    write_stand_in_tokenizer,
+    stand_in_overrides,
 )
 
 
@@ -300,9 +299,7 @@ def test_good_configs_pass(overrides):
 
 def test_every_shipped_config_passes(tmp_path):
     for path in sorted((REPO / "train_configs").glob("*.toml")):
-        config = parse_config(path=path)
-        if (shape := source_tokenizer(path)) is not None:  # a retrofit preset: its source's tokenizer
-            config.model.hf_assets_path = str(write_stand_in_tokenizer(tmp_path / path.stem, *shape))
+        config = parse_config(*stand_in_overrides(path, tmp_path), path=path)  # a retrofit preset: its tokenizer
         args = get_train_spec("grt").model_args[config.model.flavor].replace()
         args.update_from_config(config)
         check_job_config(config, args)

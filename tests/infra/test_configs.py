@@ -7,7 +7,7 @@ import grt_titan  # noqa: F401  registers the spec
 from grt_titan.model import GRTModel
 from grt_titan.model.model import build_meta_model
 
-from grt_test_helpers import REPO, parse_config
+from grt_test_helpers import REPO, parse_config, stand_in_overrides
 
 CONFIGS = sorted((REPO / "train_configs").glob("*.toml"))
 
@@ -31,8 +31,8 @@ def test_all_configs_are_found():
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
-def test_config_builds_its_flavor(path):
-    config = parse_config(path=path)
+def test_config_builds_its_flavor(path, tmp_path):
+    config = parse_config(*stand_in_overrides(path, tmp_path), path=path)  # a retrofit preset: its tokenizer
     assert config.model.name == "grt" and config.experimental.custom_import == "grt_titan"
     spec = get_train_spec("grt")
     args = spec.model_args[config.model.flavor].replace()

@@ -14,7 +14,15 @@ A retrofit preset (train_configs/retrofit_*.toml: `grt-titan retrofit`'s TOML fo
 hold, docs/retrofit.md) reads the source's tokenizer from `[model] hf_assets_path`; CI holds no
 such folder, so its run gets a stand-in tokenizer with the source tokenizer's number of ids
 (the start-up vocabulary check compares it with the flavor's rows) and a prepared dataset of
-its ids. Its weights are not needed: no run here loads a checkpoint.
+its ids. Its weights are not needed: no run here loads the student from a checkpoint.
+
+A distillation preset (`[distill] teacher`, train_configs/grt_medium_distill.toml) names a
+teacher checkpoint CI cannot hold (dense_medium, 354.8M parameters): its run gets a stand-in
+teacher, dense_debug (the GPT-2 vocabulary, as the GPT-2 presets') saved here as a torchtitan
+step folder, with train_configs/dense_debug.toml as its `teacher_config`. The run builds it,
+shards it on the preset's mesh, loads it under the fake backend (DCP and the full state dict
+with the fake process group) and runs a distilled step; the test checks the teacher's log line
+(its parameters and layout) and that the KD term was logged, never its value.
 """
 
 import dataclasses
@@ -34,9 +42,12 @@ from grt_titan.model.model import build_meta_model
 from grt_test_helpers import (
     ANSI,
     REPO,
+    STAND_IN_TEACHER_CONFIG,
+    distill_teacher,
     mesh_degrees,
     parse_config,
     source_tokenizer,
+    stand_in_teacher_args,
     step_losses,
     write_stand_in_tokenizer,
     write_token_dataset,
@@ -111,6 +122,9 @@ def stand_in_source_args(path: Path, tmp: Path) -> list[str]:
     return ["--model.hf_assets_path", str(tokenizer.path), "--training.dataset", str(data)]
 
 
+# ---- distillation presets: a stand-in teacher ------------------------------------------------
+
+
 @pytest.fixture(scope="module")
 def preset_runs(request, module_tmp):
     """The presets this session tests (all of them in CI; `-k NAME` runs one), two at a time
@@ -123,7 +137,7 @@ def preset_runs(request, module_tmp):
     }
 
     def run(path):
-        stand_in = stand_in_source_args(path, tmp)
+        stand_in = [*stand_in_source_args(path, tmp), *stand_in_teacher_args(path, tmp)]
         proc = launch(
             "grt_titan.train",
             [*preset_args(path, tmp / path.stem), *stand_in],
@@ -140,7 +154,7 @@ def preset_runs(request, module_tmp):
 def test_every_header_names_a_world_size():
     sizes = {path.stem: intended_world_size(path) for path in CONFIGS}
     assert sizes["grt_debug"] == 2 and sizes["grt_large"] == 8 and sizes["grt_llama_1b"] == 32
-    assert sizes["retrofit_qwen3_0_6b"] == 8
+    assert sizes["retrofit_qwen3_0_6b"] == 8 and sizes["grt_medium_distill"] == 8
 
 
 def _qwen3_0_6b_config() -> dict:
@@ -226,3 +240,20 @@ def test_preset_starts_at_its_layout(path, preset_runs):
         assert f"Applied {ac_mode} activation checkpointing to the model" in output
     if (shape := source_tokenizer(path)) is not None:  # a retrofit preset ran with the source's vocabulary
         assert f"vocab {sum(shape)}, sha256" in output
+    if distill_teacher(path) is not None:  # the stand-in teacher ran, sharded on the preset's mesh
+        from torchtitan.distributed import ParallelDims
+
+        from grt_titan.checkpoint_io import load_model_args
+        from grt_titan.teacher import parameter_count, teacher_layout
+
+        teacher = parameter_count(load_model_args(STAND_IN_TEACHER_CONFIG)[0])
+        dims = ParallelDims(
+            **{k: degrees[k] for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")},
+            world_size=intended_world_size(path),
+        )
+        layout = teacher_layout(dims)  # "FSDP 8" for grt_medium_distill
+        assert layout.startswith(("FSDP", "HSDP", "TP")), layout  # sharded, not replicated
+        line = f"(checkpoint, dense, {teacher:,} parameters), frozen, sharded like the student ({layout})"
+        plain = ANSI.sub("", output)
+        assert "Distillation teacher:" in plain and line in plain, output[-4000:]
+        assert re.search(r"distill  kd: \S+  ce: \S+", plain), output[-2000:]  # the KD term was logged
