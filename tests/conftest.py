@@ -1,12 +1,22 @@
 """Fixtures shared by every test folder (helpers live in grt_test_helpers.py)."""
 
+import os
 import shutil
 import sys
 from pathlib import Path
 
-import pytest
+# Under pytest-xdist (`-n 2`, as CI runs) each worker shares the cores with the other worker
+# and with the jobs both start: one intra-op thread per worker, as every job already has
+# (tests/launcher.py). Two threads per process oversubscribe the cores, and a parallel region
+# then waits for its descheduled thread (a dense_debug step ran up to 3x slower so). Set
+# before torch is imported; the commands tests start inherit it. A single pytest process
+# keeps torch's default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from grt_test_helpers import REPO, torchrun
+import pytest  # noqa: E402
+
+from grt_test_helpers import REPO, torchrun  # noqa: E402
 
 # `tests.launcher`, `tests.cases` and the job modules (`tests.<folder>.<worker>`) import from here.
 if str(REPO) not in sys.path:
