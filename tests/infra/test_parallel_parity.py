@@ -189,7 +189,9 @@ def test_llama_blocks_tensor_parallel_match_one_rank(run_torchrun, tmp_path):
 def test_distilled_fsdp_matches_one_rank(seed_checkpoint, run_torchrun, tmp_path):
     """FSDP 2 equals 1 rank with a teacher (docs/distillation.md): the same seed student and
     the same dense_debug teacher (random weights, the student's vocabulary; replicated on one
-    rank, FSDP-sharded on two), alpha 0.5, T 2: losses, KD terms and gradient norms per step."""
+    rank, FSDP-sharded on two), alpha 0.5, T 2: losses, KD terms and gradient norms per step.
+    The FSDP run checkpoints every recurrence step (full AC, `recurrence_checkpoint = step`):
+    the recomputed steps beside a teacher give the reference's numbers too."""
     from grt_titan.checkpoint_io import save_checkpoint
 
     from grt_test_helpers import build_model
@@ -200,7 +202,10 @@ def test_distilled_fsdp_matches_one_rank(seed_checkpoint, run_torchrun, tmp_path
     distill += ["--distill.alpha", "0.5", "--distill.temperature", "2"]
     ref_losses, ref_norms = train(run_torchrun, tmp_path, seed_checkpoint, "one_rank", 1, {**ONE_RANK, "args": distill})
     nproc, extra = PARITY_LAYOUTS["fsdp2"]
-    losses, norms = train(run_torchrun, tmp_path, seed_checkpoint, "fsdp2", nproc, {**extra, "args": distill})
+    per_step_ac = ["--activation_checkpoint.mode", "full", "--grt.recurrence_checkpoint", "step"]
+    losses, norms = train(
+        run_torchrun, tmp_path, seed_checkpoint, "fsdp2", nproc, {**extra, "args": [*distill, *per_step_ac]}
+    )
     assert len(losses) == len(ref_losses) == STEPS
     assert ref_losses[-1] < ref_losses[0]  # it trains
     assert losses == pytest.approx(ref_losses, rel=1e-5)
