@@ -108,3 +108,39 @@ def test_checks_run_at_start_up(tmp_path):
     with pytest.raises(ValueError) as e:
         check_job_config(config, student(config))
     assert "[distill] alpha = -1.0 is invalid" in str(e.value) and "[distill] teacher = " in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "grt_export", "stock_gpt2"])
+def test_every_source_builds_the_teacher_it_holds(kind, tmp_path):
+    """`build_teacher` on one rank from each source `[distill] teacher` takes: a torchtitan
+    checkpoint with its TOML, our Hugging Face export (config.json + remote code) and a stock
+    GPT-2 folder (`--format stock`): frozen, in eval mode, and its logits are the written
+    model's (float32)."""
+    import torch
+
+    from grt_titan.checkpoint_io import load_model_args as read_args
+    from grt_titan.checkpoint_io import save_checkpoint
+    from grt_titan.cpu_support import enable_cpu_training
+    from grt_titan.hf.convert import write_hf_folder
+    from grt_titan.hf.stock import write_stock_folder
+    from grt_titan.teacher import build_teacher
+
+    from grt_test_helpers import build_model, one_rank_dims
+
+    enable_cpu_training()  # as grt_titan.train does here: torchtitan's device is the CPU
+    args = read_args(DENSE_TOML)[0]
+    dense = build_model(args, seed=4).eval()
+    state = {k: v.detach().clone() for k, v in dense.state_dict().items()}
+    if kind == "checkpoint":
+        save_checkpoint(tmp_path / "teacher" / "step-3", state)
+        source = ["--distill.teacher", str(tmp_path / "teacher"), "--distill.teacher_config", str(DENSE_TOML)]
+    else:
+        write = write_hf_folder if kind == "grt_export" else write_stock_folder
+        write(tmp_path / "teacher", state, args)
+        source = ["--distill.teacher", str(tmp_path / "teacher")]
+    config = parse_config(*source, "--training.mixed_precision_param", "float32")
+    teacher = build_teacher(config, one_rank_dims())
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    tokens = torch.randint(0, args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(teacher(tokens), dense(tokens))
