@@ -35,7 +35,7 @@ from grt_titan.job_config import FLOAT8_CONVERTER
 from grt_titan.model.flavors import flavor_from_file
 from grt_titan.model.model import build_meta_model
 from grt_titan.model.part import JobSettings
-from grt_titan.teacher import device_memory_bytes, teacher_problems
+from grt_titan.teacher import device_memory_bytes, teacher_args, teacher_problems, teacher_source
 from grt_titan.tokenizer import GPT2_VOCAB_SIZE, load_tokenizer, resolve_tokenizer_source
 
 # torchtitan's flag in [quantize.linear.float8] filter_fqns that lets torchao skip small layers.
@@ -246,6 +246,9 @@ def _distill_problems(job_config, args) -> list[str]:
     except (FileNotFoundError, ValueError):
         return []  # the student's tokenizer is missing: _vocab_problems says so
     problems = teacher_problems(job_config, args, _data_parallel_shard(job_config), device_bytes, tokenizer)
+    if not problems and FLOAT8_CONVERTER in job_config.model.converters:  # the teacher's linears convert too
+        teacher = teacher_args(teacher_source(distill))
+        problems += [f"[distill] teacher: {problem}" for problem in _float8_problems(job_config, teacher)]
     from grt_titan.components.trainer import GRTTrainer  # here: torchtitan.train is a large import
 
     if dist.is_initialized() and GRTTrainer.build_teacher is None:  # a trainer without a teacher

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.protocols.model_converter import build_model_converters
 from torchtitan.tools import utils as tt_utils
 from torchtitan.tools.logging import logger
 
@@ -219,6 +220,13 @@ def teacher_problems(
             f"width {teacher.ffn_hidden_dim} must be divisible by [parallelism] tensor_parallel_degree = {tp} "
             "(the teacher is sharded like the student); allowed: a teacher that TP can split"
         )
+    if tp > 1 and shards is not None and shards > 1:
+        # Loading the full state into FSDP x TP parameters (FSDP's strided shards over the TP
+        # ones) stops in torch's distribute_tensor (torch 2.13); FSDP alone and TP alone load.
+        problems.append(
+            f"[distill] teacher: FSDP x TP (data_parallel_shard_degree = {shards} with tensor_parallel_degree = "
+            f"{tp}) cannot load a teacher yet; allowed: FSDP or HSDP without TP, or TP without FSDP sharding"
+        )
     if shards is not None and device_bytes is not None:
         t = job_config.training
         param_bytes = TORCH_DTYPE_MAP[t.mixed_precision_param].itemsize
@@ -248,6 +256,10 @@ def build_teacher(job_config, parallel_dims) -> nn.Module:
     args = teacher_args(source)
     with torch.device("meta"), tt_utils.set_default_dtype(TORCH_DTYPE_MAP[job_config.training.dtype]):
         model = build_meta_model(args)
+    if job_config.model.converters:
+        # The student's converters (float8: its linears compute in float8, as the student's;
+        # the weights are loaded into them below), before the plans, as torchtitan orders them.
+        build_model_converters(job_config, parallel_dims).convert(model)
     model = parallelize_teacher(model, parallel_dims, job_config)
     device = torch.device(tt_utils.device_type, torch.cuda.current_device() if tt_utils.device_type == "cuda" else 0)
     model.to_empty(device=device)

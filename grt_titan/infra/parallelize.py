@@ -85,14 +85,11 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
 
     if parallel_dims.tp_enabled:
         tp_mesh = parallel_dims.get_mesh("tp")
-        float8_tp = FLOAT8_CONVERTER in job_config.model.converters and (
-            job_config.quantize.linear.float8.recipe_name in (None, "tensorwise")
-        )
         apply_tp(
             model,
             tp_mesh,
             loss_parallel=not job_config.parallelism.disable_loss_parallel,
-            enable_float8_tensorwise_tp=float8_tp,
+            enable_float8_tensorwise_tp=float8_tensorwise_tp(job_config),
         )
         maybe_enable_async_tp(job_config, tp_mesh)
 
@@ -140,16 +137,17 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
 
 def parallelize_teacher(model: GRTModel, parallel_dims: ParallelDims, job_config) -> GRTModel:
     """A distillation teacher (grt_titan/teacher.py) sharded like the student: the student's
-    TP plan (its logits vocabulary-sharded exactly when the student's are) and FSDP over the
-    student's data-parallel mesh, every unit resharded after its forward. No AC and no
-    compile: the teacher runs under no_grad and keeps no activations. Under DDP (or one
-    rank) it is replicated, as the student."""
+    TP plan (its logits vocabulary-sharded exactly when the student's are; float8's TP styles
+    when the student's converters made its linears float8) and FSDP over the student's
+    data-parallel mesh, every unit resharded after its forward. No AC and no compile: the
+    teacher runs under no_grad and keeps no activations. Under DDP (or one rank) it is
+    replicated, as the student."""
     if parallel_dims.tp_enabled:
         apply_tp(
             model,
             parallel_dims.get_mesh("tp"),
             loss_parallel=not job_config.parallelism.disable_loss_parallel,
-            enable_float8_tensorwise_tp=False,
+            enable_float8_tensorwise_tp=float8_tensorwise_tp(job_config),
         )
     if parallel_dims.fsdp_enabled:
         shard_data_parallel(
@@ -161,6 +159,13 @@ def parallelize_teacher(model: GRTModel, parallel_dims: ParallelDims, job_config
             core_reshard_after_forward=True,
         )
     return model
+
+
+def float8_tensorwise_tp(job_config) -> bool:
+    """The float8 converter with its tensorwise recipe: TP uses torchao's float8 styles."""
+    return FLOAT8_CONVERTER in job_config.model.converters and (
+        job_config.quantize.linear.float8.recipe_name in (None, "tensorwise")
+    )
 
 
 def shard_data_parallel(model: GRTModel, parallel_dims: ParallelDims, job_config, **policy) -> None:
