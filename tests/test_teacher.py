@@ -110,27 +110,50 @@ def test_checks_run_at_start_up(tmp_path):
     assert "[distill] alpha = -1.0 is invalid" in str(e.value) and "[distill] teacher = " in str(e.value)
 
 
+@pytest.fixture
+def dense_teacher():
+    """(args, model, state) of a seeded dense_debug model in eval mode, torchtitan pointed at
+    the CPU as grt_titan.train points it here."""
+    from grt_titan.checkpoint_io import load_model_args
+    from grt_titan.cpu_support import enable_cpu_training
+
+    from grt_test_helpers import build_model
+
+    enable_cpu_training()
+    args = load_model_args(DENSE_TOML)[0]
+    dense = build_model(args, seed=4).eval()
+    return args, dense, {k: v.detach().clone() for k, v in dense.state_dict().items()}
+
+
+def built_teacher_and_logits(dense_teacher, *overrides):
+    """`build_teacher` on one rank with the `[distill]` `overrides`, float32, and the logits of
+    the teacher and of the written model on the same tokens."""
+    import torch
+
+    from grt_titan.teacher import build_teacher
+
+    from grt_test_helpers import one_rank_dims
+
+    args, dense, _ = dense_teacher
+    teacher = build_teacher(parse_config(*overrides, "--training.mixed_precision_param", "float32"), one_rank_dims())
+    tokens = torch.randint(0, args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return teacher, teacher(tokens), dense(tokens)
+
+
 @pytest.mark.parametrize("kind", ["checkpoint", "grt_export", "stock_gpt2"])
-def test_every_source_builds_the_teacher_it_holds(kind, tmp_path):
+def test_every_source_builds_the_teacher_it_holds(kind, dense_teacher, tmp_path):
     """`build_teacher` on one rank from each source `[distill] teacher` takes: a torchtitan
     checkpoint with its TOML, our Hugging Face export (config.json + remote code) and a stock
     GPT-2 folder (`--format stock`): frozen, in eval mode, and its logits are the written
     model's (float32)."""
     import torch
 
-    from grt_titan.checkpoint_io import load_model_args as read_args
     from grt_titan.checkpoint_io import save_checkpoint
-    from grt_titan.cpu_support import enable_cpu_training
     from grt_titan.hf.convert import write_hf_folder
     from grt_titan.hf.stock import write_stock_folder
-    from grt_titan.teacher import build_teacher
 
-    from grt_test_helpers import build_model, one_rank_dims
-
-    enable_cpu_training()  # as grt_titan.train does here: torchtitan's device is the CPU
-    args = read_args(DENSE_TOML)[0]
-    dense = build_model(args, seed=4).eval()
-    state = {k: v.detach().clone() for k, v in dense.state_dict().items()}
+    args, _, state = dense_teacher
     if kind == "checkpoint":
         save_checkpoint(tmp_path / "teacher" / "step-3", state)
         source = ["--distill.teacher", str(tmp_path / "teacher"), "--distill.teacher_config", str(DENSE_TOML)]
@@ -138,43 +161,29 @@ def test_every_source_builds_the_teacher_it_holds(kind, tmp_path):
         write = write_hf_folder if kind == "grt_export" else write_stock_folder
         write(tmp_path / "teacher", state, args)
         source = ["--distill.teacher", str(tmp_path / "teacher")]
-    config = parse_config(*source, "--training.mixed_precision_param", "float32")
-    teacher = build_teacher(config, one_rank_dims())
+    teacher, got, want = built_teacher_and_logits(dense_teacher, *source)
     assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
-    tokens = torch.randint(0, args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        assert torch.equal(teacher(tokens), dense(tokens))
+    assert torch.equal(got, want)
 
 
-def test_the_students_float8_converter_converts_the_teacher(tmp_path):
+def test_the_students_float8_converter_converts_the_teacher(dense_teacher, tmp_path):
     """With `quantize.linear.float8` among the student's converters the teacher's linears
     compute in float8 too (emulated here), all but its LM head, from the same weights: its
     logits stay close to the float32 teacher's."""
     import torch
     from torchao.float8.float8_linear import Float8Linear
 
-    from grt_titan.checkpoint_io import load_model_args as read_args
     from grt_titan.checkpoint_io import save_checkpoint
-    from grt_titan.cpu_support import enable_cpu_training
-    from grt_titan.teacher import build_teacher
 
-    from grt_test_helpers import build_model, one_rank_dims
-
-    enable_cpu_training()
-    args = read_args(DENSE_TOML)[0]
-    dense = build_model(args, seed=4).eval()
-    save_checkpoint(tmp_path / "teacher" / "step-3", {k: v.detach().clone() for k, v in dense.state_dict().items()})
+    save_checkpoint(tmp_path / "teacher" / "step-3", dense_teacher[2])
     source = ["--distill.teacher", str(tmp_path / "teacher"), "--distill.teacher_config", str(DENSE_TOML)]
     float8 = ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate"]
-    config = parse_config(*source, *float8, "--training.mixed_precision_param", "float32")
+    config = parse_config(*source, *float8)
     check_job_config(config, student(config))  # the teacher's widths are multiples of 16
-    teacher = build_teacher(config, one_rank_dims())
+    teacher, got, want = built_teacher_and_logits(dense_teacher, *source, *float8)
     converted = {name for name, m in teacher.named_modules() if isinstance(m, Float8Linear)}
     linears = {name for name, m in teacher.named_modules() if isinstance(m, torch.nn.Linear)}
     assert converted == linears - {"output"} and converted
-    tokens = torch.randint(0, args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        got, want = teacher(tokens), dense(tokens)
     assert not torch.equal(got, want)  # float8 matmuls
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99
 
