@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 
 # The training command and its settings are the retrofit benchmark's (one process, gloo, the
 # embedded corpus, validation on the same sequences), with every step logged here.
-from benchmarks.retrofit_bench import ANSI, DENSE_DEBUG, GRT_DEBUG  # noqa: E402
+from benchmarks.retrofit_bench import ANSI, DENSE_DEBUG, GRT_DEBUG, add_run_arguments, window_mean  # noqa: E402
 from benchmarks.retrofit_bench import train_cmd as retrofit_train_cmd  # noqa: E402
 
 
@@ -95,11 +95,6 @@ def tb_scalars(tb_root: Path, tag: str) -> dict[int, float]:
     return {step: value for step, (_, value) in tb_events(tb_root, tag).items()}
 
 
-def window_mean(losses: dict[int, float], step: int, width: int = 10) -> float:
-    vals = [losses[s] for s in range(max(1, step - width + 1), step + 1) if s in losses]
-    return sum(vals) / len(vals)
-
-
 def overlapping(runs: list[dict[int, tuple[float, float]]], skip: int) -> list[dict[int, float]]:
     """Each run's step times after `skip` warm-up steps, keeping the steps logged while every
     run was training (between the latest first log and the earliest last log)."""
@@ -112,14 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--teacher-steps", type=int, default=250, help="N: steps of the dense_debug teacher")
     parser.add_argument("--steps", type=int, default=80, help="M: steps of each grt_debug student")
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--val-steps", type=int, default=4, help="validation batches (the same sequences each time)")
-    parser.add_argument("--val-every", type=int, default=None, help="validation interval (default: M / 5)")
+    add_run_arguments(parser)
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the step times")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="threads per process (see the docstring)")
     parser.add_argument("--out", type=Path, default=None, help="work folder (default: a temp dir)")
     args = parser.parse_args(argv)

@@ -167,15 +167,20 @@ def checkpoints(steps: int, count: int = 5) -> list[int]:
     return [m for m in marks if m >= 1]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dense-steps", type=int, default=400, help="N: steps of dense_debug before the export")
-    parser.add_argument("--steps", type=int, default=200, help="M: steps of the retrofit and of the scratch GRT")
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options `train_cmd` reads (sequence, batch, validation, seed)."""
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--val-steps", type=int, default=4, help="validation batches (the same sequences each time)")
     parser.add_argument("--val-every", type=int, default=None, help="validation interval (default: M / 5)")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dense-steps", type=int, default=400, help="N: steps of dense_debug before the export")
+    parser.add_argument("--steps", type=int, default=200, help="M: steps of the retrofit and of the scratch GRT")
+    add_run_arguments(parser)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="work folder (default: a temp dir)")
     args = parser.parse_args(argv)
