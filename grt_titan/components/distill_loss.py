@@ -29,8 +29,7 @@ all-reduced with MAX, the three per-token sums (S_a, S_b and the weighted sum ov
 only per-token scalars cross ranks, as in torch's sharded cross-entropy; each sum is then the
 full row's and the formula above the full row's KL. Gradients: the loss downstream is
 replicated on every rank of the group, so each rank differentiates its own columns, with the
-full rows' p and q: (q_v - p_v) / T for its columns v. `sharded_logsumexp` is the same
-log-sum-exp on its own (the local max all-reduced with MAX, the local sums of exp with SUM).
+full rows' p and q: (q_v - p_v) / T for its columns v.
 
 Nothing here knows torchtitan; `group` is any process group over which the last dimension
 of the logits is sharded (None: the full vocabulary is here).
@@ -43,35 +42,6 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 IGNORE_INDEX = -100  # torchtitan's (components/loss.py): labels never scored
-
-
-class _SumOverShards(torch.autograd.Function):
-    """all_reduce(SUM) whose gradient is the identity: every rank differentiates the same
-    replicated result, and its share's gradient is that result's."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
-        out = x.clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad, None
-
-
-def _sum_shards(x: torch.Tensor, group) -> torch.Tensor:
-    return x if group is None else _SumOverShards.apply(x, group)
-
-
-def sharded_logsumexp(x: torch.Tensor, group=None) -> torch.Tensor:
-    """logsumexp over the last dimension when it is split over `group`: [..., V_local] -> [...].
-
-    The max is a constant shift (no gradient flows through it, as in torch.logsumexp)."""
-    m = x.detach().amax(dim=-1)
-    if group is not None:
-        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-    return m + _sum_shards(torch.exp(x - m.unsqueeze(-1)).sum(dim=-1), group).log()
 
 
 # Rows are processed in blocks of about this many elements (of this rank's columns): the
