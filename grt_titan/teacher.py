@@ -145,15 +145,17 @@ def memory_estimate(
     student: GRTModelArgs, teacher: GRTModelArgs, shards: int, tp: int, tokens: int, param_bytes: int
 ) -> MemoryEstimate:
     """A lower bound per rank: `shards` x `tp` ranks share each weight; `tokens` per microbatch;
-    the teacher's gathered blocks are in `param_bytes` per value (FSDP's param dtype)."""
+    the teacher's gathered blocks are in `param_bytes` per value (FSDP's param dtype). The
+    teacher's part is the larger of its running share and, under FSDP x TP, its load (its TP
+    shard whole, before FSDP shards it)."""
     ranks = max(shards, 1) * max(tp, 1)
     teacher_params = parameter_count(teacher)
     block = teacher_params / max(teacher.n_prelude_layers + teacher.n_core_layers + teacher.n_coda_layers, 1)
     logits = tokens * teacher.padded_vocab_size / max(tp, 1) * 4 * 3  # float32 logits, p and a
-    return MemoryEstimate(
-        student=int(parameter_count(student) * 16 / ranks),
-        teacher=int(teacher_params * 4 / ranks + block * param_bytes / max(tp, 1) + logits),
-    )
+    running = teacher_params * 4 / ranks + block * param_bytes / max(tp, 1) + logits
+    # FSDP x TP loads the TP shards whole before FSDP shards them (parallelize_teacher).
+    loading = teacher_params * 4 / tp if shards > 1 and tp > 1 else 0
+    return MemoryEstimate(student=int(parameter_count(student) * 16 / ranks), teacher=int(max(running, loading)))
 
 
 def device_memory_bytes() -> int | None:
@@ -220,13 +222,6 @@ def teacher_problems(
             f"width {teacher.ffn_hidden_dim} must be divisible by [parallelism] tensor_parallel_degree = {tp} "
             "(the teacher is sharded like the student); allowed: a teacher that TP can split"
         )
-    if tp > 1 and shards is not None and shards > 1:
-        # Loading the full state into FSDP x TP parameters (FSDP's strided shards over the TP
-        # ones) stops in torch's distribute_tensor (torch 2.13); FSDP alone and TP alone load.
-        problems.append(
-            f"[distill] teacher: FSDP x TP (data_parallel_shard_degree = {shards} with tensor_parallel_degree = "
-            f"{tp}) cannot load a teacher yet; allowed: FSDP or HSDP without TP, or TP without FSDP sharding"
-        )
     if shards is not None and device_bytes is not None:
         t = job_config.training
         param_bytes = TORCH_DTYPE_MAP[t.mixed_precision_param].itemsize
@@ -260,22 +255,26 @@ def build_teacher(job_config, parallel_dims) -> nn.Module:
         # The student's converters (float8: its linears compute in float8, as the student's;
         # the weights are loaded into them below), before the plans, as torchtitan orders them.
         build_model_converters(job_config, parallel_dims).convert(model)
-    model = parallelize_teacher(model, parallel_dims, job_config)
-    device = torch.device(tt_utils.device_type, torch.cuda.current_device() if tt_utils.device_type == "cuda" else 0)
-    model.to_empty(device=device)
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
-        model.init_weights()  # the RoPE table (non-persistent) and a valid starting state
     state = teacher_state(source, args)
-    missing, unexpected = set_model_state_dict(
-        model, state, options=StateDictOptions(full_state_dict=True, strict=False)
-    )
-    if unexpected or not set(missing) <= optional_native_keys(args):
-        raise CheckpointError(
-            f"[distill] teacher {source.path}: weights do not fit its architecture: missing "
-            f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
+
+    def load(model: nn.Module) -> None:
+        device = torch.device(
+            tt_utils.device_type, torch.cuda.current_device() if tt_utils.device_type == "cuda" else 0
         )
-    del state
+        model.to_empty(device=device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
+            model.init_weights()  # the RoPE table (non-persistent) and a valid starting state
+        missing, unexpected = set_model_state_dict(
+            model, state, options=StateDictOptions(full_state_dict=True, strict=False)
+        )
+        state.clear()  # the full copy on the host goes before FSDP x TP shards the teacher
+        if unexpected or not set(missing) <= optional_native_keys(args):
+            raise CheckpointError(
+                f"[distill] teacher {source.path}: weights do not fit its architecture: missing "
+                f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
+            )
+
+    model = parallelize_teacher(model, parallel_dims, job_config, load)
     model.requires_grad_(False)
     model.eval()
     logger.info(

@@ -321,11 +321,46 @@ def distill_teacher(path: Path) -> str | None:
     return tomli.loads(path.read_text()).get("distill", {}).get("teacher") or None
 
 
+def teaches_its_retrofit(path: Path) -> bool:
+    """A retrofit preset distilled from its own source: `[distill] teacher` is the folder its
+    `[model] hf_assets_path` names (the source's tokenizer and weights)."""
+    import tomli
+
+    toml = tomli.loads(path.read_text())
+    return distill_teacher(path) is not None and distill_teacher(path) == toml.get("model", {}).get("hf_assets_path")
+
+
+def stand_in_source_tokenizer(path: Path, tmp: Path) -> Path:
+    """A retrofit preset's stand-in tokenizer (`write_stand_in_tokenizer`, the source
+    tokenizer's size) in `tmp`, written once however many stand-ins ask for it."""
+    folder = tmp / f"{path.stem}-tokenizer"
+    return folder if folder.is_dir() else write_stand_in_tokenizer(folder, *source_tokenizer(path))
+
+
 def stand_in_teacher_args(path: Path, tmp: Path) -> list[str]:
-    """For a distillation preset: a dense_debug teacher (random weights; a step folder as
-    tests/components/test_distill.py writes it) in place of the checkpoint the preset names."""
+    """For a distillation preset, a teacher in place of the one the preset names: for a
+    retrofit preset distilled from its source, a stock folder of the source's kind and
+    vocabulary with the stand-in tokenizer (one small layer, random weights: the preset's
+    source architecture at d = 64); otherwise a dense_debug teacher (random weights; a step
+    folder as tests/components/test_distill.py writes it)."""
     if distill_teacher(path) is None:
         return []
+    if teaches_its_retrofit(path):
+        import tomli
+
+        from grt_titan.hf.stock import write_stock_folder
+        from grt_titan.model.flavors import flavor_from_file
+
+        folder = tmp / f"{path.stem}-teacher"
+        if not folder.is_dir():
+            source = flavor_from_file(str(REPO / tomli.loads(path.read_text())["model"]["flavor"]))
+            args = source.replace(
+                **dict(dim=64, n_heads=2, n_kv_heads=2, attention_head_dim=32, ffn_dim=128),
+                **dict(n_prelude_layers=1, n_core_layers=0, n_coda_layers=0),
+            )
+            state = build_model(args, seed=3).state_dict()
+            write_stock_folder(folder, state, args, tokenizer_path=stand_in_source_tokenizer(path, tmp))
+        return ["--distill.teacher", str(folder)]
     from grt_titan.checkpoint_io import save_checkpoint
 
     folder = tmp / f"{path.stem}-teacher"
@@ -335,12 +370,9 @@ def stand_in_teacher_args(path: Path, tmp: Path) -> list[str]:
 
 def stand_in_overrides(path: Path, tmp: Path) -> list[str]:
     """Command-line overrides that let a shipped TOML start here: a retrofit preset's source
-    tokenizer (a stand-in of its size, `write_stand_in_tokenizer`) and a distillation preset's
+    tokenizer (a stand-in of its size, `stand_in_source_tokenizer`) and a distillation preset's
     teacher (`stand_in_teacher_args`); none for the others."""
-    shape = source_tokenizer(path)
     tokenizer = (
-        []
-        if shape is None
-        else ["--model.hf_assets_path", str(write_stand_in_tokenizer(tmp / f"{path.stem}-tokenizer", *shape))]
+        [] if source_tokenizer(path) is None else ["--model.hf_assets_path", str(stand_in_source_tokenizer(path, tmp))]
     )
     return [*tokenizer, *stand_in_teacher_args(path, tmp)]

@@ -188,14 +188,51 @@ def test_the_students_float8_converter_converts_the_teacher(dense_teacher, tmp_p
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.99
 
 
-def test_fsdp_times_tp_is_refused_by_name(teacher_folder):
-    """A teacher does not load into FSDP x TP parameters yet (torch's distribute_tensor stops
-    on FSDP's strided shards): named at start-up instead of an AssertionError inside torch."""
-    source = ["--distill.teacher", str(teacher_folder), "--distill.teacher_config", str(DENSE_TOML)]
-    tp = ["--parallelism.tensor_parallel_degree", "2"]
-    (line,) = [p for p in problems(*source, *tp, shards=2) if "FSDP x TP" in p]
-    assert line.startswith(
-        "[distill] teacher: FSDP x TP (data_parallel_shard_degree = 2 with tensor_parallel_degree = 2)"
+def test_fsdp_times_tp_loads_the_tp_shards_then_shards_them(dense_teacher, tmp_path):
+    """FSDP 2 x TP 2 (rank 0 of 4 on the fake process group: no data moves, and rank 0 is the
+    source of TP's broadcast): every teacher parameter is a 2-D DTensor whose local shard is
+    exactly its slice of the written weights. Loading the same full state dict into FSDP's
+    strided shards over TP shards stops inside torch (the defect `parallelize_teacher` orders
+    around: TP, load, then FSDP); when torch loads it, this test says the order can go."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.distributed import ParallelDims
+
+    from grt_titan.checkpoint_io import save_checkpoint
+    from grt_titan.infra.parallelize import apply_tp, shard_data_parallel
+    from grt_titan.model.model import build_meta_model
+    from grt_titan.teacher import build_teacher
+
+    args, _, state = dense_teacher
+    save_checkpoint(tmp_path / "teacher" / "step-3", state)
+    config = parse_config(
+        *("--distill.teacher", str(tmp_path / "teacher"), "--distill.teacher_config", str(DENSE_TOML)),
+        *("--parallelism.tensor_parallel_degree", "2", "--training.mixed_precision_param", "float32"),
     )
-    assert not [p for p in problems(*source, *tp, shards=1) if "FSDP x TP" in p]
-    assert not [p for p in problems(*source, shards=2) if "FSDP x TP" in p]
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        dims = ParallelDims(dp_replicate=1, dp_shard=2, cp=1, tp=2, pp=1, ep=1, etp=1, world_size=4)
+        dims.build_mesh()
+        teacher = build_teacher(config, dims)
+        sharded = {}
+        for name, param in teacher.state_dict().items():
+            assert isinstance(param, DTensor) and param.device_mesh.ndim == 2, name  # FSDP x TP
+            shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+            full = state[name][tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+            assert torch.equal(param.to_local(), full), name
+            sharded[name] = tuple(param.placements) != (param.placements[0],) * 2  # split on some mesh dim
+        assert sharded["prelude.layers.0.attention.wq.weight"] and sharded["tok_embeddings.weight"]
+
+        with torch.device("meta"):
+            model = build_meta_model(args)
+        apply_tp(model, dims.get_mesh("tp"), loss_parallel=True, enable_float8_tensorwise_tp=False)
+        shard_data_parallel(model, dims, config, pp_enabled=False, reshard_after_forward_policy="always")
+        model.to_empty(device="cpu")
+        with pytest.raises(AssertionError):
+            set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    finally:
+        dist.destroy_process_group()

@@ -22,7 +22,8 @@ times per forward, so:
 
 from __future__ import annotations
 
-from typing import get_args
+from functools import partial
+from typing import Callable, get_args
 
 import torch
 import torch.distributed as dist
@@ -135,13 +136,22 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
     return model
 
 
-def parallelize_teacher(model: GRTModel, parallel_dims: ParallelDims, job_config) -> GRTModel:
+def parallelize_teacher(
+    model: GRTModel, parallel_dims: ParallelDims, job_config, load: Callable[[GRTModel], None]
+) -> GRTModel:
     """A distillation teacher (grt_titan/teacher.py) sharded like the student: the student's
     TP plan (its logits vocabulary-sharded exactly when the student's are; float8's TP styles
     when the student's converters made its linears float8) and FSDP over the student's
     data-parallel mesh, every unit resharded after its forward. No AC and no compile: the
     teacher runs under no_grad and keeps no activations. Under DDP (or one rank) it is
-    replicated, as the student."""
+    replicated, as the student.
+
+    `load(model)` materialises the meta model and reads its weights (a full state dict).
+    FSDP alone shards before loading, so a rank holds only its shard. FSDP x TP shards after
+    loading the TP-sharded weights: a full state dict cannot be loaded into FSDP's strided
+    shards over TP shards (torch 2.13's distribute_tensor stops with an AssertionError in
+    `_StridedShard._shard_tensor`; tests/test_teacher.py shows it), while FSDP shards TP's
+    materialised shards exactly. The load then holds 1 / TP of the teacher per rank."""
     if parallel_dims.tp_enabled:
         apply_tp(
             model,
@@ -149,15 +159,21 @@ def parallelize_teacher(model: GRTModel, parallel_dims: ParallelDims, job_config
             loss_parallel=not job_config.parallelism.disable_loss_parallel,
             enable_float8_tensorwise_tp=float8_tensorwise_tp(job_config),
         )
-    if parallel_dims.fsdp_enabled:
-        shard_data_parallel(
-            model,
-            parallel_dims,
-            job_config,
-            pp_enabled=False,
-            reshard_after_forward_policy="always",
-            core_reshard_after_forward=True,
-        )
+    shard = partial(
+        shard_data_parallel,
+        model,
+        parallel_dims,
+        job_config,
+        pp_enabled=False,
+        reshard_after_forward_policy="always",
+        core_reshard_after_forward=True,
+    )
+    shard_after_loading = parallel_dims.fsdp_enabled and parallel_dims.tp_enabled
+    if parallel_dims.fsdp_enabled and not shard_after_loading:
+        shard()
+    load(model)
+    if shard_after_loading:
+        shard()
     return model
 
 

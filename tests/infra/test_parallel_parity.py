@@ -186,12 +186,14 @@ def test_llama_blocks_tensor_parallel_match_one_rank(run_torchrun, tmp_path):
 
 
 @pytest.mark.slow
-def test_distilled_fsdp_matches_one_rank(seed_checkpoint, run_torchrun, tmp_path):
-    """FSDP 2 equals 1 rank with a teacher (docs/distillation.md): the same seed student and
-    the same dense_debug teacher (random weights, the student's vocabulary; replicated on one
-    rank, FSDP-sharded on two), alpha 0.5, T 2: losses, KD terms and gradient norms per step.
-    The FSDP run checkpoints every recurrence step (full AC, `recurrence_checkpoint = step`):
-    the recomputed steps beside a teacher give the reference's numbers too."""
+def test_distilled_fsdp_tp_matches_one_rank(seed_checkpoint, run_torchrun, tmp_path):
+    """FSDP 2 x TP 2 equals 1 rank with a teacher (docs/distillation.md): the same seed student
+    and the same dense_debug teacher (random weights, the student's vocabulary; replicated on
+    one rank; on four, TP-sharded, loaded, then FSDP-sharded), alpha 0.5, T 2: losses, KD
+    terms and gradient norms per step. Loss parallel is on, so both models' logits are
+    vocabulary-sharded and the KL is the sharded one. The 4-rank run checkpoints every
+    recurrence step (full AC, `recurrence_checkpoint = step`): the recomputed steps beside a
+    teacher give the reference's numbers too."""
     from grt_titan.checkpoint_io import save_checkpoint
 
     from grt_test_helpers import build_model
@@ -201,16 +203,16 @@ def test_distilled_fsdp_matches_one_rank(seed_checkpoint, run_torchrun, tmp_path
     distill = ["--distill.teacher", str(teacher), "--distill.teacher_config", "train_configs/dense_debug.toml"]
     distill += ["--distill.alpha", "0.5", "--distill.temperature", "2"]
     ref_losses, ref_norms = train(run_torchrun, tmp_path, seed_checkpoint, "one_rank", 1, {**ONE_RANK, "args": distill})
-    nproc, extra = PARITY_LAYOUTS["fsdp2"]
+    nproc, extra = PARITY_LAYOUTS["fsdp2_tp2"]
     per_step_ac = ["--activation_checkpoint.mode", "full", "--grt.recurrence_checkpoint", "step"]
     losses, norms = train(
-        run_torchrun, tmp_path, seed_checkpoint, "fsdp2", nproc, {**extra, "args": [*distill, *per_step_ac]}
+        run_torchrun, tmp_path, seed_checkpoint, "fsdp2_tp2", nproc, {**extra, "args": [*distill, *per_step_ac]}
     )
     assert len(losses) == len(ref_losses) == STEPS
     assert ref_losses[-1] < ref_losses[0]  # it trains
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     assert norms == pytest.approx(ref_norms, rel=LOGGED_GRAD_NORM_REL)
-    ref_kd, kd = (scalars(tmp_path / name, "distill/kd_loss") for name in ("one_rank", "fsdp2"))
+    ref_kd, kd = (scalars(tmp_path / name, "distill/kd_loss") for name in ("one_rank", "fsdp2_tp2"))
     assert len(ref_kd) == STEPS and all(v > 0 for v in ref_kd)  # the teacher ran on every step
     # The KD term (~0.05 here: a random teacher) is a sum of products of log-probabilities of
     # size ~10, so its fp32 rounding is absolute: up to 1.6e-7 measured (2.9e-6 relative).

@@ -16,13 +16,19 @@ such folder, so its run gets a stand-in tokenizer with the source tokenizer's nu
 (the start-up vocabulary check compares it with the flavor's rows) and a prepared dataset of
 its ids. Its weights are not needed: no run here loads the student from a checkpoint.
 
-A distillation preset (`[distill] teacher`, train_configs/grt_medium_distill.toml) names a
-teacher checkpoint CI cannot hold (dense_medium, 354.8M parameters): its run gets a stand-in
-teacher, dense_debug (the GPT-2 vocabulary, as the GPT-2 presets') saved here as a torchtitan
-step folder, with train_configs/dense_debug.toml as its `teacher_config`. The run builds it,
-shards it on the preset's mesh, loads it under the fake backend (DCP and the full state dict
-with the fake process group) and runs a distilled step; the test checks the teacher's log line
-(its parameters and layout) and that the KD term was logged, never its value.
+A distillation preset (`[distill] teacher`) names a teacher CI cannot hold, so its run gets a
+stand-in: grt_medium_distill.toml's dense_medium checkpoint (354.8M parameters) becomes
+dense_debug (the GPT-2 vocabulary, as the GPT-2 presets') saved here as a torchtitan step
+folder with train_configs/dense_debug.toml as its `teacher_config`; retrofit_qwen3_0_6b_distill's
+Qwen3-0.6B folder (the retrofit's source teaching its student) becomes a one-layer stock Qwen3
+folder of the source's vocabulary beside the stand-in tokenizer. The run builds it, shards it
+on the preset's mesh (FSDP x TP for the Qwen3 one: the TP shards loaded, then FSDP-sharded),
+loads it under the fake backend and runs a distilled step; the test checks the teacher's log
+line (its source, parameters and layout) and that the KD term was logged, never its value.
+
+A preset equal to another but for what the other adds (`STARTED_AS`: the Qwen3 retrofit and
+the same with its source as teacher; a test holds them equal) is started through that other
+one: one run starts both students at their layout.
 """
 
 import dataclasses
@@ -42,14 +48,13 @@ from grt_titan.model.model import build_meta_model
 from grt_test_helpers import (
     ANSI,
     REPO,
-    STAND_IN_TEACHER_CONFIG,
     distill_teacher,
     mesh_degrees,
     parse_config,
     source_tokenizer,
+    stand_in_source_tokenizer,
     stand_in_teacher_args,
     step_losses,
-    write_stand_in_tokenizer,
     write_token_dataset,
 )
 from tests.launcher import fake_backend_env, launch
@@ -109,12 +114,11 @@ def preset_args(path: Path, dump_folder: Path) -> list[str]:
 def stand_in_source_args(path: Path, tmp: Path) -> list[str]:
     """For a retrofit preset: its run's tokenizer (the stand-in) and a prepared dataset of that
     tokenizer's ids (the embedded corpus would be tokenized first: tens of seconds)."""
-    shape = source_tokenizer(path)
-    if shape is None:
+    if source_tokenizer(path) is None:
         return []
     from grt_titan.tokenizer import load_tokenizer
 
-    tokenizer = load_tokenizer(write_stand_in_tokenizer(tmp / f"{path.stem}-tokenizer", *shape))
+    tokenizer = load_tokenizer(stand_in_source_tokenizer(path, tmp))
     ids = tokenizer.get_vocab_size()
     tokens = np.arange(1 << 14, dtype=np.int64) * 7919 % ids  # spread over all ids, not only the low ones
     splits = {"train": tokens, "val": np.zeros(0, np.int64)}
@@ -123,6 +127,12 @@ def stand_in_source_args(path: Path, tmp: Path) -> list[str]:
 
 
 # ---- distillation presets: a stand-in teacher ------------------------------------------------
+
+
+# A preset started through its twin: the two TOMLs are equal but for what the twin adds
+# (test_qwen3_distill_preset_is_the_retrofit_preset_with_a_teacher; both run a microbatch of 1
+# here), so the twin's run starts this preset's student at this preset's layout, plus a teacher.
+STARTED_AS = {"retrofit_qwen3_0_6b": "retrofit_qwen3_0_6b_distill"}
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +157,17 @@ def preset_runs(request, module_tmp):
         (tmp / f"{path.stem}.log").write_text(proc.stdout + proc.stderr)
         return path.stem, (proc, stand_in)
 
+    started = {path.with_stem(STARTED_AS.get(path.stem, path.stem)) for path in selected}
     with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(run, [path for path in CONFIGS if path in selected]))
+        runs = dict(pool.map(run, [path for path in CONFIGS if path in started]))
+    return {path.stem: runs[STARTED_AS.get(path.stem, path.stem)] for path in selected}
 
 
 def test_every_header_names_a_world_size():
     sizes = {path.stem: intended_world_size(path) for path in CONFIGS}
     assert sizes["grt_debug"] == 2 and sizes["grt_large"] == 8 and sizes["grt_llama_1b"] == 32
     assert sizes["retrofit_qwen3_0_6b"] == 8 and sizes["grt_medium_distill"] == 8
+    assert sizes["retrofit_qwen3_0_6b_distill"] == 8
 
 
 def _qwen3_0_6b_config() -> dict:
@@ -214,6 +227,28 @@ def test_qwen3_preset_is_what_retrofit_writes():
     assert "grt-titan retrofit models/Qwen3-0.6B --out retrofits/qwen3" in (REPO / "docs" / "retrofit.md").read_text()
 
 
+def test_qwen3_distill_preset_is_the_retrofit_preset_with_a_teacher():
+    """retrofit_qwen3_0_6b_distill is retrofit_qwen3_0_6b (itself what the retrofit writes)
+    with its source as the teacher, its own dump folder and half the microbatch; nothing else
+    differs, so the two presets cannot drift apart."""
+    retrofit, distill = (
+        tomli.loads((REPO / "train_configs" / f"{name}.toml").read_text())
+        for name in ("retrofit_qwen3_0_6b", "retrofit_qwen3_0_6b_distill")
+    )
+    assert distill.pop("distill") == {
+        "teacher": retrofit["model"]["hf_assets_path"],  # the source folder: its weights and tokenizer
+        "alpha": 0.5,
+        "temperature": 2.0,
+        "loss": "forward_kl",
+    }
+    assert distill["job"].pop("dump_folder") == "./outputs/retrofit_qwen3_0_6b_distill"
+    assert (retrofit["training"].pop("local_batch_size"), distill["training"].pop("local_batch_size")) == (12, 6)
+    for toml in (retrofit, distill):
+        toml["job"].pop("description")
+        toml["job"].pop("dump_folder", None)
+    assert distill == retrofit
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_preset_starts_at_its_layout(path, preset_runs):
@@ -243,17 +278,18 @@ def test_preset_starts_at_its_layout(path, preset_runs):
     if distill_teacher(path) is not None:  # the stand-in teacher ran, sharded on the preset's mesh
         from torchtitan.distributed import ParallelDims
 
-        from grt_titan.checkpoint_io import load_model_args
-        from grt_titan.teacher import parameter_count, teacher_layout
+        from grt_titan.teacher import parameter_count, teacher_args, teacher_layout, teacher_source
 
-        teacher = parameter_count(load_model_args(STAND_IN_TEACHER_CONFIG)[0])
+        source = teacher_source(config.distill)
+        teacher = teacher_args(source)
         dims = ParallelDims(
             **{k: degrees[k] for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")},
             world_size=intended_world_size(path),
         )
-        layout = teacher_layout(dims)  # "FSDP 8" for grt_medium_distill
+        layout = teacher_layout(dims)  # "FSDP 8" for grt_medium_distill, "FSDP 4 x TP 2" for the Qwen3 retrofit's
         assert layout.startswith(("FSDP", "HSDP", "TP")), layout  # sharded, not replicated
-        line = f"(checkpoint, dense, {teacher:,} parameters), frozen, sharded like the student ({layout})"
+        kind = f"{source.kind}, {teacher.method_name}, {parameter_count(teacher):,} parameters"
+        line = f"({kind}), frozen, sharded like the student ({layout})"
         plain = ANSI.sub("", output)
         assert "Distillation teacher:" in plain and line in plain, output[-4000:]
         assert re.search(r"distill  kd: \S+  ce: \S+", plain), output[-2000:]  # the KD term was logged
