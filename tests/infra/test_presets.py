@@ -80,6 +80,14 @@ SEQ_LEN = int(os.environ.get("GRT_PRESET_SEQ_LEN", "64"))
 # as inductor does, without inductor's C++ code generation (most of a compiled case's time on
 # CPU). Inductor itself runs in the parity and TP + compile + AC tests.
 COMPILE_BACKEND = "aot_eager_decomp_partition"
+# The presets compute in bf16 (FSDP's mixed_precision_param); the runs here in float32. On a CPU
+# without bf16 instructions (AVX2 only, as some CI machines) a bf16 matmul takes ~60x a float32
+# one (512 x 4096 @ 4096 x 128: 8.2 s vs 0.12 s for 20, torch 2.13), and grt_large's one step
+# 212 s against 40 s. What this test checks (mesh, shapes, plans, compile, AC) does not depend
+# on the dtype; bf16 under FSDP, TP, compile, AC and float8 runs in the parallel matrix's
+# corners at debug size (tests/infra/test_parallel_matrix.py). `GRT_PRESET_DTYPE=bfloat16`
+# runs the presets as shipped.
+PRESET_DTYPE = os.environ.get("GRT_PRESET_DTYPE", "float32")
 
 
 def preset_args(path: Path, dump_folder: Path) -> list[str]:
@@ -100,6 +108,8 @@ def preset_args(path: Path, dump_folder: Path) -> list[str]:
         "1",
         "--training.global_batch_size",
         "-1",
+        "--training.mixed_precision_param",
+        PRESET_DTYPE,
         "--checkpoint.no-enable",
         "--validation.no-enable",
         "--metrics.log_freq",
