@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+# The annotations name transformers' base class, not GRTConfig: configuration_grt.py imports
+# the parts, which import this file (an import circle).
+from transformers import PretrainedConfig
 from transformers.cache_utils import Cache
 
-from .configuration_grt import EXIT_KV_CACHE_STRATEGIES, KV_CACHE_STRATEGIES, GRTConfig
+# KV-cache strategies across recurrence steps (`GRTCache`; `GRTConfig.kv_cache_strategy`).
+KV_CACHE_STRATEGIES = ("per_step", "first", "last", "average")
 
 
 class GRTCache(Cache):
@@ -64,18 +69,15 @@ class GRTCache(Cache):
             never change, so a decode step compiles to one graph (CUDA graphs on GPU).
     """
 
-    def __init__(self, config: GRTConfig, strategy: str | None = None, max_cache_len: int | None = None):
+    def __init__(self, config: PretrainedConfig, strategy: str | None = None, max_cache_len: int | None = None):
         super().__init__(layers=[])
         strategy = strategy or config.kv_cache_strategy
         if strategy not in KV_CACHE_STRATEGIES:
             raise ValueError(f"kv_cache_strategy = {strategy!r}; allowed: {KV_CACHE_STRATEGIES}")
-        # Ouro's per-token exit: one coda slot per (step, coda block).
-        self.per_step_readout = bool(getattr(config, "per_step_readout", False))
-        if self.per_step_readout and strategy not in EXIT_KV_CACHE_STRATEGIES:
-            raise ValueError(
-                f"kv_cache_strategy = {strategy!r} cannot be used with objective = 'exit_distribution' "
-                f"and exit_threshold = {config.exit_threshold!r} < 1; allowed: {EXIT_KV_CACHE_STRATEGIES}"
-            )
+        for part in config.active_parts:  # the strategies its parts cannot run exactly
+            part.check_cache_strategy(config, strategy)
+        # A part reads every step out (Ouro's per-token exit): one coda slot per (step, coda block).
+        self.per_step_readout = config.per_step_readout
         self.strategy = strategy
         self.num_prelude = config.num_prelude_layers
         self.num_core = config.num_core_layers
@@ -113,7 +115,7 @@ class GRTCache(Cache):
 
     # ---- used by the model ------------------------------------------------------------
 
-    def check_layout(self, config: GRTConfig) -> None:
+    def check_layout(self, config: PretrainedConfig) -> None:
         """ValueError unless the model reads out as this cache was laid out for (one coda per
         step with Ouro's per-token exit, else one); `exit_threshold` may be set after loading."""
         if self.per_step_readout != config.per_step_readout:
@@ -315,7 +317,7 @@ class MoRCache(GRTCache):
     not GRTCache's `first` (docs/hf_export.md), and a static buffer cannot hold ragged rows.
     """
 
-    def __init__(self, config: GRTConfig, strategy: str | None = None, max_cache_len: int | None = None):
+    def __init__(self, config: PretrainedConfig, strategy: str | None = None, max_cache_len: int | None = None):
         strategy = strategy or config.kv_cache_strategy
         if strategy != "per_step":
             raise ValueError(

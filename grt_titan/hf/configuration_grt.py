@@ -1,7 +1,9 @@
 """Configuration of the Gated Recurrent Transformer (GRT, arXiv 2608.15062) for transformers.
 
-Self-contained (imports transformers only): `grt-titan export-hf` copies this file next to
-config.json, and `AutoConfig.from_pretrained(dir, trust_remote_code=True)` loads it.
+Remote code (imports torch and transformers only): `grt-titan export-hf` copies this file
+and its siblings next to config.json, and `AutoConfig.from_pretrained(dir,
+trust_remote_code=True)` loads it. The rules of each recurrence part's fields live with the
+part (parts_grt.py); this file checks the architecture and the choices, then asks the parts.
 
 Depth has the training args' names: `num_recurrences` is R, the depth the model was trained
 at (one router or adapter set per step up to it), and `eval_recurrences` the default depth
@@ -12,18 +14,16 @@ config.json written before these names (`num_recurrences` the default depth,
 
 from transformers import PretrainedConfig
 
+from .cache_grt import KV_CACHE_STRATEGIES
+from .parts_grt import PARTS, ExpertChoice, active_parts
+
 BLOCK_STYLES = ("gpt2", "llama", "qwen3")
 # Block styles whose per-head width may differ from hidden_size / num_attention_heads.
 EXPLICIT_HEAD_DIM_STYLES = ("qwen3",)
 
-# KV-cache strategies across recurrence steps; see `GRTCache` in cache_grt.py.
-KV_CACHE_STRATEGIES = ("per_step", "first", "last", "average")
-# Those that Ouro's per-token exit (objective "exit_distribution", exit_threshold < 1) runs
-# exactly: every step's coda needs that step's K/V of the earlier tokens.
-EXIT_KV_CACHE_STRATEGIES = ("per_step",)
-
 # The named parts of the recurrence (grt_titan docs/architecture.md, "Methods as parts") that
-# this model implements, each with its allowed choices; the first choice is GRT's.
+# this model implements, each with its allowed choices; the first choice is GRT's. The
+# choices other than the plain loop's have a part in parts_grt.py.
 RECURRENCE_PARTS = {
     "injection": ("proj", "none"),
     "update": ("gate", "overwrite"),
@@ -32,25 +32,10 @@ RECURRENCE_PARTS = {
     "objective": ("final", "exit_distribution"),
     "router": ("none", "expert_choice"),
 }
-# Settings of a part, written to config.json only when the model uses that part.
-PART_SETTINGS = {
-    ("initial_state", "random"): ("initial_state_std", "initial_state_seed"),
-    ("step_adapter", "lora"): ("lora_rank", "lora_scale"),
-    ("objective", "exit_distribution"): ("exit_threshold",),
-    ("router", "expert_choice"): ("router_capacity", "router_scale", "router_inference", "router_update"),
-}
-# Mixture-of-Recursions: how a forward routes tokens through the steps (see `MoRRouter` in
-# routing_grt.py and `MoRCache` in cache_grt.py). threshold is causal (generation).
-ROUTER_INFERENCE = ("threshold", "top_k")
-# Mixture-of-Recursions: how a routed token's state takes the core output o = core(h) with
-# router weight g. delta: h + g (o - h) (the paper's H + g f(H)); block: h + g o, the released
-# code's `x + g * Block(x)` (its Block holds the residual). The first is the default: every
-# export made before the field existed was trained with it and has no such field.
-ROUTER_UPDATES = ("delta", "block")
-# The parts MoR fixes (update: the router weight replaces the gate).
-MOR_REQUIRED_PARTS = dict(
-    block_style="gpt2", injection="none", update="overwrite", initial_state="prelude", step_adapter="none"
-)
+# Settings of a part, written to config.json only when the model uses that part (its `settings`).
+PART_SETTINGS = {(part.key, part.choice): part.settings for part in PARTS if part.settings}
+# The parts MoR fixes (tests/hf/test_hf_parts.py checks them against grt_titan's table of methods).
+MOR_REQUIRED_PARTS = ExpertChoice.required
 
 
 # The key of R in a config.json written before R had one name across grt_titan (there,
@@ -79,37 +64,6 @@ def legacy_depth_keys(num_recurrences, eval_recurrences, kwargs: dict) -> tuple:
     if R is None:
         return depth, None
     return R, None if depth == R else depth
-
-
-def check_exit_settings(objective: str, exit_threshold: float, kv_cache_strategy: str, num_core_layers: int) -> None:
-    """ValueError naming the field for an exit setting the model cannot run (Ouro's exit).
-
-    Checked when the config is built and again by every forward, so a config edited after
-    loading (`from_pretrained(..., exit_threshold=q)` sets the attribute) fails as clearly.
-    """
-    if isinstance(exit_threshold, bool) or not isinstance(exit_threshold, (int, float)):
-        raise ValueError(f"exit_threshold = {exit_threshold!r} is invalid; must be a number in (0, 1]")
-    if not 0.0 < exit_threshold <= 1.0:
-        raise ValueError(
-            f"exit_threshold = {exit_threshold!r} is invalid; must be in (0, 1] (the cumulative exit "
-            "probability at which a token exits; 1 = always the last step)"
-        )
-    if objective != "exit_distribution":
-        if exit_threshold != 1.0:
-            raise ValueError(
-                f"exit_threshold = {exit_threshold!r} is used by objective = 'exit_distribution' only "
-                f"(objective = {objective!r} has no exit gate)"
-            )
-        return
-    if not num_core_layers:
-        raise ValueError("objective = 'exit_distribution' needs a recurrent model (num_core_layers >= 1)")
-    if exit_threshold < 1.0 and kv_cache_strategy not in EXIT_KV_CACHE_STRATEGIES:
-        raise ValueError(
-            f"kv_cache_strategy = {kv_cache_strategy!r} cannot be used with objective = "
-            f"'exit_distribution' and exit_threshold = {exit_threshold!r} < 1; allowed: "
-            f"{EXIT_KV_CACHE_STRATEGIES} (every step's coda reads its own step's K/V of earlier "
-            "tokens, which a compressed core cache does not keep exactly)"
-        )
 
 
 class GRTConfig(PretrainedConfig):
@@ -312,28 +266,14 @@ class GRTConfig(PretrainedConfig):
         for name, choices in RECURRENCE_PARTS.items():
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} = {getattr(self, name)!r}; allowed: {choices}")
-        self.check_exit_settings()
-        if self.initial_state_std <= 0:
-            raise ValueError(f"initial_state_std = {self.initial_state_std!r} is invalid; must be > 0")
-        if self.step_adapter == "lora":
-            if self.block_style != "gpt2":
-                raise ValueError("step_adapter = 'lora' is implemented for block_style = 'gpt2' only")
-            if self.lora_rank < 1:
-                raise ValueError(f"lora_rank = {self.lora_rank!r} is invalid; must be >= 1")
-            self._check_per_step("step_adapter = 'lora'", "adapter set")
-        if self.router != "none":
-            _check_router(self)
+        for part in PARTS:  # each part's rules on its fields (parts_grt.py)
+            part.check(self)
 
-    def _check_per_step(self, part: str, what: str) -> None:
-        """RRT's adapters and MoR's routers exist per step up to R: R >= 1, the default depth <= R."""
-        R = self.num_recurrences
-        if R < 1:
-            raise ValueError(f"{part} needs num_recurrences >= 1 (R, one {what} per step)")
-        if self.eval_depth > R:
-            raise ValueError(
-                f"eval_recurrences = {self.eval_recurrences} is invalid with {part}: there is one {what} "
-                f"per step up to R = num_recurrences = {R}"
-            )
+    def check_call_settings(self) -> None:
+        """The parts' rules on settings that may be set after loading (`from_pretrained(...,
+        exit_threshold=q)` sets the attribute): run by every forward."""
+        for part in PARTS:
+            part.check_at_call(self)
 
     @property
     def eval_depth(self) -> int:
@@ -351,9 +291,9 @@ class GRTConfig(PretrainedConfig):
         where it is not hidden_size / num_attention_heads."""
         output = super().to_dict()
         drop = set(RECURRENCE_PARTS) if self.has_grt_parts else set()
-        for (name, choice), settings in PART_SETTINGS.items():
-            if getattr(self, name) != choice:
-                drop.update(settings)
+        for part in PARTS:
+            if not part.selected(self):
+                drop.update(part.settings)
         if self.head_dim == self.hidden_size // self.num_attention_heads:
             drop.add("head_dim")  # the derived width: config.json stays as before the field
         for key in drop:
@@ -361,38 +301,16 @@ class GRTConfig(PretrainedConfig):
         return output
 
     @property
-    def per_step_readout(self) -> bool:
-        """Every step is read out and each token exits at its own step (Ouro, q < 1)."""
-        return self.objective == "exit_distribution" and self.exit_threshold < 1.0
+    def active_parts(self) -> list:
+        """The recurrence parts the model has (parts_grt.py), in their table's order."""
+        return active_parts(self)
 
-    def check_exit_settings(self) -> None:
-        """`check_exit_settings` on the current attributes (they may be set after __init__)."""
-        check_exit_settings(self.objective, self.exit_threshold, self.kv_cache_strategy, self.num_core_layers)
+    @property
+    def per_step_readout(self) -> bool:
+        """A part reads every step out, each token at its own exit step (Ouro, q < 1)."""
+        return any(part.reads_every_step(self) for part in self.active_parts)
 
     @property
     def num_hidden_layers(self) -> int:
         """Stored blocks p + n + c (the core counted once)."""
         return self.num_prelude_layers + self.num_core_layers + self.num_coda_layers
-
-
-def _check_router(config: GRTConfig) -> None:
-    """Mixture-of-Recursions' settings (router = "expert_choice"); ValueError naming the key."""
-    for name in (*RECURRENCE_PARTS, "block_style"):
-        if name in MOR_REQUIRED_PARTS and getattr(config, name) != MOR_REQUIRED_PARTS[name]:
-            raise ValueError(
-                f"{name} = {getattr(config, name)!r} is invalid with router = 'expert_choice'; "
-                f"allowed: {MOR_REQUIRED_PARTS[name]!r}"
-            )
-    if config.router_inference not in ROUTER_INFERENCE:
-        raise ValueError(f"router_inference = {config.router_inference!r} is invalid; allowed: {ROUTER_INFERENCE}")
-    if config.router_update not in ROUTER_UPDATES:
-        raise ValueError(f"router_update = {config.router_update!r} is invalid; allowed: {ROUTER_UPDATES}")
-    config._check_per_step("router = 'expert_choice'", "router")
-    R = config.num_recurrences
-    if config.router_capacity is not None and len(config.router_capacity) != R:
-        raise ValueError(
-            f"router_capacity = {config.router_capacity!r} is invalid; allowed: one share per step "
-            f"(R = num_recurrences = {R}) or None for (R - i) / R"
-        )
-    if not config.router_scale > 0:
-        raise ValueError(f"router_scale = {config.router_scale!r} is invalid; must be > 0")

@@ -45,6 +45,7 @@ HF_DIR = Path(__file__).resolve().parent
 REMOTE_CODE_FILES = (
     "configuration_grt.py",
     "modeling_grt.py",
+    "parts_grt.py",
     "layers_grt.py",
     "cache_grt.py",
     "routing_grt.py",

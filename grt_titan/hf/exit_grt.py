@@ -16,14 +16,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .configuration_grt import GRTConfig
+# The annotations name transformers' base class, not GRTConfig: configuration_grt.py imports
+# the parts, which import this file (an import circle).
+from transformers import PretrainedConfig
+
+# The KV-cache strategies the per-token exit (exit_threshold < 1) runs exactly: every step's
+# coda needs that step's K/V of the earlier tokens (`GRTCache`).
+EXIT_KV_CACHE_STRATEGIES = ("per_step",)
 
 
 class ExitGate(nn.Linear):
     """Ouro's `early_exit_gate`: Linear(d, 1) with bias on a step's normed final hidden state
     (`model.exit_gate.{weight,bias}`)."""
 
-    def __init__(self, config: GRTConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(config.hidden_size, 1)
 
     # Copied from grt_titan.model.exit_distribution.ExitGate.forward

@@ -1,6 +1,6 @@
 """Layers of the GRT's transformers model: RoPE, attention (qwen3 blocks: qk-norm), MLP,
-blocks, and the recurrence step's parts (the gate, RRT's step adapters, the random initial
-state).
+blocks, and the modules of the recurrence's parts (the gate, RRT's step adapters, the random
+initial state's table), which parts_grt.py builds.
 
 Remote code: imports torch and transformers only, exported next to modeling_grt.py. The
 functions marked `# Copied from grt_titan.model.<module>.<name>` are the training model's,
@@ -15,12 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .configuration_grt import GRTConfig
+# The annotations name transformers' base class, not GRTConfig: configuration_grt.py imports
+# the parts, which import this file (an import circle).
+from transformers import PretrainedConfig
 
 
 # Adapted from torchtitan.models.llama3.model.model.precompute_freqs_cis: its frequencies and
 # llama3 scaling, read from the config (torchtitan's code, not grt_titan's: the parity tests check it)
-def rope_inverse_frequencies(config: GRTConfig, device=None) -> torch.Tensor:
+def rope_inverse_frequencies(config: PretrainedConfig, device=None) -> torch.Tensor:
     """torchtitan's `precompute_freqs_cis` frequencies, llama3 scaling included (fp32)."""
     dim, theta = config.head_dim, config.rope_theta
     freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, device=device)[: dim // 2].float() / dim))
@@ -60,7 +62,7 @@ class GRTAttention(nn.Module):
     """Causal self-attention (SDPA); GQA and RoPE for llama and qwen3 styles (qwen3: qk-norm,
     an RMSNorm per head on q and k before RoPE), biases for gpt2 style."""
 
-    def __init__(self, config: GRTConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__()
         bias = config.block_style == "gpt2"
         self.num_heads = config.num_attention_heads
@@ -112,7 +114,7 @@ class GRTAttention(nn.Module):
 class GRTMLP(nn.Module):
     """gpt2: down(gelu_tanh(up(x))); llama and qwen3: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, config: GRTConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__()
         d, hidden = config.hidden_size, config.intermediate_size
         self.swiglu = config.block_style != "gpt2"
@@ -131,7 +133,7 @@ class GRTMLP(nn.Module):
         return self.down_proj(hidden) + lora("mlp_out", hidden)
 
 
-def make_norm(config: GRTConfig) -> nn.Module:
+def make_norm(config: PretrainedConfig) -> nn.Module:
     if config.block_style == "gpt2":
         return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
     return nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
@@ -140,7 +142,7 @@ def make_norm(config: GRTConfig) -> nn.Module:
 class GRTBlock(nn.Module):
     """Pre-norm transformer block: h = x + attn(norm(x)); out = h + mlp(norm(h))."""
 
-    def __init__(self, config: GRTConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__()
         self.input_layernorm = make_norm(config)
         self.self_attn = GRTAttention(config)
@@ -158,15 +160,24 @@ class GRTGate(nn.Module):
     """g = sigmoid(w_out(silu(w_in([LN(h); LN(h_pre)]))) / tau), or a constant (override).
     No noise at inference: the model passes `noise = None`."""
 
-    def __init__(self, config: GRTConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__()
         d, hidden = config.hidden_size, config.gate_hidden_size
         self.state_norm = nn.LayerNorm(d, eps=config.norm_eps)
         self.anchor_norm = nn.LayerNorm(d, eps=config.norm_eps)
         self.w_in = nn.Linear(2 * d, hidden)
         self.w_out = nn.Linear(hidden, d)
+        # transformers initialises the modules that hold parameters themselves (w_out, not
+        # this one: remote code's modules without their own parameters are skipped), so the
+        # gate's init is w_out's (`GRTPreTrainedModel._init_weights` calls it).
+        self.w_out.init_new_weights = self.init_new_weights
         self.temperature = config.gate_temperature
         self.override = config.gate_override
+
+    def init_new_weights(self) -> None:
+        """Paper: the last bias starts at +4, g ~ 0.98 (near-identity recurrence); for weights
+        missing from a checkpoint (`GRTPreTrainedModel._init_weights`)."""
+        nn.init.constant_(self.w_out.bias, 4.0)
 
     # Copied from grt_titan.model.recurrence.Gate.forward
     def forward(self, h: torch.Tensor, h_pre: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
@@ -194,7 +205,7 @@ class GRTStepAdapters(nn.Module):
     scale * (x A^T) B^T, as grt_titan trains it.
     """
 
-    def __init__(self, config: GRTConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__()
         d, hidden = config.hidden_size, config.intermediate_size
         steps, blocks, rank = config.num_recurrences, config.num_core_layers, config.lora_rank
@@ -206,6 +217,16 @@ class GRTStepAdapters(nn.Module):
         self.b = nn.ParameterDict(
             {n: nn.Parameter(torch.empty(steps, blocks, o, rank)) for n, (_, o) in linears.items()}
         )
+        # The factors' init runs where transformers initialises, on the dicts holding them (see GRTGate).
+        self.a.init_new_weights = self.b.init_new_weights = self.init_new_weights
+
+    def init_new_weights(self) -> None:
+        """PEFT's from-scratch LoRA: A Kaiming-uniform, B = 0 (each adapter a no-op)."""
+        for a in self.a.values():
+            bound = 1 / math.sqrt(a.shape[-1])
+            nn.init.uniform_(a, -bound, bound)
+        for b in self.b.values():
+            nn.init.zeros_(b)
 
     def block_lora(self, step: int, block: int):
         """`lora(name, x)` of core block `block` at step `step` (0-based), for `GRTBlock`."""
@@ -224,3 +245,27 @@ def eval_initial_state(seed: int, max_seq_len: int, dim: int, std: float) -> tor
     generator = torch.Generator(device="cpu").manual_seed(seed)
     state = torch.empty(max_seq_len, dim, dtype=torch.float32)
     return nn.init.trunc_normal_(state, std=std, a=-3 * std, b=3 * std, generator=generator)
+
+
+class InitialStateTable(nn.Module):
+    """The random initial state at inference: h_0 of a token at position t is row t of
+    `eval_initial_state`'s table (a cached decode step sees what a full forward gives it).
+    No weights: the table is drawn from the config, kept in the model's dtype and device."""
+
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.seed, self.std = config.initial_state_seed, config.initial_state_std
+        self.rows, self.dim = config.max_position_embeddings, config.hidden_size
+        self.table: torch.Tensor | None = None  # not a buffer: never in the state dict
+
+    def forward(self, h_pre: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        table = self.table
+        if table is None or table.device != h_pre.device or table.dtype != h_pre.dtype:
+            table = eval_initial_state(self.seed, self.rows, self.dim, self.std)
+            self.table = table = table.to(device=h_pre.device, dtype=h_pre.dtype)
+        if not torch.compiler.is_compiling() and int(position_ids.max()) >= table.shape[0]:
+            raise ValueError(
+                f"position {int(position_ids.max())} is beyond the random initial state's table "
+                f"(max_position_embeddings = {table.shape[0]})"
+            )
+        return table[position_ids].expand_as(h_pre)

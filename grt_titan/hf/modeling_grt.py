@@ -5,6 +5,7 @@ and its siblings next to the weights, and `AutoModelForCausalLM.from_pretrained(
 trust_remote_code=True)` loads it (transformers copies the files it imports relatively):
 
     configuration_grt.py   GRTConfig
+    parts_grt.py           the recurrence's parts: each one's rules, modules and hooks
     layers_grt.py          RoPE, attention, MLP, blocks, the gate, RRT's step adapters
     cache_grt.py           GRTCache (the KV cache across recurrences), MoRCache, the masks
     routing_grt.py         Mixture-of-Recursions' routed recurrence
@@ -37,6 +38,10 @@ That is GRT; the config's recurrence parts give the paper's other recurrent mode
     router = "expert_choice"  step s updates only the tokens its router routes (MoR, r <= R;
                               routing_grt.py, and its recursion-wise cache `MoRCache`)
 
+Each choice above is a part (parts_grt.py): the model builds the active parts' modules, and
+the forward asks each key's slot for its hook (the initial state, the core's input, a core
+block's adapter, the update, the steps, the readout), so it never tests a config field.
+
 Depth, as in training: R = `config.num_recurrences` (the trained depth); the default depth
 of a call is `config.eval_recurrences` (None: R); a call's own is `forward(...,
 num_recurrences=r)` / `generate(..., num_recurrences=r)` (0 = prelude + coda only, r < R
@@ -58,7 +63,6 @@ gate); `output_step_logits=True` adds the logits of exiting after every step s =
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -67,11 +71,12 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from .cache_grt import GRTCache, MoRCache, attention_masks
+# MoRCache and eval_initial_state stay importable from this module (benchmarks, tests), as
+# before the parts had their own file.
+from .cache_grt import GRTCache, MoRCache, attention_masks  # noqa: F401
 from .configuration_grt import GRTConfig
-from .exit_grt import ExitGate, exit_readout
-from .layers_grt import GRTBlock, GRTGate, GRTStepAdapters, eval_initial_state, make_norm, rope_inverse_frequencies
-from .routing_grt import MoRRouter
+from .layers_grt import GRTBlock, eval_initial_state, make_norm, rope_inverse_frequencies  # noqa: F401
+from .parts_grt import PARTS, active_parts, cache_class, slots
 
 # transformers >= 5.24 names the cache `cache` (in outputs and forward kwargs), earlier
 # releases `past_key_values`: accept both, return under the release's own name.
@@ -153,16 +158,9 @@ class GRTPreTrainedModel(PreTrainedModel):
                 nn.init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
-        if isinstance(module, GRTGate):
-            # Paper: the gate's last bias starts at +4, g ~ 0.98 (near-identity recurrence).
-            nn.init.constant_(module.w_out.bias, 4.0)
-        if isinstance(module, GRTStepAdapters):
-            # PEFT's from-scratch LoRA: A Kaiming-uniform, B = 0 (each adapter a no-op).
-            for a in module.a.values():
-                bound = 1 / math.sqrt(a.shape[-1])
-                nn.init.uniform_(a, -bound, bound)
-            for b in module.b.values():
-                nn.init.zeros_(b)
+        init_new_weights = getattr(module, "init_new_weights", None)  # a part's module: its own init
+        if init_new_weights is not None:
+            init_new_weights()
 
 
 @dataclass
@@ -213,8 +211,8 @@ class ForwardRecord:
 
 
 class GRTModel(GRTPreTrainedModel):
-    """Embeddings, prelude, recurrence (proj, shared core, gate, step adapters: those the
-    config's parts use), coda, final norm."""
+    """Embeddings, prelude, recurrence (the shared core and the modules of the config's
+    parts, parts_grt.py), coda, final norm."""
 
     def __init__(self, config: GRTConfig):
         super().__init__(config)
@@ -223,19 +221,16 @@ class GRTModel(GRTPreTrainedModel):
         if config.block_style == "gpt2":
             self.embed_positions = nn.Embedding(config.max_position_embeddings, d)
         self.prelude = nn.ModuleList(GRTBlock(config) for _ in range(config.num_prelude_layers))
-        # Parts a model does not use are None: no weights stored, none expected.
-        recurrent = config.num_core_layers > 0
-        self.proj = nn.Linear(2 * d, d, bias=False) if recurrent and config.injection == "proj" else None
-        if recurrent:
+        if config.num_core_layers:
             self.core = nn.ModuleList(GRTBlock(config) for _ in range(config.num_core_layers))
-        self.gate = GRTGate(config) if recurrent and config.update == "gate" else None
-        self.adapters = GRTStepAdapters(config) if recurrent and config.step_adapter == "lora" else None
-        # Ouro: lambda_t = sigmoid(exit_gate(norm(coda(h_t)))), Linear(d, 1) with bias.
-        exits = recurrent and getattr(config, "objective", "final") == "exit_distribution"
-        self.exit_gate = ExitGate(config) if exits else None
-        # Mixture-of-Recursions: a router per step picks the tokens it updates (MoRRouter).
-        self.router = MoRRouter(config) if recurrent and config.router == "expert_choice" else None
-        self._initial_state_table: torch.Tensor | None = None  # eval_initial_state, model dtype
+        # The recurrence's parts (parts_grt.py): each active part's module under its name
+        # (`model.proj`, `model.gate`, `model.adapters`, `model.exit_gate`, `model.router`, ...);
+        # those of the parts a model does not have are None: no weights stored, none expected.
+        self.parts = active_parts(config)  # this file's copy of the parts (the config's may be another)
+        self.slots = slots(self.parts)
+        self.cache_class = cache_class(self.parts)
+        for part in PARTS:
+            setattr(self, part.module_name, part.build(config) if part in self.parts else None)
         self.coda = nn.ModuleList(GRTBlock(config) for _ in range(config.num_coda_layers))
         self.norm = make_norm(config)
         self.post_init()
@@ -256,37 +251,9 @@ class GRTModel(GRTPreTrainedModel):
             raise ValueError(f"num_recurrences = {num_recurrences}; use r >= 0")
         if num_recurrences and not self.config.num_core_layers:
             raise ValueError(f"num_recurrences = {num_recurrences} given to a model without core layers")
-        R = self.config.num_recurrences
-        if self.router is not None and num_recurrences > R:
-            raise ValueError(
-                f"num_recurrences = {num_recurrences} is invalid with router = 'expert_choice': there is "
-                f"one router per step up to R = {R}"
-            )
-        if self.adapters is not None and num_recurrences > R:
-            raise ValueError(
-                f"num_recurrences = {num_recurrences} is invalid with step_adapter = 'lora': there is "
-                f"one adapter per step up to R = {R}"
-            )
+        for part in self.parts:  # per-step modules: no depth above R
+            part.check_depth(num_recurrences, self.config.num_recurrences)
         return num_recurrences
-
-    def initial_state(self, h_pre: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """h_0: the prelude output, or (initial_state = "random") the table row of each
-        token's position, so a cached decode step sees what a full forward gives it."""
-        config = self.config
-        if config.initial_state == "prelude":
-            return h_pre
-        table = self._initial_state_table
-        if table is None or table.device != h_pre.device or table.dtype != h_pre.dtype:
-            table = eval_initial_state(
-                config.initial_state_seed, config.max_position_embeddings, config.hidden_size, config.initial_state_std
-            )
-            self._initial_state_table = table = table.to(device=h_pre.device, dtype=h_pre.dtype)
-        if not torch.compiler.is_compiling() and int(position_ids.max()) >= table.shape[0]:
-            raise ValueError(
-                f"position {int(position_ids.max())} is beyond the random initial state's table "
-                f"(max_position_embeddings = {table.shape[0]})"
-            )
-        return table[position_ids].expand_as(h_pre)
 
     def _rope(self, position_ids, device):
         """(cos, sin) of the positions: [B or 1, T, 1, d_h / 2] for llama's interleaved pairs,
@@ -334,7 +301,7 @@ class GRTModel(GRTPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         depth = self.resolve_depth(num_recurrences)
-        config.check_exit_settings()  # the attributes may have been set after loading
+        config.check_call_settings()  # the parts' settings may have been set after loading
         cache = past_key_values if past_key_values is not None else cache
         cache, use_cache = self._open_cache(cache, use_cache, kv_cache_strategy, router_inference)
         call = self._context(inputs_embeds, attention_mask, position_ids, cache, cache_slots, depth)
@@ -357,7 +324,7 @@ class GRTModel(GRTPreTrainedModel):
             hidden_states=tuple(record.hidden_states) if record.hidden_states is not None else None,
             recurrence_states=tuple(record.states) if output_recurrence else None,
             proposals=tuple(record.proposals) if output_recurrence else None,
-            gate_values=tuple(record.gates) if output_recurrence and self.gate is not None else None,
+            gate_values=tuple(record.gates) if output_recurrence and self.slots["update"].gated else None,
             step_exits=tuple(exits) if exits is not None else None,
             exit_steps=exit_steps,
         )
@@ -366,20 +333,21 @@ class GRTModel(GRTPreTrainedModel):
     # ---- the phases of forward ------------------------------------------------------
 
     def _open_cache(self, cache, use_cache, kv_cache_strategy, router_inference):
-        """(the call's cache, use_cache): the given cache, checked, or a new one if use_cache."""
+        """(the call's cache, use_cache): the given cache, checked by the parts, or a new one of
+        the parts' cache class if use_cache (None: the config's, unless a part keeps none)."""
         config = self.config
-        if use_cache is None and self.router is not None and (router_inference or config.router_inference) == "top_k":
-            use_cache = False  # MoR's top_k ranks the whole sequence: nothing a later call could reuse
-        use_cache = config.use_cache if use_cache is None else use_cache
-        if cache is not None and not isinstance(cache, GRTCache):
-            raise TypeError(
-                f"past_key_values must be a GRTCache (got {type(cache).__name__}); "
-                "a GRT needs its own cache across recurrence steps"
-            )
-        if self.router is not None and cache is not None and not isinstance(cache, MoRCache):
-            raise TypeError("a Mixture-of-Recursions model (router = 'expert_choice') needs a MoRCache, got a GRTCache")
+        if use_cache is None:
+            use_cache = config.use_cache and all(part.keeps_cache(config, router_inference) for part in self.parts)
+        if cache is not None:
+            if not isinstance(cache, GRTCache):
+                raise TypeError(
+                    f"past_key_values must be a GRTCache (got {type(cache).__name__}); "
+                    "a GRT needs its own cache across recurrence steps"
+                )
+            for part in self.parts:  # MoR: a MoRCache
+                part.check_cache(cache)
         if cache is None and use_cache:
-            cache = (GRTCache if self.router is None else MoRCache)(config, strategy=kv_cache_strategy)
+            cache = self.cache_class(config, strategy=kv_cache_strategy)
         elif cache is not None and kv_cache_strategy not in (None, cache.strategy):
             raise ValueError(f"kv_cache_strategy = {kv_cache_strategy!r} but the given cache uses {cache.strategy!r}")
         return cache, use_cache
@@ -418,7 +386,7 @@ class GRTModel(GRTPreTrainedModel):
             past=past,
             # Ouro with q < 1: every step read out, each token's exit step gathered (r = 0 has
             # no step to exit at: the plain readout of h_0).
-            per_token_exit=self.exit_gate is not None and config.exit_threshold < 1.0 and depth > 0,
+            per_token_exit=depth > 0 and self.slots["objective"].reads_every_step(config),
             rope=self._rope(position_ids, device),
             mask=mask,
             core_mask=staged_mask if staged_mask is not None else mask,
@@ -432,34 +400,31 @@ class GRTModel(GRTPreTrainedModel):
         return h
 
     def _recurrence(self, h_pre, call: ForwardContext, record: ForwardRecord, router_inference, keep):
-        """h_r after `call.depth` steps from h_0 (recorded first): the loop, or MoR's routed
-        steps (`keep` [B, T]: False for padding, which never enters MoR's core)."""
-        h = self.initial_state(h_pre, call.position_ids) if self.config.num_core_layers else h_pre
+        """h_r after `call.depth` steps from h_0 (recorded first): the initial state's slot
+        gives h_0, the router's runs the steps (the plain loop, or MoR's routed steps; `keep`
+        [B, T]: False for padding, which never enters MoR's core)."""
+        h = self.slots["initial_state"].initial_state(self, h_pre, call.position_ids)
         record.states.append(h)  # depth 0 too: r = 0 reads out h_0
-        if self.router is not None:  # Mixture-of-Recursions: the routed steps replace the loop
-            h, states, proposals = self.router(
-                h, call.depth, self.core, router_inference, call.cache, call.cache_slots, keep
-            )
-            for state, proposal in zip(states, proposals):
-                record.step(state, proposal, None)
-        for step in range(call.depth if self.router is None else 0):
-            o = h if self.proj is None else self.proj(torch.cat([h, h_pre], dim=-1))
-            for j, block in enumerate(self.core):
-                lora = None if self.adapters is None else self.adapters.block_lora(step, j)
-                o = block(o, call.rope, call.core_mask, call.kv("core", j, step), lora)
-            if self.gate is None:
-                g, h = None, o
-            else:
-                g = self.gate(h, h_pre, None)
-                h = g * h + (1 - g) * o
-            record.step(h, o, g)
+        h = self.slots["router"].run_steps(self, h, h_pre, call, record, router_inference, keep)
         if call.cache is not None:
             call.cache.end_recurrence(call.depth, call.cache_slots)
         return h
 
+    def plain_steps(self, h, h_pre, call: ForwardContext, record: ForwardRecord) -> torch.Tensor:
+        """The plain loop: o = core(step input), each core block with its step's adapter, then
+        the update; the slots of injection, step_adapter and update give each."""
+        inject, adapt, update = (self.slots[key] for key in ("injection", "step_adapter", "update"))
+        for step in range(call.depth):
+            o = inject.core_input(self, h, h_pre)
+            for j, block in enumerate(self.core):
+                o = block(o, call.rope, call.core_mask, call.kv("core", j, step), adapt.core_lora(self, step, j))
+            h, g = update.update(self, h, h_pre, o)
+            record.step(h, o, g)
+        return h
+
     def _readout(self, h, call: ForwardContext, record: ForwardRecord, output_step_exits: bool):
-        """(the LM head's input, the step exits or None, Ouro's exit steps or None): coda and
-        final norm on h_r, or Ouro's per-token exit over every step's readout."""
+        """(the LM head's input, the step exits or None, the exit steps or None): the
+        objective's slot reads out (coda and final norm on h_r, or Ouro's per-token exit)."""
         exits = None
         if output_step_exits:
             if call.past > 0:
@@ -467,30 +432,17 @@ class GRTModel(GRTPreTrainedModel):
                     "output_step_logits needs the whole sequence in one call (no past cache): "
                     "an early exit's coda has no cached K/V for earlier tokens"
                 )
-            # A per-token exit reads every step out below; only h_0's exit is extra.
+            # A per-token exit reads every step out itself; only h_0's exit is extra.
             states = record.states[:1] if call.per_token_exit else record.states[:-1]
             exits = [self._exit(s, call.rope, call.mask) for s in states]
-        if not call.per_token_exit:
-            h = self.norm(self._blocks(self.coda, "coda", h, call, record))
-            if exits is not None:
-                exits.append(h)
-            return h, exits, None
-        h, exit_steps, readouts, coda_outputs = exit_readout(
-            self.coda,
-            self.norm,
-            self.exit_gate,
-            self.config.exit_threshold,
-            record.states[1:],
-            call.rope,
-            call.mask,
-            call.kv,
-            keep_coda=record.hidden_states is not None,
-        )
-        if record.hidden_states is not None:
-            record.hidden_states.extend(coda_outputs)
+        return self.slots["objective"].readout(self, h, call, record, exits)
+
+    def coda_readout(self, h, call: ForwardContext, record: ForwardRecord, exits):
+        """The plain readout: coda and final norm on h_r (appended to `exits` when kept)."""
+        h = self.norm(self._blocks(self.coda, "coda", h, call, record))
         if exits is not None:
-            exits.extend(readouts)
-        return h, exits, exit_steps
+            exits.append(h)
+        return h, exits, None
 
     def _exit(self, h, rope, mask):
         """Coda and final norm on an intermediate state, without cache (analysis only)."""

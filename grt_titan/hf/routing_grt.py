@@ -10,8 +10,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# The annotations name transformers' base class, not GRTConfig: configuration_grt.py imports
+# the parts, which import this file (an import circle).
+from transformers import PretrainedConfig
+
 from .cache_grt import MoRCache
-from .configuration_grt import ROUTER_INFERENCE, GRTConfig
+
+# How a forward routes tokens through the steps (`MoRRouter`); threshold is causal (generation).
+ROUTER_INFERENCE = ("threshold", "top_k")
+# How a routed token's state takes the core output o = core(h) with router weight g. delta:
+# h + g (o - h) (the paper's H + g f(H)); block: h + g o, the released code's `x + g * Block(x)`
+# (its Block holds the residual). The first is the default: every export made before the
+# field existed was trained with it and has no such field.
+ROUTER_UPDATES = ("delta", "block")
 
 
 class MoRRouter(nn.ModuleList):
@@ -30,7 +41,7 @@ class MoRRouter(nn.ModuleList):
     Each sequence runs on its own (its active tokens are its own); padding never enters the core.
     """
 
-    def __init__(self, config: GRTConfig):
+    def __init__(self, config: PretrainedConfig):
         super().__init__(nn.Linear(config.hidden_size, 1, bias=False) for _ in range(config.num_recurrences))
         self.scale = config.router_scale
         steps = config.num_recurrences

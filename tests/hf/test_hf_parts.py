@@ -1,6 +1,8 @@
 """The recurrence's parts in the exported model (docs/hf_export.md, "Recurrence parts"):
 figure 5's ladder, heavy-tail Poisson and RRT export, load as remote code and compute the
-torchtitan model's logits, with and without the KV cache, and import back exactly."""
+torchtitan model's logits, with and without the KV cache, and import back exactly; and the
+remote parts (parts_grt.py) are the training parts' twins, one to one, row by row of the
+table of methods."""
 
 import json
 import re
@@ -195,3 +197,76 @@ def test_random_initial_state_is_grt_titans_table_bit_for_bit():
     from grt_titan.model.recurrence import eval_initial_state
 
     assert torch.equal(hf_table(7, 64, 32, 0.3), eval_initial_state(7, 64, 32, 0.3))
+
+
+# Training parts without a remote twin, each with its reason: the depth laws are how training
+# draws r (an exported model runs the depth a call asks for); MoR's token choice is refused by
+# the export by name (modeling_grt.py has no token-choice routing).
+TRAINING_ONLY_KEYS = {"depth_sampling"}
+NOT_EXPORTED = {("router", "token_choice")}
+
+
+def twins(parts) -> dict[tuple[str, str], str]:
+    """(key, choice) -> class name of each part."""
+    return {(part.key, part.choice): type(part).__name__ for part in parts}
+
+
+def test_every_training_part_has_its_remote_twin():
+    """grt_titan/model/parts.py and the remote parts_grt.py list the same parts, by key, choice
+    and name, in the same order, but those with a reason above: a new part without its HF twin
+    (or its refusal) fails here."""
+    from grt_titan.hf import parts_grt
+    from grt_titan.model.parts import PARTS
+
+    exported = [p for p in PARTS if p.key not in TRAINING_ONLY_KEYS and (p.key, p.choice) not in NOT_EXPORTED]
+    assert list(twins(parts_grt.PARTS).items()) == list(twins(exported).items())
+    for remote, training in zip(parts_grt.PARTS, exported):
+        # A module per step (no depth above R) and a readout of every step, on both sides.
+        assert remote.per_step == training.per_step, remote.label
+        reads = type(remote).reads_every_step is not parts_grt.RemotePart.reads_every_step
+        assert reads == training.reads_every_step, remote.label
+
+
+@pytest.mark.parametrize("row", METHODS, ids=lambda row: f"{row.config}:{row.name}")
+def test_every_row_has_the_same_parts_in_its_export(row):
+    """Row by row of the table of methods: the remote parts of the exported config (and of the
+    config.json it writes) are the training args' parts, and the HF model holds exactly their
+    modules (`model.<module_name>`)."""
+    from grt_titan.hf.modeling_grt import GRTModel as HFModel
+    from grt_titan.hf.parts_grt import PARTS as REMOTE_PARTS
+    from grt_titan.hf.parts_grt import active_parts
+
+    args = small_args("gpt2").replace(**row.parts)
+    training = [p for p in args.active_parts if p.key not in TRAINING_ONLY_KEYS]
+    if {(p.key, p.choice) for p in training} & NOT_EXPORTED:
+        with pytest.raises(ExportError, match="cannot be exported"):
+            build_hf_config(args)
+        return
+    config = build_hf_config(args)
+    remote = active_parts(config)
+    assert twins(remote) == twins(training)
+    assert twins(active_parts(GRTConfig.from_dict(config.to_dict()))) == twins(training)
+    model = HFModel(config)
+    held = {name for name in (p.module_name for p in REMOTE_PARTS) if getattr(model, name) is not None}
+    assert held == {p.module_name for p in remote}
+
+
+def test_a_model_built_from_a_config_gets_each_parts_init():
+    """`GRTForCausalLM(config)` (transformers' from_config: weights not from a checkpoint) starts
+    as grt_titan does: the gate's last bias at +4 (g ~ 0.98) and RRT's LoRA as PEFT starts it (A
+    Kaiming-uniform, B = 0: every adapter a no-op). transformers 5 skips remote code's modules
+    that hold no parameters of their own, so each init runs on the module holding its weights;
+    before, the bias stayed 0 and the factors were uninitialised memory."""
+    from grt_titan.hf.modeling_grt import GRTForCausalLM
+
+    args = grt_flavors["debug"].replace(step_adapter="lora", lora_rank=4)
+    state = GRTForCausalLM(build_hf_config(args)).state_dict()
+    assert torch.equal(state["model.gate.w_out.bias"], torch.full((args.dim,), 4.0))
+    factors = {k: v for k, v in state.items() if k.startswith("model.adapters.")}
+    assert len(factors) == 8
+    for name, value in factors.items():
+        if ".b." in name:
+            assert torch.equal(value, torch.zeros_like(value)), name
+        else:
+            bound = 1 / value.shape[-1] ** 0.5
+            assert torch.isfinite(value).all() and 0 < value.abs().max() <= bound, name
