@@ -326,8 +326,8 @@ def teaches_its_retrofit(path: Path) -> bool:
     `[model] hf_assets_path` names (the source's tokenizer and weights)."""
     import tomli
 
-    toml = tomli.loads(path.read_text())
-    return distill_teacher(path) is not None and distill_teacher(path) == toml.get("model", {}).get("hf_assets_path")
+    teacher = distill_teacher(path)
+    return teacher is not None and teacher == tomli.loads(path.read_text()).get("model", {}).get("hf_assets_path")
 
 
 def stand_in_source_tokenizer(path: Path, tmp: Path) -> Path:
@@ -361,9 +361,14 @@ def stand_in_teacher_args(path: Path, tmp: Path) -> list[str]:
             state = build_model(args, seed=3).state_dict()
             write_stock_folder(folder, state, args, tokenizer_path=stand_in_source_tokenizer(path, tmp))
         return ["--distill.teacher", str(folder)]
+    return dense_teacher_args(tmp / f"{path.stem}-teacher")
+
+
+def dense_teacher_args(folder: Path) -> list[str]:
+    """A dense_debug teacher (random weights, seed 3) written to `folder` as a torchtitan step
+    folder, and the `[distill]` arguments that name it with its TOML."""
     from grt_titan.checkpoint_io import save_checkpoint
 
-    folder = tmp / f"{path.stem}-teacher"
     save_checkpoint(folder / "step-0", build_model("dense_debug", seed=3).state_dict())
     return ["--distill.teacher", str(folder), "--distill.teacher_config", str(STAND_IN_TEACHER_CONFIG)]
 

@@ -239,13 +239,7 @@ class ExitDistribution(RemotePart):
             return
         if not config.num_core_layers:
             raise ValueError("objective = 'exit_distribution' needs a recurrent model (num_core_layers >= 1)")
-        if q < 1.0 and config.kv_cache_strategy not in EXIT_KV_CACHE_STRATEGIES:
-            raise ValueError(
-                f"kv_cache_strategy = {config.kv_cache_strategy!r} cannot be used with objective = "
-                f"'exit_distribution' and exit_threshold = {q!r} < 1; allowed: "
-                f"{EXIT_KV_CACHE_STRATEGIES} (every step's coda reads its own step's K/V of earlier "
-                "tokens, which a compressed core cache does not keep exactly)"
-            )
+        self.check_cache_strategy(config, config.kv_cache_strategy)
 
     def check_at_call(self, config: PretrainedConfig) -> None:
         self.check(config)  # exit_threshold may be set after loading
@@ -280,7 +274,9 @@ class ExitDistribution(RemotePart):
         if self.reads_every_step(config) and strategy not in EXIT_KV_CACHE_STRATEGIES:
             raise ValueError(
                 f"kv_cache_strategy = {strategy!r} cannot be used with objective = 'exit_distribution' "
-                f"and exit_threshold = {config.exit_threshold!r} < 1; allowed: {EXIT_KV_CACHE_STRATEGIES}"
+                f"and exit_threshold = {config.exit_threshold!r} < 1; allowed: {EXIT_KV_CACHE_STRATEGIES} "
+                "(every step's coda reads its own step's K/V of earlier tokens, which a compressed core "
+                "cache does not keep exactly)"
             )
 
 

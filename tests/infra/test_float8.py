@@ -20,7 +20,7 @@ import grt_titan  # noqa: F401
 from grt_titan.model import grt_flavors
 from grt_titan.model.model import build_meta_model
 
-from grt_test_helpers import ANSI, one_process, one_rank_dims, parse_config, step_losses
+from grt_test_helpers import ANSI, dense_teacher_args, one_process, one_rank_dims, parse_config, step_losses
 
 
 def converted_fqns(*overrides, block_style: str = "gpt2") -> tuple[set[str], set[str]]:
@@ -76,7 +76,7 @@ def test_float8_emulated_trains_like_float32_on_two_fsdp_ranks(run_torchrun, tmp
     # The float8 run has a teacher at alpha 0 (docs/distillation.md): the student's converters
     # make its linears float8 too, FSDP-sharded; alpha 0 trains on the CE alone (exactly as
     # without a teacher), so the comparison with float32 stands, and the KD term is logged.
-    teacher = ["--distill.alpha", "0", *stand_in_teacher(tmp_path)]
+    teacher = ["--distill.alpha", "0", *dense_teacher_args(tmp_path / "teacher")]
     float8 = ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate", *teacher]
     losses = {}
     for name, extra in (("float32", []), ("float8", float8)):
@@ -91,17 +91,6 @@ def test_float8_emulated_trains_like_float32_on_two_fsdp_ranks(run_torchrun, tmp
     assert "frozen, sharded like the student (FSDP 2)" in plain
     kd = [float(v) for v in re.findall(r"distill  kd: (\S+)", plain)]
     assert len(kd) == 5 and all(0 < v < 20 for v in kd), kd  # the teacher ran on steps 1, 5, ..., 20
-
-
-def stand_in_teacher(tmp) -> list[str]:
-    """A dense_debug teacher (random weights) as a torchtitan step folder with its TOML."""
-    from grt_titan.checkpoint_io import save_checkpoint
-
-    from grt_test_helpers import REPO, build_model
-
-    save_checkpoint(tmp / "teacher" / "step-0", build_model("dense_debug", seed=3).state_dict())
-    config = REPO / "train_configs" / "dense_debug.toml"
-    return ["--distill.teacher", str(tmp / "teacher"), "--distill.teacher_config", str(config)]
 
 
 @pytest.mark.slow
@@ -128,7 +117,7 @@ def test_float8_tensor_parallel_builds_and_steps_on_fake_backend(tmp_path):
             "--quantize.linear.float8.emulate",
             "--quantize.linear.float8.enable_fsdp_float8_all_gather",
             "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
-            *stand_in_teacher(tmp_path),  # float8 too, FSDP 4 x TP 2 with float8 all-gather
+            *dense_teacher_args(tmp_path / "teacher"),  # float8 too, FSDP 4 x TP 2 with float8 all-gather
             "--training.steps",
             "2",
             "--training.seq_len",

@@ -194,14 +194,9 @@ def test_distilled_fsdp_tp_matches_one_rank(seed_checkpoint, run_torchrun, tmp_p
     vocabulary-sharded and the KL is the sharded one. The 4-rank run checkpoints every
     recurrence step (full AC, `recurrence_checkpoint = step`): the recomputed steps beside a
     teacher give the reference's numbers too."""
-    from grt_titan.checkpoint_io import save_checkpoint
+    from grt_test_helpers import dense_teacher_args
 
-    from grt_test_helpers import build_model
-
-    teacher = tmp_path / "teacher"
-    save_checkpoint(teacher / "step-0", build_model("dense_debug", seed=3).state_dict())
-    distill = ["--distill.teacher", str(teacher), "--distill.teacher_config", "train_configs/dense_debug.toml"]
-    distill += ["--distill.alpha", "0.5", "--distill.temperature", "2"]
+    distill = [*dense_teacher_args(tmp_path / "teacher"), "--distill.alpha", "0.5", "--distill.temperature", "2"]
     ref_losses, ref_norms = train(run_torchrun, tmp_path, seed_checkpoint, "one_rank", 1, {**ONE_RANK, "args": distill})
     nproc, extra = PARITY_LAYOUTS["fsdp2_tp2"]
     per_step_ac = ["--activation_checkpoint.mode", "full", "--grt.recurrence_checkpoint", "step"]
