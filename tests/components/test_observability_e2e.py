@@ -19,8 +19,9 @@ CONFIG = "train_configs/grt_debug.toml"
 
 @pytest.fixture(scope="module")
 def trained_run(module_tmp):
-    """20 steps of grt_debug on 2 ranks (global batch 8), logs every 5, validation at steps 1
-    and 20, model-only checkpoint."""
+    """20 steps of grt_debug on 2 ranks at the golden run's size (global batch 4 of 64 tokens,
+    tests/golden/make_golden.py), logs every 5, validation at steps 1 and 20, model-only
+    checkpoint."""
     from grt_test_helpers import torchrun
 
     tmp = module_tmp("grt_debug_run")
@@ -34,11 +35,17 @@ def trained_run(module_tmp):
             "--training.steps",
             "20",
             "--training.local_batch_size",
-            "4",
+            "2",
+            "--training.seq_len",
+            "64",
             "--validation.freq",
             "20",
+            "--validation.local_batch_size",
+            "4",
+            "--validation.seq_len",
+            "64",
             "--validation.steps",
-            "2",
+            "1",
             "--checkpoint.enable",
             "--checkpoint.interval",
             "20",
@@ -61,8 +68,9 @@ def test_training_logs_recurrence_metrics_and_depthwise_validation(trained_run):
     assert "grt  r: " in output and "loss by depth r: 0: " in output
     losses = step_losses(output)
     assert sorted(losses) == [1, 5, 10, 15, 20]
-    # From ln(50257) = 10.8 at init towards the unigram plateau (~6.6) in 20 steps.
-    assert losses[1] > 10.5 and losses[20] < losses[1] - 3.0
+    # From ln(50257) = 10.8 at init towards the unigram plateau in 20 steps (the golden run of
+    # this size: 10.73 -> 7.22).
+    assert losses[1] > 10.5 and losses[20] < losses[1] - 2.5
     (events,) = list((run / "tb").rglob("events.out.tfevents.*"))  # rank 0's only
     acc = EventAccumulator(str(events.parent), size_guidance={"scalars": 0, "images": 0})
     acc.Reload()
@@ -103,7 +111,7 @@ def test_the_run_record_and_the_table_of_a_trained_run(trained_run, capsys):
     record = json.loads((run / "grt_run.json").read_text())
     assert (record["label"], record["flavor"], record["config_file"]) == ("GRT", "debug", CONFIG)
     assert record["model_args"]["num_recurrences"] == 4 and record["model_args"]["dim"] == 128
-    assert (record["seq_len"], record["global_batch_size"], record["world_size"]) == (128, 8, 2)
+    assert (record["seq_len"], record["global_batch_size"], record["world_size"]) == (64, 4, 2)
     assert record["job_config"]["training"]["steps"] == 20
     assert not list(run.glob(".grt_run.json.tmp*"))
 

@@ -9,6 +9,7 @@ tests/infra/test_parallel_matrix.py, runs gpt2's float8 TP plan with the same fl
 all-gather at TP 4, so no gpt2 path lost a test).
 """
 
+import json
 import re
 
 import pytest
@@ -53,44 +54,29 @@ def test_float8_filter_fqns_keeps_the_gate_high_precision():
 
 
 @pytest.mark.slow
-def test_float8_emulated_trains_like_float32_on_two_fsdp_ranks(run_torchrun, tmp_path):
-    # Sequence 64: half the preset's tokens per step, the same 20 steps (CI time).
-    common = [
-        "--job.config_file",
-        "train_configs/grt_debug.toml",
-        "--training.steps",
-        "20",
-        "--training.seq_len",
-        "64",
-        "--validation.no-enable",
-        "--debug.seed",
-        "7",
-        "--metrics.log_freq",
-        "5",
-        # float32 compute beside float8's matmuls: bf16 matmuls take ~60x float32's on a CPU
-        # without bf16 instructions (tests/infra/test_presets.py, PRESET_DTYPE); bf16 with
-        # float8 runs in the parallel matrix's float8 corner.
-        "--training.mixed_precision_param",
-        "float32",
-    ]
+def test_float8_emulated_trains_like_float32_on_two_fsdp_ranks(tmp_path):
+    """The golden run's recipe (grt_debug, FSDP 2, float32, 20 steps; tests/golden/make_golden.py)
+    with float8 linears ends within 2% of the golden float32 losses, which
+    tests/infra/test_golden_losses.py holds the float32 run to (one float8 run, no float32 twin)."""
+    from tests.golden import make_golden
+
+    golden = json.loads(make_golden.GOLDEN.read_text())["variants"]["fsdp2"]["losses"]
     # The float8 run has a teacher at alpha 0 (docs/distillation.md): the student's converters
     # make its linears float8 too, FSDP-sharded; alpha 0 trains on the CE alone (exactly as
     # without a teacher), so the comparison with float32 stands, and the KD term is logged.
     teacher = ["--distill.alpha", "0", *dense_teacher_args(tmp_path / "teacher")]
     float8 = ["--model.converters", "quantize.linear.float8", "--quantize.linear.float8.emulate", *teacher]
-    losses = {}
-    for name, extra in (("float32", []), ("float8", float8)):
-        proc = run_torchrun(2, [*common, *extra, "--job.dump_folder", str(tmp_path / name)], tmp_path / name)
-        output = proc.stdout + proc.stderr
-        assert proc.returncode == 0, output[-3000:]
-        losses[name] = step_losses(output)
+    proc = make_golden.torchrun(2, make_golden.run_args(2, tmp_path / "float8", float8), tmp_path / "float8-log")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
     assert "Swapped to Float8Linear" in output
-    assert losses["float32"][20] < losses["float32"][1] - 2  # both train
-    assert losses["float8"][20] == pytest.approx(losses["float32"][20], rel=0.02)
+    losses = make_golden.scalars(tmp_path / "float8")
+    assert len(losses) == make_golden.STEPS and golden[-1] < golden[0] - 2  # both train
+    assert losses[-1] == pytest.approx(golden[-1], rel=0.02)
     plain = ANSI.sub("", output)
     assert "frozen, sharded like the student (FSDP 2)" in plain
     kd = [float(v) for v in re.findall(r"distill  kd: (\S+)", plain)]
-    assert len(kd) == 5 and all(0 < v < 20 for v in kd), kd  # the teacher ran on steps 1, 5, ..., 20
+    assert len(kd) == make_golden.STEPS and all(0 < v < 20 for v in kd), kd  # the teacher ran every step
 
 
 @pytest.mark.slow

@@ -15,8 +15,15 @@ shows its defect and the workaround on a warm inductor cache; inductor compiles 
 trainer in tests/infra/test_parallel_parity.py (FSDP) and MoR's expert choice in
 tests/infra/test_method_parity.py.
 
-Block styles: gpt2 (the paper's block) in every AC mode, and qwen3 in `selective_op` (the
-presets' mode) and `step`. The qwen3 cases replaced three llama ones because, next to the gpt2
+Cases: one per AC mode, each on the block style it guards most: `full` and `step` on gpt2 (the
+paper's block; `step` is the GRT's own per-recurrence-step checkpoint), `selective_op` on qwen3
+(the presets' mode and the retrofit's block). The defects `full` and `selective_op` guard are in
+the path every style shares (with its workaround taken out, the case of that mode stops,
+whatever the style), so one style per mode proves each. gpt2 under op SAC and qwen3 under
+per-step AC ran here too until the suite's time was cut (tests/README.md): each took a path two
+other cases take (op SAC's policy and the TP + compile + AC defect from the qwen3 case, gpt2's
+TP plan under compile from the `full` and `step` cases; per-step AC from the gpt2 case, qwen3's
+TP plan from its op SAC case). The qwen3 cases replaced three llama ones because, next to the gpt2
 cases, they exercise everything the llama cases did under TP + compile + AC: torchtitan's
 attention with its 4-input call prepared for TP, SwiGLU's colwise w3, no learned positions (so
 the embedding-output workaround, torch_workarounds.py 3, is taken), RMSNorm; and on top the
@@ -58,7 +65,7 @@ AC = {
     "step": ["--activation_checkpoint.mode", "full", "--grt.recurrence_checkpoint", "step"],
 }
 STYLES = ("gpt2", "qwen3")
-CASES = [("full", "gpt2"), ("selective_op", "gpt2"), ("selective_op", "qwen3"), ("step", "gpt2"), ("step", "qwen3")]
+CASES = [("full", "gpt2"), ("selective_op", "qwen3"), ("step", "gpt2")]
 
 
 def recompiles_after_step_1(output: str) -> list[str]:
