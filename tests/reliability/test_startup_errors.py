@@ -28,6 +28,8 @@ def launch(tmp_path, *overrides, env=None, config=DEBUG_TOML):
             str(tmp_path / "run"),
             "--training.seq_len",
             "64",
+            "--training.local_batch_size",
+            "2",
             "--validation.no-enable",
             "--metrics.no-enable-tensorboard",
             *overrides,
