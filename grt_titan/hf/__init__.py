@@ -1,8 +1,8 @@
 """Hugging Face export / import of GRT checkpoints, and the `trust_remote_code` model.
 
 - configuration_grt.py, modeling_grt.py and the files it imports (parts_grt.py,
-  layers_grt.py, cache_grt.py, routing_grt.py, exit_grt.py): the transformers model
-  (self-contained remote code, copied into every exported folder; docs/hf_export.md,
+  layers_grt.py, cache_grt.py, routing_grt.py, exit_grt.py, halting_grt.py): the transformers
+  model (self-contained remote code, copied into every exported folder; docs/hf_export.md,
   "Remote code").
 - convert.py: writing (and verifying) an exported folder. Reading checkpoints and exported
   weights is grt_titan/checkpoint_io.py's (shared with `grt-titan analyze`).

@@ -50,6 +50,7 @@ REMOTE_CODE_FILES = (
     "cache_grt.py",
     "routing_grt.py",
     "exit_grt.py",
+    "halting_grt.py",
 )
 AUTO_MAP = {
     "AutoConfig": "configuration_grt.GRTConfig",

@@ -149,6 +149,12 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
             '                     kv_cache_strategy="per_step")'
             + ("" if args.per_step_readout and args.exit_threshold < 1 else "  # or first / last / average"),
         ]
+        if args.part("router") is None and not (args.per_step_readout and args.exit_threshold < 1):
+            lines += [
+                "# per-token halting: a token stops recurring once its state changes by less than 1%",
+                f'out = model.generate(ids, max_new_tokens=32, num_recurrences={depth}, halting="state",',
+                "                     halting_threshold=0.01, min_recurrences=1)",
+            ]
     else:
         lines += ["out = model.generate(ids, max_new_tokens=32)"]
     lines += [
@@ -157,7 +163,9 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         "",
         "KV cache strategies across recurrence steps (`kv_cache_strategy`): `per_step` keeps "
         "one cache per step (exact); `first`, `last` and `average` keep one cache for the core "
-        "(the paper's compressed caches; average was best). See docs/hf_export.md of grt_titan.",
+        "(the paper's compressed caches; average was best). Per-token halting (`halting`: "
+        "`state` or `gate`, `halting_threshold`, `min_recurrences`; `num_recurrences` the most "
+        "steps) lets each token stop when it has converged. See docs/hf_export.md of grt_titan.",
         "",
     ]
     return "\n".join(lines)

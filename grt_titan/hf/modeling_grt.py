@@ -10,6 +10,7 @@ trust_remote_code=True)` loads it (transformers copies the files it imports rela
     cache_grt.py           GRTCache (the KV cache across recurrences), MoRCache, the masks
     routing_grt.py         Mixture-of-Recursions' routed recurrence
     exit_grt.py            Ouro's exit gate and per-token exit
+    halting_grt.py         per-token halting at inference (`halting=...`)
     modeling_grt.py        the models (this file)
 
 The math equals grt_titan's torchtitan model:
@@ -50,6 +51,11 @@ early exit, r > R extrapolation).
 KV cache across recurrences: `GRTCache` (cache_grt.py), the one place the strategies live
 (`per_step`, `first`, `last`, `average`).
 
+Per-token halting (halting_grt.py): `forward(..., halting="state" | "gate",
+halting_threshold=x, min_recurrences=a, num_recurrences=b)` (and the same in `generate`)
+lets each token stop recurring once its rule's measure is below x, after at least a and at
+most b steps; the output's `recurrence_depths` `[B, T]` is the depth each token used.
+
 RoPE (llama style) rotates interleaved pairs (x[2i], x[2i+1]) exactly like torchtitan's
 complex `apply_rotary_emb`, so the exported q/k weights are torchtitan's, unpermuted; qwen3
 style rotates the halves (x[i], x[i + d_h / 2]) after its per-head q/k RMSNorm (qk-norm), as
@@ -75,6 +81,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 # before the parts had their own file.
 from .cache_grt import GRTCache, MoRCache, attention_masks  # noqa: F401
 from .configuration_grt import GRTConfig
+from .halting_grt import Halting, halting_of_call, halting_steps
 from .layers_grt import GRTBlock, eval_initial_state, make_norm, rope_inverse_frequencies  # noqa: F401
 from .parts_grt import PARTS, active_parts, cache_class, slots
 
@@ -104,6 +111,8 @@ class GRTBaseModelOutputWithPast(BaseModelOutputWithPast):
         is; None otherwise (every token reads the last step).
     With a per-token exit, `last_hidden_state` and the coda entries of `hidden_states` are
     those of each token's exit step.
+    recurrence_depths: with per-token halting (`halting=...`), the depth `[B, T]` each token
+        used (0 for left padding); None otherwise (every token runs the call's depth).
     """
 
     recurrence_states: tuple[torch.Tensor, ...] | None = None
@@ -111,6 +120,7 @@ class GRTBaseModelOutputWithPast(BaseModelOutputWithPast):
     gate_values: tuple[torch.Tensor, ...] | None = None
     step_exits: tuple[torch.Tensor, ...] | None = None
     exit_steps: torch.Tensor | None = None
+    recurrence_depths: torch.Tensor | None = None
 
 
 @dataclass
@@ -127,6 +137,8 @@ class GRTModelOutput(CausalLMOutputWithPast):
         exit, where `logits` are each token's exit step's).
     exit_steps: Ouro's per-token exit (exit_threshold < 1): each token's exit step t = 1..r
         `[B, T]`, the step its logits are read at; None otherwise.
+    recurrence_depths: with per-token halting (`halting=...`), the depth `[B, T]` each token
+        used (0 for left padding); None otherwise.
     """
 
     recurrence_states: tuple[torch.Tensor, ...] | None = None
@@ -134,6 +146,7 @@ class GRTModelOutput(CausalLMOutputWithPast):
     gate_values: tuple[torch.Tensor, ...] | None = None
     step_logits: tuple[torch.Tensor, ...] | None = None
     exit_steps: torch.Tensor | None = None
+    recurrence_depths: torch.Tensor | None = None
 
 
 class GRTPreTrainedModel(PreTrainedModel):
@@ -177,6 +190,7 @@ class ForwardContext:
     rope: tuple[torch.Tensor, torch.Tensor] | None
     mask: torch.Tensor | None
     core_mask: torch.Tensor | None  # a static compressed cache's core keys differ
+    halting: Halting | None = None  # per-token halting (halting_grt.py), None: a fixed depth
 
     def kv(self, kind: str, index: int, step: int = 0):
         """The `kv_update` of a block (`GRTAttention`): None without a cache."""
@@ -283,6 +297,9 @@ class GRTModel(GRTPreTrainedModel):
         output_step_exits=False,
         return_dict=None,
         router_inference=None,
+        halting=None,
+        halting_threshold=None,
+        min_recurrences=None,
         **kwargs,
     ):
         """A `GRTBaseModelOutputWithPast`; its `to_tuple()` (None fields left out) when
@@ -302,9 +319,11 @@ class GRTModel(GRTPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         depth = self.resolve_depth(num_recurrences)
         config.check_call_settings()  # the parts' settings may have been set after loading
+        halt = self._halting(halting, halting_threshold, min_recurrences, depth)
         cache = past_key_values if past_key_values is not None else cache
         cache, use_cache = self._open_cache(cache, use_cache, kv_cache_strategy, router_inference)
         call = self._context(inputs_embeds, attention_mask, position_ids, cache, cache_slots, depth)
+        call.halting = halt
 
         h = inputs_embeds
         if config.block_style == "gpt2":
@@ -313,7 +332,7 @@ class GRTModel(GRTPreTrainedModel):
         record = ForwardRecord(h, output_hidden_states, keep_states, output_recurrence)
         h_pre = self._blocks(self.prelude, "prelude", h, call, record)
         keep = None if attention_mask is None else attention_mask[:, -h.shape[1] :]
-        h = self._recurrence(h_pre, call, record, router_inference, keep)
+        h, depths = self._recurrence(h_pre, call, record, router_inference, keep)
         h, exits, exit_steps = self._readout(h, call, record, output_step_exits)
         if cache is not None:
             cache.end_forward(h.shape[1])
@@ -327,10 +346,34 @@ class GRTModel(GRTPreTrainedModel):
             gate_values=tuple(record.gates) if output_recurrence and self.slots["update"].gated else None,
             step_exits=tuple(exits) if exits is not None else None,
             exit_steps=exit_steps,
+            recurrence_depths=depths,
         )
         return out if return_dict else out.to_tuple()
 
     # ---- the phases of forward ------------------------------------------------------
+
+    def _halting(self, halting, halting_threshold, min_recurrences, depth: int) -> Halting | None:
+        """The call's per-token halting (halting_grt.py), checked against the model's parts."""
+        halt = halting_of_call(halting, halting_threshold, min_recurrences, depth)
+        if halt is None:
+            return None
+        config = self.config
+        if not config.num_core_layers:
+            raise ValueError(f"halting = {halting!r} given to a model without core layers")
+        own = [part.label for part in self.parts if part.key == "router"]
+        if self.slots["objective"].reads_every_step(config):
+            own.append(f"exit_threshold = {config.exit_threshold} (Ouro's per-token exit)")
+        if own:
+            raise ValueError(
+                f"halting = {halting!r} is not supported with {own[0]}: that model chooses each "
+                "token's steps itself; allowed: halting = None"
+            )
+        if halt.rule == "gate" and not self.slots["update"].gated:
+            raise ValueError(
+                f"halting = 'gate' needs the gate (update = 'gate'); this model's update is "
+                f"{config.update!r}; allowed: halting = 'state'"
+            )
+        return halt
 
     def _open_cache(self, cache, use_cache, kv_cache_strategy, router_inference):
         """(the call's cache, use_cache): the given cache, checked by the parts, or a new one of
@@ -400,15 +443,20 @@ class GRTModel(GRTPreTrainedModel):
         return h
 
     def _recurrence(self, h_pre, call: ForwardContext, record: ForwardRecord, router_inference, keep):
-        """h_r after `call.depth` steps from h_0 (recorded first): the initial state's slot
-        gives h_0, the router's runs the steps (the plain loop, or MoR's routed steps; `keep`
-        [B, T]: False for padding, which never enters MoR's core)."""
+        """(h_r after `call.depth` steps from h_0 (recorded first), each token's depth or None):
+        the initial state's slot gives h_0, the router's runs the steps (the plain loop, or MoR's
+        routed steps; `keep` [B, T]: False for padding, which never enters MoR's core), or the
+        plain loop with per-token halting."""
         h = self.slots["initial_state"].initial_state(self, h_pre, call.position_ids)
         record.states.append(h)  # depth 0 too: r = 0 reads out h_0
-        h = self.slots["router"].run_steps(self, h, h_pre, call, record, router_inference, keep)
+        depths = None
+        if call.halting is not None:
+            h, depths = halting_steps(self, h, h_pre, call, record, call.halting, keep)
+        else:
+            h = self.slots["router"].run_steps(self, h, h_pre, call, record, router_inference, keep)
         if call.cache is not None:
             call.cache.end_recurrence(call.depth, call.cache_slots)
-        return h
+        return h, depths
 
     def plain_steps(self, h, h_pre, call: ForwardContext, record: ForwardRecord) -> torch.Tensor:
         """The plain loop: o = core(step input), each core block with its step's adapter, then
@@ -498,6 +546,9 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
         logits_to_keep=0,
         return_dict=None,
         router_inference=None,
+        halting=None,
+        halting_threshold=None,
+        min_recurrences=None,
         **kwargs,
     ):
         r"""Logits `[B, T, V]` for `input_ids` `[B, T]`.
@@ -514,6 +565,12 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             logits_to_keep: compute logits for the last k positions only (0 = all).
             router_inference: Mixture-of-Recursions' routing rule of this call, "threshold"
                 (causal, generation) or "top_k" (training's, use_cache=False); None: the config's.
+            halting: per-token halting rule of this call, "state" or "gate" (halting_grt.py);
+                None: every token runs the call's depth.
+            halting_threshold: a token halts once its rule's measure is below it (0 never
+                halts; inf halts every token at `min_recurrences`).
+            min_recurrences: the fewest steps a token runs (default 1); `num_recurrences` is
+                then the most.
         """
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
@@ -532,6 +589,9 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             output_step_exits=output_step_logits,
             return_dict=True,
             router_inference=router_inference,
+            halting=halting,
+            halting_threshold=halting_threshold,
+            min_recurrences=min_recurrences,
         )
         logits = self._logits(outputs.last_hidden_state, logits_to_keep)
         loss = None
@@ -550,6 +610,7 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             gate_values=outputs.gate_values,
             step_logits=step_logits,
             exit_steps=outputs.exit_steps,
+            recurrence_depths=outputs.recurrence_depths,
         )
         if return_dict is False:
             return out.to_tuple()

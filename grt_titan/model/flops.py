@@ -73,6 +73,19 @@ def forward_flops_per_token(args, seq_len: int, recurrences: float | None = None
     return body + extras + 2 * args.dim * args.padded_vocab_size
 
 
+def realised_flops_per_token(args, seq_len: int, depths) -> float:
+    """Mean forward FLOPs per token of tokens that ran the given depths (per-token halting:
+    the model's `recurrence_depths`, padding's 0 left out by the caller): F at each depth,
+    averaged over the tokens."""
+    counts: dict[int, int] = {}
+    for depth in depths:
+        counts[int(depth)] = counts.get(int(depth), 0) + 1
+    if not counts:
+        raise ValueError("realised_flops_per_token needs at least one token's depth")
+    total = sum(counts.values())
+    return sum(n * forward_flops_per_token(args, seq_len, depth) for depth, n in counts.items()) / total
+
+
 def train_flops_per_token(args, seq_len: int, recurrences: float | None = None) -> float:
     """Forward + backward = 3x the training forward (torchtitan's 6N per token); with
     `backprop_recurrences` = k, the r - k steps before the last k run forward only (2x their

@@ -33,6 +33,7 @@ from torchtitan.protocols.train_spec import ModelProtocol
 from .args import GRTModelArgs
 from .blocks import BlockStack, rope_table
 from .exit_distribution import exit_forward
+from .halting import halting_of_call, halting_recurrence
 from .output import TrainingOutput
 from .part import build_module
 from .recurrence import Recurrence
@@ -132,6 +133,42 @@ class GRTModel(ModelProtocol):
         if aux_loss_sum is not None:
             return TrainingOutput(logits, aux_loss_sum=aux_loss_sum)
         return logits
+
+    def forward_with_halting(
+        self,
+        tokens: torch.Tensor,
+        halting: str,
+        halting_threshold: float,
+        min_recurrences: int | None = None,
+        num_recurrences: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, each token's depth `[B, S]`) of an eval forward in which each token halts by
+        `halting`'s rule (halting.py; the exported model's `halting=...`), after at least
+        `min_recurrences` (default 1) and at most `num_recurrences` (default the eval depth) steps."""
+        if self.recurrence is None:
+            raise ValueError(f"halting = {halting!r} given to a dense model (no core)")
+        depth = (
+            self.recurrence.eval_recurrences
+            if num_recurrences is None
+            else self.recurrence.resolve_depth(num_recurrences)
+        )
+        plan = halting_of_call(halting, halting_threshold, min_recurrences, depth)
+        args = self.model_args
+        own = [f"router = {args.router!r}"] if args.part("router") is not None else []
+        if self.exit_gate is not None and args.exit_threshold < 1:
+            own.append(f"exit_threshold = {args.exit_threshold} (Ouro's per-token exit)")
+        if own:
+            raise ValueError(
+                f"halting = {halting!r} is not supported with {own[0]}: that model chooses each token's "
+                "steps itself; allowed: halting = None"
+            )
+        if plan.rule == "gate" and self.recurrence.step.gate is None:
+            raise ValueError(
+                f"halting = 'gate' needs the gate (update = 'gate'); this model's update is {args.update!r}"
+            )
+        h = self.prelude(self.embed(tokens), self.freqs_cis)
+        h, depths = halting_recurrence(self.recurrence, h, self.freqs_cis, plan)
+        return self.logits_from_state(h), depths
 
     def logits_from_state(self, h: torch.Tensor) -> torch.Tensor:
         """Coda, final norm and LM head on a state h [B, S, dim]: the end of `forward`.

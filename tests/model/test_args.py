@@ -57,6 +57,20 @@ def test_flops_equal_eq1(flavor, layout):
     assert args.forward_flops_per_token(S, R) == eq1_by_hand(p, n, c, R, d, S, V)
 
 
+def test_realised_flops_average_eq1_over_the_tokens_depths():
+    """Per-token halting: tokens that ran depths 2, 2 and 5 cost eq. 1 at each, averaged."""
+    from grt_titan.model.flops import realised_flops_per_token
+
+    args = grt_flavors["large"]
+    by_hand = [eq1_by_hand(1, 5, 5, r, 1280, 1024, 50257) for r in (2, 2, 5)]
+    assert realised_flops_per_token(args, 1024, [2, 2, 5]) == pytest.approx(sum(by_hand) / 3, rel=1e-12)
+    assert realised_flops_per_token(args, 1024, torch.tensor([[4, 4]]).flatten()) == eq1_by_hand(
+        1, 5, 5, 4, 1280, 1024, 50257
+    )
+    with pytest.raises(ValueError, match="at least one token's depth"):
+        realised_flops_per_token(args, 1024, [])
+
+
 def test_dense_flops_are_eq1_without_recurrence():
     args = grt_flavors["dense_small"]
     assert args.forward_flops_per_token(1024) == eq1_by_hand(12, 0, 0, 0, 768, 1024, 50257)

@@ -1,0 +1,134 @@
+"""Per-token halting at inference: each token stops recurring when its rule says it has
+converged (docs/hf_export.md, "Per-token halting"; the paper's first future direction).
+
+Remote code: imports torch only, exported next to modeling_grt.py, which imports it. The
+rules and their checks are the training model's (grt_titan/model/halting.py, whose
+`forward_with_halting` evaluation path computes the same depths and logits; the functions marked
+"Copied from" are its own, character for character).
+
+A call chooses a rule, a threshold, a minimum depth a and a maximum depth b
+(`num_recurrences`, which may exceed R). After step s (a <= s <= b) a token whose measure is
+below the threshold halts: its state keeps h_s, and the token reads out at depth s.
+
+| rule    | measure after step s                        |
+|---------|---------------------------------------------|
+| `state` | ||h_s - h_{s-1}|| / ||h_s|| (relative state change) |
+| `gate`  | 1 - mean(g_s): the share of the state the step rewrote (GRT's gate; g -> 1 copies) |
+
+Threshold 0 never halts (a measure is never below 0): every token runs b steps, the fixed
+depth's forward exactly. An infinite threshold halts every token at a.
+
+What later steps attend to for a halted token (the cache semantics, also without a cache):
+its K/V of the last step it computed, in every core block, at every later step (Huginn's
+"last computed entry"). A batched forward keeps computing every token of a step while any
+token of the call still recurs (its result discarded for the halted ones) and substitutes
+their K/V; it stops when every token has halted and fills the later steps' cache entries
+with those K/V, so a cached decode equals the uncached forward (per_step). The compressed
+strategies keep, for a halted token: `first` step 1's K/V, `last` its last computed step's,
+`average` the mean over the b steps of what they attend to (its last computed K/V standing
+in for the steps after it halted).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+HALTING_RULES = ("state", "gate")
+
+
+@dataclass(frozen=True)
+class Halting:
+    """A call's halting: the rule, its threshold and the depth range [min_depth, max_depth]."""
+
+    rule: str
+    threshold: float
+    min_depth: int
+    max_depth: int
+
+
+# Copied from grt_titan.model.halting.halting_of_call
+def halting_of_call(halting, halting_threshold, min_recurrences, max_depth: int) -> Halting | None:
+    """The call's `Halting`, or None for a fixed depth; ValueError naming the argument."""
+    if halting is None:
+        for name, value in (("halting_threshold", halting_threshold), ("min_recurrences", min_recurrences)):
+            if value is not None:
+                raise ValueError(f"{name} = {value!r} needs halting = one of {HALTING_RULES}")
+        return None
+    if halting not in HALTING_RULES:
+        raise ValueError(f"halting = {halting!r}; allowed: {HALTING_RULES} (or None: a fixed depth)")
+    if halting_threshold is None:
+        raise ValueError(f"halting = {halting!r} needs halting_threshold (>= 0; 0 never halts)")
+    if isinstance(halting_threshold, bool) or not isinstance(halting_threshold, (int, float)):
+        raise TypeError(f"halting_threshold must be a number, got {halting_threshold!r}")
+    if math.isnan(halting_threshold) or halting_threshold < 0:
+        raise ValueError(
+            f"halting_threshold = {halting_threshold}; allowed: >= 0 (0 never halts, inf halts at min_recurrences)"
+        )
+    min_depth = 1 if min_recurrences is None else min_recurrences
+    if isinstance(min_depth, bool) or not isinstance(min_depth, int) or min_depth < 1:
+        raise ValueError(f"min_recurrences = {min_recurrences!r}; allowed: an int >= 1")
+    if min_depth > max_depth:
+        raise ValueError(
+            f"min_recurrences = {min_depth} > num_recurrences = {max_depth} (the maximum depth of a halting call)"
+        )
+    return Halting(halting, float(halting_threshold), min_depth, max_depth)
+
+
+# Copied from grt_titan.model.halting.halting_measure
+def halting_measure(rule: str, h: torch.Tensor, previous: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    """The rule's measure `[B, T]` after a step (fp32): below the threshold halts."""
+    if rule == "state":
+        change = (h.float() - previous.float()).norm(dim=-1)
+        return change / h.float().norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    return 1.0 - gate.float().mean(dim=-1)  # "gate"
+
+
+def halting_steps(model, h, h_pre, call, record, halting: Halting, keep):
+    """(h after the call's steps, each token's depth `[B, T]`): the plain loop (the slots of
+    injection, step adapter and update), each token halting by `halting`'s rule.
+
+    `keep` `[B, T]` (False for padding) or None: padding never holds the loop running and its
+    depth is 0."""
+    inject, adapt, update = (model.slots[key] for key in ("injection", "step_adapter", "update"))
+    batch, seqlen = h.shape[:2]
+    running = torch.ones(batch, seqlen, dtype=torch.bool, device=h.device)
+    if keep is not None:
+        running &= keep.to(device=h.device, dtype=torch.bool)
+    real = running.clone()
+    depths = torch.zeros(batch, seqlen, dtype=torch.long, device=h.device)
+    frozen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # core block -> the K/V later steps see
+    every_step = record.keep_states  # analysis outputs: one state per step, b of them
+
+    def kv(block: int, step: int):
+        to_cache = call.kv("core", block, step)
+
+        def update_kv(k, v):
+            if block in frozen:  # halted tokens: their last computed K/V
+                computing = running[:, None, :, None]
+                k, v = torch.where(computing, k, frozen[block][0]), torch.where(computing, v, frozen[block][1])
+            frozen[block] = (k, v)
+            return (k, v) if to_cache is None else to_cache(k, v)
+
+        return update_kv
+
+    step = 0
+    while step < call.depth and (every_step or bool(running.any())):
+        o = inject.core_input(model, h, h_pre)
+        for j, block in enumerate(model.core):
+            o = block(o, call.rope, call.core_mask, kv(j, step), adapt.core_lora(model, step, j))
+        h_new, gate = update.update(model, h, h_pre, o)
+        h_new = torch.where(running[..., None], h_new, h)
+        depths += running
+        if step + 1 >= halting.min_depth:
+            running = running & ~(halting_measure(halting.rule, h_new, h, gate) < halting.threshold)
+        h = h_new
+        record.step(h, o, gate)
+        step += 1
+    if call.cache is not None:  # every token halted: the later steps' entries are their last K/V
+        for later in range(step, call.depth):
+            for j, (k, v) in frozen.items():
+                call.cache.update_kv(k, v, "core", j, later, call.cache_slots)
+    return h, torch.where(real, depths, torch.zeros_like(depths))

@@ -1,0 +1,124 @@
+"""Per-token halting at evaluation: each token stops recurring when its rule says it has
+converged (docs/hf_export.md, "Per-token halting"; the paper's first future direction).
+
+A call gives a rule, a threshold x, a minimum depth a and a maximum depth b (which may exceed
+R). After step s (a <= s <= b) a token whose measure is below x halts: its state keeps h_s.
+
+    state: ||h_s - h_{s-1}|| / ||h_s||     (relative state change)
+    gate:  1 - mean(g_s)                   (the share of the state the step rewrote)
+
+x = 0 never halts (the fixed depth b); x = inf halts every token at a. Later steps attend to a
+halted token's K/V of the last step it computed, in every core block: the forward computes
+every token while any token still recurs, discards the halted ones' results and substitutes
+their K/V at each core block's attention (a pre-hook on its `inner_attention`, whatever the
+block style), and stops once every token has halted. The exported model does the same with
+its cache (grt_titan/hf/halting_grt.py, whose copies of the functions below
+tests/hf/test_hf_copies.py keeps equal); tests/hf/test_hf_halting.py holds the two to the same
+depths and logits.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+HALTING_RULES = ("state", "gate")
+
+
+@dataclass(frozen=True)
+class Halting:
+    """A call's halting: the rule, its threshold and the depth range [min_depth, max_depth]."""
+
+    rule: str
+    threshold: float
+    min_depth: int
+    max_depth: int
+
+
+def halting_of_call(halting, halting_threshold, min_recurrences, max_depth: int) -> Halting | None:
+    """The call's `Halting`, or None for a fixed depth; ValueError naming the argument."""
+    if halting is None:
+        for name, value in (("halting_threshold", halting_threshold), ("min_recurrences", min_recurrences)):
+            if value is not None:
+                raise ValueError(f"{name} = {value!r} needs halting = one of {HALTING_RULES}")
+        return None
+    if halting not in HALTING_RULES:
+        raise ValueError(f"halting = {halting!r}; allowed: {HALTING_RULES} (or None: a fixed depth)")
+    if halting_threshold is None:
+        raise ValueError(f"halting = {halting!r} needs halting_threshold (>= 0; 0 never halts)")
+    if isinstance(halting_threshold, bool) or not isinstance(halting_threshold, (int, float)):
+        raise TypeError(f"halting_threshold must be a number, got {halting_threshold!r}")
+    if math.isnan(halting_threshold) or halting_threshold < 0:
+        raise ValueError(
+            f"halting_threshold = {halting_threshold}; allowed: >= 0 (0 never halts, inf halts at min_recurrences)"
+        )
+    min_depth = 1 if min_recurrences is None else min_recurrences
+    if isinstance(min_depth, bool) or not isinstance(min_depth, int) or min_depth < 1:
+        raise ValueError(f"min_recurrences = {min_recurrences!r}; allowed: an int >= 1")
+    if min_depth > max_depth:
+        raise ValueError(
+            f"min_recurrences = {min_depth} > num_recurrences = {max_depth} (the maximum depth of a halting call)"
+        )
+    return Halting(halting, float(halting_threshold), min_depth, max_depth)
+
+
+def halting_measure(rule: str, h: torch.Tensor, previous: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    """The rule's measure `[B, T]` after a step (fp32): below the threshold halts."""
+    if rule == "state":
+        change = (h.float() - previous.float()).norm(dim=-1)
+        return change / h.float().norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    return 1.0 - gate.float().mean(dim=-1)  # "gate"
+
+
+@contextmanager
+def halted_tokens_keep_their_kv(core_blocks: list[nn.Module], running: list[torch.Tensor]):
+    """While active, each core block's attention sees, for a token not in `running[0]`
+    (`[B, T]`, read at every call), the K/V it saw at that block's previous call."""
+    frozen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def hook_of(index: int):
+        def substitute(module, args):
+            q, k, v = args[:3]
+            if index in frozen:
+                computing = running[0][:, None, :, None]
+                k, v = torch.where(computing, k, frozen[index][0]), torch.where(computing, v, frozen[index][1])
+            frozen[index] = (k, v)
+            return (q, k, v, *args[3:])
+
+        return substitute
+
+    # The attention core of each block, whatever wraps it (AC's CheckpointWrapper, compile).
+    cores = [next(m for name, m in block.named_modules() if name.endswith("inner_attention")) for block in core_blocks]
+    handles = [core.register_forward_pre_hook(hook_of(i)) for i, core in enumerate(cores)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def halting_recurrence(recurrence, h_pre: torch.Tensor, freqs_cis, halting: Halting):
+    """(the state, each token's depth `[B, T]`): the eval loop of `recurrence` (no noise) up to
+    `halting.max_depth` steps, each token halting by its rule."""
+    if recurrence.training:
+        raise ValueError("per-token halting is an evaluation mode: call model.eval() first")
+    step = recurrence.step
+    h = recurrence.initial_state(h_pre, None)
+    running = [torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)]
+    depths = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
+    with halted_tokens_keep_their_kv(list(step.core.layers.values()), running):
+        index = 0
+        while index < halting.max_depth and bool(running[0].any()):
+            step_index = torch.tensor(index, device=h.device) if recurrence.has_step_adapters else None
+            new_h, gate, _ = step(h, h_pre, freqs_cis, None, None, return_parts=True, step_index=step_index)
+            new_h = torch.where(running[0][..., None], new_h, h)
+            depths += running[0]
+            if index + 1 >= halting.min_depth:
+                running[0] = running[0] & ~(halting_measure(halting.rule, new_h, h, gate) < halting.threshold)
+            h = new_h
+            index += 1
+    return h, depths

@@ -1,0 +1,213 @@
+"""Per-token halting in the Hugging Face model (grt_titan/hf/halting_grt.py; docs/hf_export.md,
+"Per-token halting"): each rule by hand on rows whose tokens see only themselves, the two
+threshold limits against the fixed-depth forward, cached = uncached decoding under every rule
+(per_step: exact, the halted tokens' last K/V standing in for their later steps), the
+compressed strategies' exact prefill, left padding, the torchtitan model's evaluation path
+(grt_titan/model/halting.py) against the export, and the refusals."""
+
+import pytest
+import torch
+
+from grt_titan.hf.convert import write_hf_folder
+from grt_titan.model.halting import HALTING_RULES
+
+from hf_helpers import (
+    ATOL,
+    SMALL_VOCAB,
+    assert_left_padded_rows_generate_alone,
+    cache_class,
+    greedy,
+    load_hf,
+    prompt,
+    seeded_model,
+    small_args,
+)
+
+RULES = HALTING_RULES
+MAX_DEPTH = 6  # above R = 4: halting may extrapolate
+
+
+def step_measures(hf, ids, rule, depth=MAX_DEPTH):
+    """By hand, from the fixed-depth forward's states and gates: the rule's measure after each
+    step 1..depth, `[depth, B, T]`."""
+    with torch.no_grad():
+        out = hf(ids, num_recurrences=depth, output_recurrence=True, use_cache=False)
+    states = out.recurrence_states
+    if rule == "state":
+        return torch.stack(
+            [
+                torch.linalg.vector_norm(states[s] - states[s - 1], dim=-1)
+                / torch.linalg.vector_norm(states[s], dim=-1)
+                for s in range(1, depth + 1)
+            ]
+        )
+    return torch.stack([1 - g.mean(-1) for g in out.gate_values])
+
+
+def mixed_threshold(hf, ids, rule, min_depth=1):
+    """A threshold at which the tokens of `ids` halt at different depths: in the widest gap
+    between the middle half of the tokens' measures after step min + 1, so that no measure sits at it (the two models'
+    ~1e-6 differences cannot flip a decision)."""
+    values = step_measures(hf, ids, rule)[min_depth].flatten().sort().values  # after step min + 1
+    n = len(values)
+    gaps = values[n // 4 + 1 : 3 * n // 4 + 1] - values[n // 4 : 3 * n // 4]
+    i = n // 4 + int(gaps.argmax())
+    return float((values[i] + values[i + 1]) / 2)
+
+
+def halted(hf, ids, **kwargs):
+    with torch.no_grad():
+        return hf(ids, use_cache=False, num_recurrences=MAX_DEPTH, **kwargs)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_threshold_zero_is_the_fixed_depth_and_infinity_the_minimum(rule, hf_models):
+    hf = hf_models["gpt2"]
+    ids = prompt(batch=2, seq=9)
+    with torch.no_grad():
+        fixed = hf(ids, num_recurrences=MAX_DEPTH, use_cache=False).logits
+        shallow = hf(ids, num_recurrences=2, use_cache=False).logits
+    never = halted(hf, ids, halting=rule, halting_threshold=0.0)
+    assert torch.equal(never.logits, fixed) and (never.recurrence_depths == MAX_DEPTH).all()
+    always = halted(hf, ids, halting=rule, halting_threshold=float("inf"), min_recurrences=2)
+    assert torch.equal(always.logits, shallow) and (always.recurrence_depths == 2).all()
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+@pytest.mark.parametrize("rule", RULES)
+def test_each_rule_by_hand_on_rows_of_one_token(rule, style, hf_models):
+    """One-token rows see only themselves: a token's depth is the first step s >= min whose
+    measure (by hand, from the fixed-depth states) is below the threshold, and its logits are
+    the fixed-depth forward's at that depth."""
+    hf = hf_models[style]
+    ids = prompt(batch=12, seq=1, seed=3)
+    min_depth = 2
+    measures = step_measures(hf, ids, rule)  # [depth, B, 1]
+    threshold = mixed_threshold(hf, ids, rule, min_depth)
+    steps = torch.arange(1, MAX_DEPTH + 1)[:, None, None]
+    below = (measures < threshold) & (steps >= min_depth)
+    expected = torch.where(
+        below.any(0), below.int().argmax(0) + 1, torch.full_like(below[0], MAX_DEPTH, dtype=torch.long)
+    )
+    assert len(expected.unique()) > 1, expected  # a mix of depths
+    out = halted(hf, ids, halting=rule, halting_threshold=threshold, min_recurrences=min_depth)
+    assert torch.equal(out.recurrence_depths, expected)
+    for row, depth in enumerate(expected[:, 0].tolist()):
+        with torch.no_grad():
+            alone = hf(ids[row : row + 1], num_recurrences=depth, use_cache=False).logits
+        assert torch.allclose(out.logits[row : row + 1], alone, atol=1e-5, rtol=0), (row, depth)
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+@pytest.mark.parametrize("rule", RULES)
+def test_torchtitan_evaluation_path_agrees_with_the_export(rule, style, native_models, hf_models):
+    """`GRTModel.forward_with_halting` (halted tokens' K/V substituted at each core block's
+    attention) gives the export's depths and logits."""
+    native, hf = native_models[style], hf_models[style]
+    ids = prompt(batch=2, seq=12, seed=4)
+    threshold = mixed_threshold(hf, ids, rule)
+    out = halted(hf, ids, halting=rule, halting_threshold=threshold, min_recurrences=2)
+    with torch.no_grad():
+        logits, depths = native.forward_with_halting(ids, rule, threshold, min_recurrences=2, num_recurrences=MAX_DEPTH)
+    assert len(depths.unique()) > 1 and torch.equal(depths, out.recurrence_depths)
+    assert (logits[..., :SMALL_VOCAB] - out.logits).abs().max().item() < ATOL
+    with pytest.raises(ValueError, match="min_recurrences = 7 > num_recurrences = 6"):
+        native.forward_with_halting(ids, rule, threshold, min_recurrences=7, num_recurrences=MAX_DEPTH)
+
+
+def decode_with_cache(hf, ids, strategy, prefix, **kwargs):
+    """Logits of the prefill's last token, then of each later token fed one by one."""
+    cache = cache_class(hf)(hf.config, strategy=strategy)
+    with torch.no_grad():
+        out = [hf(ids[:, :prefix], past_key_values=cache, num_recurrences=MAX_DEPTH, **kwargs)]
+        for t in range(prefix, ids.shape[1]):
+            out.append(hf(ids[:, t : t + 1], past_key_values=cache, num_recurrences=MAX_DEPTH, **kwargs))
+    logits = torch.stack([o.logits[:, -1] for o in out], 1)
+    depths = torch.cat([out[0].recurrence_depths] + [o.recurrence_depths for o in out[1:]], 1)
+    return logits, depths
+
+
+@pytest.mark.parametrize("style", ["gpt2", "llama"])
+@pytest.mark.parametrize("rule", RULES)
+def test_cached_decoding_equals_the_uncached_forward(rule, style, hf_models):
+    hf = hf_models[style]
+    ids = prompt(batch=2, seq=14, seed=8)
+    kwargs = {"halting": rule, "halting_threshold": mixed_threshold(hf, ids, rule)}
+    full = halted(hf, ids, **kwargs)
+    assert len(full.recurrence_depths.unique()) > 1
+    logits, depths = decode_with_cache(hf, ids, "per_step", prefix=8, **kwargs)
+    assert torch.equal(depths, full.recurrence_depths)
+    assert (logits - full.logits[:, 7:]).abs().max().item() < 1e-4
+    # generate() through the cache = generate() recomputing the prefix every token.
+    cached = greedy(hf, ids[:1, :6], n=10, num_recurrences=MAX_DEPTH, **kwargs)
+    assert torch.equal(cached, greedy(hf, ids[:1, :6], n=10, num_recurrences=MAX_DEPTH, use_cache=False, **kwargs))
+
+
+@pytest.mark.parametrize("strategy", ["first", "last", "average"])
+def test_compressed_strategies_prefill_exactly(strategy, hf_models):
+    """Within a call the tokens attend to each other's current (or last computed) step, as
+    uncached: a prefill is exact under every strategy; later tokens see the strategy's K/V."""
+    hf = hf_models["gpt2"]
+    ids = prompt(batch=2, seq=12, seed=9)
+    kwargs = {"halting": "state", "halting_threshold": mixed_threshold(hf, ids, "state")}
+    full = halted(hf, ids, **kwargs)
+    logits, depths = decode_with_cache(hf, ids, strategy, prefix=12, **kwargs)
+    assert torch.equal(depths, full.recurrence_depths)
+    assert (logits[:, 0] - full.logits[:, -1]).abs().max().item() < 1e-5
+    greedy(hf, ids[:1, :6], n=4, num_recurrences=MAX_DEPTH, kv_cache_strategy=strategy, **kwargs)  # decodes
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_left_padded_rows_generate_as_when_alone(rule, hf_models):
+    hf = hf_models["llama"]
+    threshold = mixed_threshold(hf, prompt(batch=2, seq=9, seed=19), rule)
+    assert_left_padded_rows_generate_alone(
+        hf, num_recurrences=MAX_DEPTH, halting=rule, halting_threshold=threshold, min_recurrences=2
+    )
+    ids = torch.tensor([[0, 0, 5, 6]])
+    out = halted(hf, ids, attention_mask=torch.tensor([[0, 0, 1, 1]]), halting=rule, halting_threshold=0.0)
+    assert out.recurrence_depths.tolist() == [[0, 0, MAX_DEPTH, MAX_DEPTH]]  # padding runs no step
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        (
+            {"halting": "kl_divergence", "halting_threshold": 0.1},
+            "halting = 'kl_divergence'; allowed: ('state', 'gate')",
+        ),
+        ({"halting": "state"}, "halting = 'state' needs halting_threshold"),
+        ({"halting": "state", "halting_threshold": -0.5}, "halting_threshold = -0.5; allowed: >= 0"),
+        ({"halting": "state", "halting_threshold": float("nan")}, "halting_threshold = nan; allowed: >= 0"),
+        (
+            {"halting": "gate", "halting_threshold": 0.1, "min_recurrences": 0},
+            "min_recurrences = 0; allowed: an int >= 1",
+        ),
+        (
+            {"halting": "gate", "halting_threshold": 0.1, "min_recurrences": 7},
+            "min_recurrences = 7 > num_recurrences = 6",
+        ),
+        ({"halting_threshold": 0.1}, "halting_threshold = 0.1 needs halting = one of ('state', 'gate')"),
+        ({"min_recurrences": 2}, "min_recurrences = 2 needs halting"),
+    ],
+)
+def test_bad_halting_arguments_are_named(kwargs, error, hf_models):
+    with pytest.raises(ValueError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        halted(hf_models["gpt2"], prompt(seq=4), **kwargs)
+
+
+def test_the_gate_rule_needs_a_gate(tmp_path):
+    args = small_args("gpt2").replace(update="overwrite")
+    model = seeded_model(args)
+    hf = load_hf(write_hf_folder(tmp_path / "hf", model.state_dict(), args, write_tokenizer=False))
+    with pytest.raises(ValueError, match="halting = 'gate' needs the gate .*update is 'overwrite'"):
+        halted(hf, prompt(seq=4), halting="gate", halting_threshold=0.1)
+    with pytest.raises(ValueError, match="halting = 'gate' needs the gate .*update is 'overwrite'"):
+        model.forward_with_halting(prompt(seq=4), "gate", 0.1)
+    assert halted(hf, prompt(seq=4), halting="state", halting_threshold=0.1).recurrence_depths.shape == (1, 4)
+
+
+def test_the_export_knows_the_training_models_rules():
+    from grt_titan.hf import halting_grt
+
+    assert halting_grt.HALTING_RULES == HALTING_RULES
