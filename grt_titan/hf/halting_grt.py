@@ -90,14 +90,13 @@ def halting_steps(model, h, h_pre, call, record, halting: Halting, keep):
     """(h after the call's steps, each token's depth `[B, T]`): the plain loop (the slots of
     injection, step adapter and update), each token halting by `halting`'s rule.
 
-    `keep` `[B, T]` (False for padding) or None: padding never holds the loop running and its
-    depth is 0."""
+    `keep` `[B, T]` (False for padding) or None: padding never runs (its depth stays 0), so it
+    never holds the loop running."""
     inject, adapt, update = (model.slots[key] for key in ("injection", "step_adapter", "update"))
     batch, seqlen = h.shape[:2]
     running = torch.ones(batch, seqlen, dtype=torch.bool, device=h.device)
     if keep is not None:
         running &= keep.to(device=h.device, dtype=torch.bool)
-    real = running.clone()
     depths = torch.zeros(batch, seqlen, dtype=torch.long, device=h.device)
     frozen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # core block -> the K/V later steps see
     every_step = record.keep_states  # analysis outputs: one state per step, b of them
@@ -131,4 +130,4 @@ def halting_steps(model, h, h_pre, call, record, halting: Halting, keep):
         for later in range(step, call.depth):
             for j, (k, v) in frozen.items():
                 call.cache.update_kv(k, v, "core", j, later, call.cache_slots)
-    return h, torch.where(real, depths, torch.zeros_like(depths))
+    return h, depths

@@ -142,14 +142,15 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         'ids = tok("The meaning of life is", return_tensors="pt").input_ids',
     ]
     if recurrent:
+        per_token_exit = args.per_step_readout and args.exit_threshold < 1  # Ouro: per_step only, no halting
         lines += [
             "# depth per call: 0 = prelude + coda only, < R early exit, "
             + ("> R extrapolation" if args.extrapolates else "R at most (one module per step)"),
             f"out = model.generate(ids, max_new_tokens=32, num_recurrences={depth},",
             '                     kv_cache_strategy="per_step")'
-            + ("" if args.per_step_readout and args.exit_threshold < 1 else "  # or first / last / average"),
+            + ("" if per_token_exit else "  # or first / last / average"),
         ]
-        if args.part("router") is None and not (args.per_step_readout and args.exit_threshold < 1):
+        if args.part("router") is None and not per_token_exit:
             lines += [
                 "# per-token halting: a token stops recurring once its state changes by less than 1%",
                 f'out = model.generate(ids, max_new_tokens=32, num_recurrences={depth}, halting="state",',

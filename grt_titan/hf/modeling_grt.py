@@ -190,7 +190,7 @@ class ForwardContext:
     rope: tuple[torch.Tensor, torch.Tensor] | None
     mask: torch.Tensor | None
     core_mask: torch.Tensor | None  # a static compressed cache's core keys differ
-    halting: Halting | None = None  # per-token halting (halting_grt.py), None: a fixed depth
+    halting: Halting | None  # per-token halting (halting_grt.py), None: a fixed depth
 
     def kv(self, kind: str, index: int, step: int = 0):
         """The `kv_update` of a block (`GRTAttention`): None without a cache."""
@@ -322,8 +322,7 @@ class GRTModel(GRTPreTrainedModel):
         halt = self._halting(halting, halting_threshold, min_recurrences, depth)
         cache = past_key_values if past_key_values is not None else cache
         cache, use_cache = self._open_cache(cache, use_cache, kv_cache_strategy, router_inference)
-        call = self._context(inputs_embeds, attention_mask, position_ids, cache, cache_slots, depth)
-        call.halting = halt
+        call = self._context(inputs_embeds, attention_mask, position_ids, cache, cache_slots, depth, halt)
 
         h = inputs_embeds
         if config.block_style == "gpt2":
@@ -395,7 +394,9 @@ class GRTModel(GRTPreTrainedModel):
             raise ValueError(f"kv_cache_strategy = {kv_cache_strategy!r} but the given cache uses {cache.strategy!r}")
         return cache, use_cache
 
-    def _context(self, inputs_embeds, attention_mask, position_ids, cache, cache_slots, depth) -> ForwardContext:
+    def _context(
+        self, inputs_embeds, attention_mask, position_ids, cache, cache_slots, depth, halting
+    ) -> ForwardContext:
         """The call's cache slots and positions (left padding: from each row's first real
         token), the cache begun at this depth, RoPE and the attention masks."""
         config = self.config
@@ -433,6 +434,7 @@ class GRTModel(GRTPreTrainedModel):
             rope=self._rope(position_ids, device),
             mask=mask,
             core_mask=staged_mask if staged_mask is not None else mask,
+            halting=halting,
         )
 
     def _blocks(self, blocks, kind: str, h, call: ForwardContext, record: ForwardRecord):

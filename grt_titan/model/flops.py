@@ -17,6 +17,7 @@ llama3 args do to `get_dense_model_nparams_and_flops`; the parts come from `args
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 
@@ -77,9 +78,7 @@ def realised_flops_per_token(args, seq_len: int, depths) -> float:
     """Mean forward FLOPs per token of tokens that ran the given depths (per-token halting:
     the model's `recurrence_depths`, padding's 0 left out by the caller): F at each depth,
     averaged over the tokens."""
-    counts: dict[int, int] = {}
-    for depth in depths:
-        counts[int(depth)] = counts.get(int(depth), 0) + 1
+    counts = Counter(int(depth) for depth in depths)
     if not counts:
         raise ValueError("realised_flops_per_token needs at least one token's depth")
     total = sum(counts.values())

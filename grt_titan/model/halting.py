@@ -74,51 +74,55 @@ def halting_measure(rule: str, h: torch.Tensor, previous: torch.Tensor, gate: to
     return 1.0 - gate.float().mean(dim=-1)  # "gate"
 
 
-@contextmanager
-def halted_tokens_keep_their_kv(core_blocks: list[nn.Module], running: list[torch.Tensor]):
-    """While active, each core block's attention sees, for a token not in `running[0]`
-    (`[B, T]`, read at every call), the K/V it saw at that block's previous call."""
-    frozen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+class HaltedTokensKeepTheirKV:
+    """While `active(core_blocks)` is entered, each core block's attention sees, for a token
+    not in `running` (`[B, T]`, read at every call), the K/V it saw at that block's previous
+    call."""
 
-    def hook_of(index: int):
+    def __init__(self, running: torch.Tensor):
+        self.running = running
+        self.frozen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _hook(self, index: int):
         def substitute(module, args):
             q, k, v = args[:3]
-            if index in frozen:
-                computing = running[0][:, None, :, None]
-                k, v = torch.where(computing, k, frozen[index][0]), torch.where(computing, v, frozen[index][1])
-            frozen[index] = (k, v)
+            if index in self.frozen:
+                computing = self.running[:, None, :, None]
+                kept_k, kept_v = self.frozen[index]
+                k, v = torch.where(computing, k, kept_k), torch.where(computing, v, kept_v)
+            self.frozen[index] = (k, v)
             return (q, k, v, *args[3:])
 
         return substitute
 
-    # The attention core of each block, whatever wraps it (AC's CheckpointWrapper, compile).
-    cores = [next(m for name, m in block.named_modules() if name.endswith("inner_attention")) for block in core_blocks]
-    handles = [core.register_forward_pre_hook(hook_of(i)) for i, core in enumerate(cores)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    @contextmanager
+    def active(self, core_blocks: list[nn.Module]):
+        # The attention core of each block, whatever wraps it (AC's CheckpointWrapper, compile).
+        cores = [next(m for name, m in b.named_modules() if name.endswith("inner_attention")) for b in core_blocks]
+        handles = [core.register_forward_pre_hook(self._hook(i)) for i, core in enumerate(cores)]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 def halting_recurrence(recurrence, h_pre: torch.Tensor, freqs_cis, halting: Halting):
     """(the state, each token's depth `[B, T]`): the eval loop of `recurrence` (no noise) up to
-    `halting.max_depth` steps, each token halting by its rule."""
-    if recurrence.training:
-        raise ValueError("per-token halting is an evaluation mode: call model.eval() first")
+    `halting.max_depth` steps, each token halting by its rule (eval mode: no noise)."""
     step = recurrence.step
     h = recurrence.initial_state(h_pre, None)
-    running = [torch.ones(h.shape[:2], dtype=torch.bool, device=h.device)]
     depths = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
-    with halted_tokens_keep_their_kv(list(step.core.layers.values()), running):
+    kv = HaltedTokensKeepTheirKV(torch.ones(h.shape[:2], dtype=torch.bool, device=h.device))
+    with kv.active(list(step.core.layers.values())):
         index = 0
-        while index < halting.max_depth and bool(running[0].any()):
+        while index < halting.max_depth and bool(kv.running.any()):
             step_index = torch.tensor(index, device=h.device) if recurrence.has_step_adapters else None
             new_h, gate, _ = step(h, h_pre, freqs_cis, None, None, return_parts=True, step_index=step_index)
-            new_h = torch.where(running[0][..., None], new_h, h)
-            depths += running[0]
+            new_h = torch.where(kv.running[..., None], new_h, h)
+            depths += kv.running
             if index + 1 >= halting.min_depth:
-                running[0] = running[0] & ~(halting_measure(halting.rule, new_h, h, gate) < halting.threshold)
+                kv.running = kv.running & ~(halting_measure(halting.rule, new_h, h, gate) < halting.threshold)
             h = new_h
             index += 1
     return h, depths

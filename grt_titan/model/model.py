@@ -147,11 +147,11 @@ class GRTModel(ModelProtocol):
         `min_recurrences` (default 1) and at most `num_recurrences` (default the eval depth) steps."""
         if self.recurrence is None:
             raise ValueError(f"halting = {halting!r} given to a dense model (no core)")
-        depth = (
-            self.recurrence.eval_recurrences
-            if num_recurrences is None
-            else self.recurrence.resolve_depth(num_recurrences)
-        )
+        if self.training:  # before resolve_depth, which samples a depth in training
+            raise ValueError("per-token halting is an evaluation mode: call model.eval() first")
+        if halting is None:
+            raise ValueError("halting = None: forward_with_halting needs a rule; a fixed depth is forward(...)")
+        depth = self.recurrence.resolve_depth(num_recurrences)  # eval: None is the eval depth
         plan = halting_of_call(halting, halting_threshold, min_recurrences, depth)
         args = self.model_args
         own = [f"router = {args.router!r}"] if args.part("router") is not None else []
