@@ -58,7 +58,10 @@ class GRTCache(Cache):
     exit_threshold < 1) runs the coda on every step's state, and step s's coda attends to
     the earlier tokens' coda K/V of step s: the coda keeps one K/V per step as well,
     2 B T H_kv d_h s (p + n r + c r), and only `per_step` is allowed (a compressed core
-    cache would feed the readouts inexact states; refused by name).
+    cache would feed the readouts inexact states; refused by name). Per-token halting by a
+    readout rule (`halting="kl" | "entropy" | "argmax"`, halting_grt.py) reads every step out
+    too: its cache keeps one coda K/V per step under every strategy (an empty cache takes the
+    layout of the first call that fills it), and its depth stays fixed while generating.
 
     Args:
         config: The model's `GRTConfig`.
@@ -76,7 +79,8 @@ class GRTCache(Cache):
             raise ValueError(f"kv_cache_strategy = {strategy!r}; allowed: {KV_CACHE_STRATEGIES}")
         for part in config.active_parts:  # the strategies its parts cannot run exactly
             part.check_cache_strategy(config, strategy)
-        # A part reads every step out (Ouro's per-token exit): one coda slot per (step, coda block).
+        # A part (Ouro's per-token exit) or a call's halting rule reads every step out: one coda
+        # slot per (step, coda block); `check_layout` sets it for a halting call on an empty cache.
         self.per_step_readout = config.per_step_readout
         self.strategy = strategy
         self.num_prelude = config.num_prelude_layers
@@ -115,23 +119,30 @@ class GRTCache(Cache):
 
     # ---- used by the model ------------------------------------------------------------
 
-    def check_layout(self, config: PretrainedConfig) -> None:
-        """ValueError unless the model reads out as this cache was laid out for (one coda per
-        step with Ouro's per-token exit, else one); `exit_threshold` may be set after loading."""
-        if self.per_step_readout != config.per_step_readout:
+    def check_layout(self, config: PretrainedConfig, halting_reads_out: bool = False) -> None:
+        """ValueError unless the call reads out as this cache was laid out for (one coda per
+        step with Ouro's per-token exit or a readout halting rule, else one), which an empty
+        cache takes from the call; `exit_threshold` may be set after loading."""
+        wanted = config.per_step_readout or halting_reads_out
+        if self.depth is None:  # nothing cached yet
+            self.per_step_readout = wanted
+        if self.per_step_readout != wanted:
+            made = "a per-step readout" if self.per_step_readout else "one readout after the recurrence"
             raise ValueError(
-                f"this cache was made for exit_threshold {'< 1' if self.per_step_readout else '= 1'} "
-                f"but the config's is {config.exit_threshold!r}; keep exit_threshold fixed while "
-                "generating with a cache"
+                f"this cache was made for {made} but this call (exit_threshold = {config.exit_threshold!r}, "
+                f"a readout halting rule: {halting_reads_out}) reads out otherwise; keep exit_threshold and "
+                "the halting rule's kind (kl / entropy / argmax read every step out) fixed while generating "
+                "with a cache"
             )
 
     def begin(self, depth: int) -> None:
         """Check that this call's depth r can use the cache (called before any update)."""
         previous = self.depth  # None until a call has filled the cache
         if previous is not None:
-            if not self.compressed and depth != previous:
+            if (not self.compressed or self.per_step_readout) and depth != previous:
+                kind = "per_step" if not self.compressed else "per-step readout"
                 raise ValueError(
-                    f"num_recurrences = {depth}, but this per_step cache holds "
+                    f"num_recurrences = {depth}, but this {kind} cache holds "
                     f"{previous} steps; keep r fixed while generating with it"
                 )
             if (depth > 0) != (previous > 0):

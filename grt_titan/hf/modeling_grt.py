@@ -51,10 +51,11 @@ early exit, r > R extrapolation).
 KV cache across recurrences: `GRTCache` (cache_grt.py), the one place the strategies live
 (`per_step`, `first`, `last`, `average`).
 
-Per-token halting (halting_grt.py): `forward(..., halting="state" | "gate",
-halting_threshold=x, min_recurrences=a, num_recurrences=b)` (and the same in `generate`)
-lets each token stop recurring once its rule's measure is below x, after at least a and at
-most b steps; the output's `recurrence_depths` `[B, T]` is the depth each token used.
+Per-token halting (halting_grt.py): `forward(..., halting="state" | "gate" | "kl" |
+"entropy" | "argmax", halting_threshold=x, min_recurrences=a, num_recurrences=b)` (and the
+same in `generate`) lets each token stop recurring once its rule says it has converged, after
+at least a and at most b steps; the output's `recurrence_depths` `[B, T]` is the depth each
+token used.
 
 RoPE (llama style) rotates interleaved pairs (x[2i], x[2i+1]) exactly like torchtitan's
 complex `apply_rotary_emb`, so the exported q/k weights are torchtitan's, unpermuted; qwen3
@@ -81,7 +82,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 # before the parts had their own file.
 from .cache_grt import GRTCache, MoRCache, attention_masks  # noqa: F401
 from .configuration_grt import GRTConfig
-from .halting_grt import Halting, halting_of_call, halting_steps
+from .halting_grt import READOUT_RULES, Halting, halting_of_call, halting_steps
 from .layers_grt import GRTBlock, eval_initial_state, make_norm, rope_inverse_frequencies  # noqa: F401
 from .parts_grt import PARTS, active_parts, cache_class, slots
 
@@ -191,6 +192,8 @@ class ForwardContext:
     mask: torch.Tensor | None
     core_mask: torch.Tensor | None  # a static compressed cache's core keys differ
     halting: Halting | None  # per-token halting (halting_grt.py), None: a fixed depth
+    halting_head: nn.Module | None = None  # the LM head a readout halting rule reads each step with
+    halted_readout: tuple | None = None  # a readout rule's (hidden, coda outputs) at each token's halting step
 
     def kv(self, kind: str, index: int, step: int = 0):
         """The `kv_update` of a block (`GRTAttention`): None without a cache."""
@@ -300,6 +303,7 @@ class GRTModel(GRTPreTrainedModel):
         halting=None,
         halting_threshold=None,
         min_recurrences=None,
+        halting_head=None,
         **kwargs,
     ):
         """A `GRTBaseModelOutputWithPast`; its `to_tuple()` (None fields left out) when
@@ -319,10 +323,11 @@ class GRTModel(GRTPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         depth = self.resolve_depth(num_recurrences)
         config.check_call_settings()  # the parts' settings may have been set after loading
-        halt = self._halting(halting, halting_threshold, min_recurrences, depth)
+        halt = self._halting(halting, halting_threshold, min_recurrences, depth, halting_head)
         cache = past_key_values if past_key_values is not None else cache
         cache, use_cache = self._open_cache(cache, use_cache, kv_cache_strategy, router_inference)
         call = self._context(inputs_embeds, attention_mask, position_ids, cache, cache_slots, depth, halt)
+        call.halting_head = halting_head
 
         h = inputs_embeds
         if config.block_style == "gpt2":
@@ -351,11 +356,16 @@ class GRTModel(GRTPreTrainedModel):
 
     # ---- the phases of forward ------------------------------------------------------
 
-    def _halting(self, halting, halting_threshold, min_recurrences, depth: int) -> Halting | None:
+    def _halting(self, halting, halting_threshold, min_recurrences, depth: int, head) -> Halting | None:
         """The call's per-token halting (halting_grt.py), checked against the model's parts."""
         halt = halting_of_call(halting, halting_threshold, min_recurrences, depth)
         if halt is None:
             return None
+        if halt.rule in READOUT_RULES and head is None:
+            raise ValueError(
+                f"halting = {halting!r} reads each step's next-token distribution: call GRTForCausalLM "
+                "(or give GRTModel halting_head=the LM head); allowed here: halting = 'state' or 'gate'"
+            )
         config = self.config
         if not config.num_core_layers:
             raise ValueError(f"halting = {halting!r} given to a model without core layers")
@@ -413,7 +423,7 @@ class GRTModel(GRTPreTrainedModel):
             else:
                 position_ids = cache_slots[None]
         if cache is not None:
-            cache.check_layout(config)
+            cache.check_layout(config, halting is not None and halting.rule in READOUT_RULES)
             cache.begin(depth)
         if config.block_style == "gpt2":
             if not torch.compiler.is_compiling() and int(position_ids.max()) >= config.max_position_embeddings:
@@ -453,7 +463,9 @@ class GRTModel(GRTPreTrainedModel):
         record.states.append(h)  # depth 0 too: r = 0 reads out h_0
         depths = None
         if call.halting is not None:
-            h, depths = halting_steps(self, h, h_pre, call, record, call.halting, keep)
+            h, depths, call.halted_readout = halting_steps(
+                self, h, h_pre, call, record, call.halting, keep, call.halting_head
+            )
         else:
             h = self.slots["router"].run_steps(self, h, h_pre, call, record, router_inference, keep)
         if call.cache is not None:
@@ -488,8 +500,14 @@ class GRTModel(GRTPreTrainedModel):
         return self.slots["objective"].readout(self, h, call, record, exits)
 
     def coda_readout(self, h, call: ForwardContext, record: ForwardRecord, exits):
-        """The plain readout: coda and final norm on h_r (appended to `exits` when kept)."""
-        h = self.norm(self._blocks(self.coda, "coda", h, call, record))
+        """The plain readout: coda and final norm on h_r (appended to `exits` when kept); a
+        readout halting rule's: each token's readout at the step it halted, already run."""
+        if call.halted_readout is not None:
+            h, coda_outputs = call.halted_readout
+            for output in coda_outputs:
+                record.block(output)
+        else:
+            h = self.norm(self._blocks(self.coda, "coda", h, call, record))
         if exits is not None:
             exits.append(h)
         return h, exits, None
@@ -567,10 +585,12 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             logits_to_keep: compute logits for the last k positions only (0 = all).
             router_inference: Mixture-of-Recursions' routing rule of this call, "threshold"
                 (causal, generation) or "top_k" (training's, use_cache=False); None: the config's.
-            halting: per-token halting rule of this call, "state" or "gate" (halting_grt.py);
-                None: every token runs the call's depth.
+            halting: per-token halting rule of this call, "state", "gate", "kl", "entropy" or
+                "argmax" (halting_grt.py); None: every token runs the call's depth.
             halting_threshold: a token halts once its rule's measure is below it (0 never
-                halts; inf halts every token at `min_recurrences`).
+                halts; inf halts every token at `min_recurrences`); for "argmax", once its
+                argmax has not changed for this many successive steps (0 halts at
+                `min_recurrences`, inf never).
             min_recurrences: the fewest steps a token runs (default 1); `num_recurrences` is
                 then the most.
         """
@@ -594,6 +614,7 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             halting=halting,
             halting_threshold=halting_threshold,
             min_recurrences=min_recurrences,
+            halting_head=self.lm_head,  # the readout rules read each step's logits with it
         )
         logits = self._logits(outputs.last_hidden_state, logits_to_keep)
         loss = None

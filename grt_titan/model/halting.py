@@ -2,19 +2,28 @@
 converged (docs/hf_export.md, "Per-token halting"; the paper's first future direction).
 
 A call gives a rule, a threshold x, a minimum depth a and a maximum depth b (which may exceed
-R). After step s (a <= s <= b) a token whose measure is below x halts: its state keeps h_s.
+R). After step s (a <= s <= b) a token halts when its rule says so: its state keeps h_s.
 
-    state: ||h_s - h_{s-1}|| / ||h_s||     (relative state change)
-    gate:  1 - mean(g_s)                   (the share of the state the step rewrote)
+    state:   ||h_s - h_{s-1}|| / ||h_s|| < x      (relative state change)
+    gate:    1 - mean(g_s) < x                     (the share of the state the step rewrote)
+    kl:      KL(p_{s-1} || p_s) < x                (successive next-token distributions)
+    entropy: |H(p_s) - H(p_{s-1})| < x
+    argmax:  argmax p_s unchanged for x successive steps (x counts steps)
 
-x = 0 never halts (the fixed depth b); x = inf halts every token at a. Later steps attend to a
-halted token's K/V of the last step it computed, in every core block: the forward computes
-every token while any token still recurs, discards the halted ones' results and substitutes
-their K/V at each core block's attention (a pre-hook on its `inner_attention`, whatever the
-block style), and stops once every token has halted. The exported model does the same with
-its cache (grt_titan/hf/halting_grt.py, whose copies of the functions below
-tests/hf/test_hf_copies.py keeps equal); tests/hf/test_hf_halting.py holds the two to the same
-depths and logits.
+p_s is step s's readout (coda, final norm and LM head on h_s); p_0 is the uniform distribution,
+with no argmax. For the first four x = 0 never halts (the fixed depth b) and x = inf halts every
+token at a; for argmax x = 0 halts at a and x = inf never halts.
+
+Later steps attend to a halted token's K/V of the last step it computed, in every core block:
+the forward computes every token while any token still recurs, discards the halted ones'
+results and substitutes their K/V at each core block's attention (a pre-hook on its
+`inner_attention`, whatever the block style), and stops once every token has halted. The
+readout rules (kl, entropy, argmax) read every step out: step s's coda attends to the other
+tokens' coda K/V of step s (a halted token's: of its last step), and a token's logits are its
+readout at the step it halted; the state rules read out h once after the loop, as the fixed
+depth does. The exported model does the same with its cache (grt_titan/hf/halting_grt.py,
+whose copies of the functions below tests/hf/test_hf_copies.py keeps equal);
+tests/hf/test_hf_halting.py holds the two to the same depths and logits.
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-HALTING_RULES = ("state", "gate")
+HALTING_RULES = ("state", "gate", "kl", "entropy", "argmax")
+# The rules that read every step out (its next-token distribution): coda and LM head per step.
+READOUT_RULES = ("kl", "entropy", "argmax")
 
 
 @dataclass(frozen=True)
@@ -53,9 +64,12 @@ def halting_of_call(halting, halting_threshold, min_recurrences, max_depth: int)
     if isinstance(halting_threshold, bool) or not isinstance(halting_threshold, (int, float)):
         raise TypeError(f"halting_threshold must be a number, got {halting_threshold!r}")
     if math.isnan(halting_threshold) or halting_threshold < 0:
-        raise ValueError(
-            f"halting_threshold = {halting_threshold}; allowed: >= 0 (0 never halts, inf halts at min_recurrences)"
+        meaning = (
+            "the number of successive steps with the same argmax; 0 halts at min_recurrences, inf never halts"
+            if halting == "argmax"
+            else "0 never halts, inf halts at min_recurrences"
         )
+        raise ValueError(f"halting_threshold = {halting_threshold}; allowed: >= 0 ({meaning})")
     min_depth = 1 if min_recurrences is None else min_recurrences
     if isinstance(min_depth, bool) or not isinstance(min_depth, int) or min_depth < 1:
         raise ValueError(f"min_recurrences = {min_recurrences!r}; allowed: an int >= 1")
@@ -67,11 +81,37 @@ def halting_of_call(halting, halting_threshold, min_recurrences, max_depth: int)
 
 
 def halting_measure(rule: str, h: torch.Tensor, previous: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-    """The rule's measure `[B, T]` after a step (fp32): below the threshold halts."""
+    """The state rule's measure `[B, T]` after a step (fp32): below the threshold halts."""
     if rule == "state":
         change = (h.float() - previous.float()).norm(dim=-1)
         return change / h.float().norm(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
     return 1.0 - gate.float().mean(dim=-1)  # "gate"
+
+
+def readout_measure(rule: str, logits: torch.Tensor, memory):
+    """(the readout rule's measure `[B, T]` after step s, the memory step s + 1 compares with)
+    from step s's next-token logits `[B, T, V]`; `memory` None at step 1 (p_0 uniform)."""
+    if rule == "argmax":
+        top = logits.argmax(dim=-1)
+        if memory is None:  # p_0 has no argmax: no step is unchanged yet
+            count = torch.zeros_like(top)
+        else:
+            count = torch.where(top == memory[0], memory[1] + 1, torch.zeros_like(top))
+        return count.float(), (top, count)
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    if rule == "kl":
+        if memory is None:  # KL(uniform || p_1)
+            memory = torch.full_like(log_p[..., :1], -math.log(log_p.shape[-1]))
+        return (memory.exp() * (memory - log_p)).sum(dim=-1), log_p
+    entropy = -(log_p.exp() * log_p).sum(dim=-1)  # "entropy"
+    previous = math.log(log_p.shape[-1]) if memory is None else memory
+    return (entropy - previous).abs(), entropy
+
+
+def halts(rule: str, measure: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Where the rule halts `[B, T]`: argmax counts unchanged steps up to the threshold; the
+    other rules' measures fall below it."""
+    return measure >= threshold if rule == "argmax" else measure < threshold
 
 
 class HaltedTokensKeepTheirKV:
@@ -107,22 +147,34 @@ class HaltedTokensKeepTheirKV:
                 handle.remove()
 
 
-def halting_recurrence(recurrence, h_pre: torch.Tensor, freqs_cis, halting: Halting):
-    """(the state, each token's depth `[B, T]`): the eval loop of `recurrence` (no noise) up to
-    `halting.max_depth` steps, each token halting by its rule (eval mode: no noise)."""
+def halting_recurrence(recurrence, h_pre: torch.Tensor, freqs_cis, halting: Halting, readout=None, vocab_size=None):
+    """(the state, each token's depth `[B, T]`, each token's logits at the step it halted or
+    None): the eval loop of `recurrence` (no noise) up to `halting.max_depth` steps, each token
+    halting by its rule. A readout rule reads every step out through `readout` (a model whose
+    `coda.layers` and `logits_from_state` give the logits; their first `vocab_size` columns are
+    the vocabulary's); the state rules return no logits."""
     step = recurrence.step
     h = recurrence.initial_state(h_pre, None)
     depths = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
     kv = HaltedTokensKeepTheirKV(torch.ones(h.shape[:2], dtype=torch.bool, device=h.device))
-    with kv.active(list(step.core.layers.values())):
+    reads_out = halting.rule in READOUT_RULES
+    blocks = list(step.core.layers.values()) + (list(readout.coda.layers.values()) if reads_out else [])
+    logits, memory = None, None
+    with kv.active(blocks):
         index = 0
         while index < halting.max_depth and bool(kv.running.any()):
             step_index = torch.tensor(index, device=h.device) if recurrence.has_step_adapters else None
             new_h, gate, _ = step(h, h_pre, freqs_cis, None, None, return_parts=True, step_index=step_index)
             new_h = torch.where(kv.running[..., None], new_h, h)
             depths += kv.running
+            if reads_out:  # step s's readout; a token's logits are those of the step it halts at
+                step_logits = readout.logits_from_state(new_h)
+                logits = step_logits if logits is None else torch.where(kv.running[..., None], step_logits, logits)
+                measure, memory = readout_measure(halting.rule, step_logits[..., :vocab_size], memory)
+            else:
+                measure = halting_measure(halting.rule, new_h, h, gate)
             if index + 1 >= halting.min_depth:
-                kv.running = kv.running & ~(halting_measure(halting.rule, new_h, h, gate) < halting.threshold)
+                kv.running = kv.running & ~halts(halting.rule, measure, halting.threshold)
             h = new_h
             index += 1
-    return h, depths
+    return h, depths, logits

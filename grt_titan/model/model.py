@@ -167,8 +167,8 @@ class GRTModel(ModelProtocol):
                 f"halting = 'gate' needs the gate (update = 'gate'); this model's update is {args.update!r}"
             )
         h = self.prelude(self.embed(tokens), self.freqs_cis)
-        h, depths = halting_recurrence(self.recurrence, h, self.freqs_cis, plan)
-        return self.logits_from_state(h), depths
+        h, depths, logits = halting_recurrence(self.recurrence, h, self.freqs_cis, plan, self, args.vocab_size)
+        return (self.logits_from_state(h) if logits is None else logits), depths
 
     def logits_from_state(self, h: torch.Tensor) -> torch.Tensor:
         """Coda, final norm and LM head on a state h [B, S, dim]: the end of `forward`.

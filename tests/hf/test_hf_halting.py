@@ -1,6 +1,7 @@
 """Per-token halting in the Hugging Face model (grt_titan/hf/halting_grt.py; docs/hf_export.md,
-"Per-token halting"): each rule by hand on rows whose tokens see only themselves, the two
-threshold limits against the fixed-depth forward, cached = uncached decoding under every rule
+"Per-token halting"): each rule by hand on rows whose tokens see only themselves (the readout
+rules' distributions from the fixed-depth forward's step logits), the two threshold limits
+against the fixed-depth forward, cached = uncached decoding under every rule
 (per_step: exact, the halted tokens' last K/V standing in for their later steps), the
 compressed strategies' exact prefill, left padding, the torchtitan model's evaluation path
 (grt_titan/model/halting.py) against the export, and the refusals."""
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from grt_titan.hf.convert import write_hf_folder
-from grt_titan.model.halting import HALTING_RULES
+from grt_titan.model.halting import HALTING_RULES, READOUT_RULES
 
 from hf_helpers import (
     ATOL,
@@ -25,13 +26,19 @@ from hf_helpers import (
 
 RULES = HALTING_RULES
 MAX_DEPTH = 6  # above R = 4: halting may extrapolate
+INF = float("inf")
+# The thresholds that never halt (the fixed depth b) and that halt every token at the minimum:
+# argmax counts steps, the other rules' measures fall below the threshold.
+NEVER = {"argmax": INF}
+AT_MIN = {"argmax": 0.0}
 
 
 def step_measures(hf, ids, rule, depth=MAX_DEPTH):
-    """By hand, from the fixed-depth forward's states and gates: the rule's measure after each
-    step 1..depth, `[depth, B, T]`."""
+    """By hand, from the fixed-depth forward (no token halted): the rule's measure after each
+    step 1..depth, `[depth, B, T]`; the readout rules' from its step logits (coda and head on
+    h_s), p_0 uniform."""
     with torch.no_grad():
-        out = hf(ids, num_recurrences=depth, output_recurrence=True, use_cache=False)
+        out = hf(ids, num_recurrences=depth, output_recurrence=True, output_step_logits=True, use_cache=False)
     states = out.recurrence_states
     if rule == "state":
         return torch.stack(
@@ -41,7 +48,27 @@ def step_measures(hf, ids, rule, depth=MAX_DEPTH):
                 for s in range(1, depth + 1)
             ]
         )
-    return torch.stack([1 - g.mean(-1) for g in out.gate_values])
+    if rule == "gate":
+        return torch.stack([1 - g.mean(-1) for g in out.gate_values])
+    logits = out.step_logits[1:]  # steps 1..depth (step_logits[0] reads out h_0)
+    vocab = logits[0].shape[-1]
+    if rule == "argmax":
+        tops = [lg.argmax(-1) for lg in logits]
+        counts = [torch.zeros_like(tops[0])]
+        for s in range(1, depth):
+            counts.append(torch.where(tops[s] == tops[s - 1], counts[-1] + 1, 0))
+        return torch.stack(counts).float()
+    probs = [torch.full_like(logits[0].float(), 1 / vocab)] + [lg.float().softmax(-1) for lg in logits]
+    if rule == "kl":  # KL(p_{s-1} || p_s)
+        return torch.stack(
+            [(probs[s - 1] * (probs[s - 1].log() - probs[s].log())).sum(-1) for s in range(1, depth + 1)]
+        )
+    entropy = [-(p * p.log()).sum(-1) for p in probs]
+    return torch.stack([(entropy[s] - entropy[s - 1]).abs() for s in range(1, depth + 1)])
+
+
+def halts_by_hand(rule, measures, threshold):
+    return measures >= threshold if rule == "argmax" else measures < threshold
 
 
 def mixed_threshold(hf, ids, rule, min_depth=1):
@@ -49,6 +76,8 @@ def mixed_threshold(hf, ids, rule, min_depth=1):
     between the middle half of the tokens' measures after step min + 1, so that no measure sits at it (the two models'
     ~1e-6 differences cannot flip a decision)."""
     values = step_measures(hf, ids, rule)[min_depth].flatten().sort().values  # after step min + 1
+    if rule == "argmax":  # counts: a threshold between two counts
+        return float(values[len(values) // 2]) + 0.5
     n = len(values)
     gaps = values[n // 4 + 1 : 3 * n // 4 + 1] - values[n // 4 : 3 * n // 4]
     i = n // 4 + int(gaps.argmax())
@@ -67,9 +96,9 @@ def test_threshold_zero_is_the_fixed_depth_and_infinity_the_minimum(rule, hf_mod
     with torch.no_grad():
         fixed = hf(ids, num_recurrences=MAX_DEPTH, use_cache=False).logits
         shallow = hf(ids, num_recurrences=2, use_cache=False).logits
-    never = halted(hf, ids, halting=rule, halting_threshold=0.0)
+    never = halted(hf, ids, halting=rule, halting_threshold=NEVER.get(rule, 0.0))
     assert torch.equal(never.logits, fixed) and (never.recurrence_depths == MAX_DEPTH).all()
-    always = halted(hf, ids, halting=rule, halting_threshold=float("inf"), min_recurrences=2)
+    always = halted(hf, ids, halting=rule, halting_threshold=AT_MIN.get(rule, INF), min_recurrences=2)
     assert torch.equal(always.logits, shallow) and (always.recurrence_depths == 2).all()
 
 
@@ -85,7 +114,7 @@ def test_each_rule_by_hand_on_rows_of_one_token(rule, style, hf_models):
     measures = step_measures(hf, ids, rule)  # [depth, B, 1]
     threshold = mixed_threshold(hf, ids, rule, min_depth)
     steps = torch.arange(1, MAX_DEPTH + 1)[:, None, None]
-    below = (measures < threshold) & (steps >= min_depth)
+    below = halts_by_hand(rule, measures, threshold) & (steps >= min_depth)
     expected = torch.where(
         below.any(0), below.int().argmax(0) + 1, torch.full_like(below[0], MAX_DEPTH, dtype=torch.long)
     )
@@ -113,6 +142,38 @@ def test_torchtitan_evaluation_path_agrees_with_the_export(rule, style, native_m
     assert (logits[..., :SMALL_VOCAB] - out.logits).abs().max().item() < ATOL
     with pytest.raises(ValueError, match="min_recurrences = 7 > num_recurrences = 6"):
         native.forward_with_halting(ids, rule, threshold, min_recurrences=7, num_recurrences=MAX_DEPTH)
+
+
+@pytest.fixture(scope="module")
+def two_coda_blocks(tmp_path_factory):
+    """The gpt2 model with two coda blocks: the second's K/V of a halted token depend on the
+    tokens still running, so a readout rule must keep (and cache) its last step's."""
+    args = small_args("gpt2").replace(n_coda_layers=2)
+    model = seeded_model(args, seed=1)
+    folder = write_hf_folder(
+        tmp_path_factory.mktemp("two_coda") / "hf", model.state_dict(), args, write_tokenizer=False
+    )
+    return model, load_hf(folder)
+
+
+@pytest.mark.parametrize("rule", READOUT_RULES)
+def test_readout_rules_keep_a_halted_tokens_coda_kv(rule, two_coda_blocks):
+    """Cached decoding = the uncached forward, and the torchtitan path = the export, with two
+    coda blocks (without the halted tokens' coda K/V kept, both fail)."""
+    native, hf = two_coda_blocks
+    ids = prompt(batch=2, seq=12, seed=21)
+    kwargs = {"halting": rule, "halting_threshold": mixed_threshold(hf, ids, rule)}
+    full = halted(hf, ids, **kwargs)
+    assert len(full.recurrence_depths.unique()) > 1
+    logits, depths = decode_with_cache(hf, ids, "per_step", prefix=6, **kwargs)
+    assert torch.equal(depths, full.recurrence_depths)
+    assert (logits - full.logits[:, 5:]).abs().max().item() < 1e-4
+    with torch.no_grad():
+        native_logits, native_depths = native.forward_with_halting(
+            ids, rule, kwargs["halting_threshold"], num_recurrences=MAX_DEPTH
+        )
+    assert torch.equal(native_depths, full.recurrence_depths)
+    assert (native_logits[..., :SMALL_VOCAB] - full.logits).abs().max().item() < ATOL
 
 
 def decode_with_cache(hf, ids, strategy, prefix, **kwargs):
@@ -143,13 +204,15 @@ def test_cached_decoding_equals_the_uncached_forward(rule, style, hf_models):
     assert torch.equal(cached, greedy(hf, ids[:1, :6], n=10, num_recurrences=MAX_DEPTH, use_cache=False, **kwargs))
 
 
+@pytest.mark.parametrize("rule", ["state", "kl"])
 @pytest.mark.parametrize("strategy", ["first", "last", "average"])
-def test_compressed_strategies_prefill_exactly(strategy, hf_models):
+def test_compressed_strategies_prefill_exactly(strategy, rule, hf_models):
     """Within a call the tokens attend to each other's current (or last computed) step, as
-    uncached: a prefill is exact under every strategy; later tokens see the strategy's K/V."""
+    uncached: a prefill is exact under every strategy (a readout rule's coda keeps one K/V per
+    step under each); later tokens see the strategy's K/V."""
     hf = hf_models["gpt2"]
     ids = prompt(batch=2, seq=12, seed=9)
-    kwargs = {"halting": "state", "halting_threshold": mixed_threshold(hf, ids, "state")}
+    kwargs = {"halting": rule, "halting_threshold": mixed_threshold(hf, ids, rule)}
     full = halted(hf, ids, **kwargs)
     logits, depths = decode_with_cache(hf, ids, strategy, prefix=12, **kwargs)
     assert torch.equal(depths, full.recurrence_depths)
@@ -165,7 +228,9 @@ def test_left_padded_rows_generate_as_when_alone(rule, hf_models):
         hf, num_recurrences=MAX_DEPTH, halting=rule, halting_threshold=threshold, min_recurrences=2
     )
     ids = torch.tensor([[0, 0, 5, 6]])
-    out = halted(hf, ids, attention_mask=torch.tensor([[0, 0, 1, 1]]), halting=rule, halting_threshold=0.0)
+    out = halted(
+        hf, ids, attention_mask=torch.tensor([[0, 0, 1, 1]]), halting=rule, halting_threshold=NEVER.get(rule, 0.0)
+    )
     assert out.recurrence_depths.tolist() == [[0, 0, MAX_DEPTH, MAX_DEPTH]]  # padding runs no step
 
 
@@ -174,7 +239,7 @@ def test_left_padded_rows_generate_as_when_alone(rule, hf_models):
     [
         (
             {"halting": "kl_divergence", "halting_threshold": 0.1},
-            "halting = 'kl_divergence'; allowed: ('state', 'gate')",
+            f"halting = 'kl_divergence'; allowed: {RULES}",
         ),
         ({"halting": "state"}, "halting = 'state' needs halting_threshold"),
         ({"halting": "state", "halting_threshold": -0.5}, "halting_threshold = -0.5; allowed: >= 0"),
@@ -187,7 +252,11 @@ def test_left_padded_rows_generate_as_when_alone(rule, hf_models):
             {"halting": "gate", "halting_threshold": 0.1, "min_recurrences": 7},
             "min_recurrences = 7 > num_recurrences = 6",
         ),
-        ({"halting_threshold": 0.1}, "halting_threshold = 0.1 needs halting = one of ('state', 'gate')"),
+        ({"halting_threshold": 0.1}, f"halting_threshold = 0.1 needs halting = one of {RULES}"),
+        (
+            {"halting": "argmax", "halting_threshold": -1},
+            "halting_threshold = -1; allowed: >= 0 (the number of successive steps with the same argmax",
+        ),
         ({"min_recurrences": 2}, "min_recurrences = 2 needs halting"),
     ],
 )
@@ -210,4 +279,19 @@ def test_the_gate_rule_needs_a_gate(tmp_path):
 def test_the_export_knows_the_training_models_rules():
     from grt_titan.hf import halting_grt
 
-    assert halting_grt.HALTING_RULES == HALTING_RULES
+    assert halting_grt.HALTING_RULES == HALTING_RULES and halting_grt.READOUT_RULES == READOUT_RULES
+
+
+def test_a_readout_rule_needs_the_lm_head_and_its_cache_keeps_its_layout(hf_models):
+    """The base model has no LM head to read a step out with; a cache filled by a readout rule
+    (one coda K/V per step) is refused by a call that reads out once, and the other way round."""
+    hf = hf_models["gpt2"]
+    ids = prompt(seq=4)
+    with torch.no_grad(), pytest.raises(ValueError, match="halting = 'kl' reads each step's next-token distribution"):
+        hf.model(ids, halting="kl", halting_threshold=0.1, num_recurrences=MAX_DEPTH)
+    for first, then in (("kl", "state"), ("state", "argmax")):
+        cache = cache_class(hf)(hf.config)
+        with torch.no_grad():
+            hf(ids, past_key_values=cache, num_recurrences=MAX_DEPTH, halting=first, halting_threshold=0.1)
+            with pytest.raises(ValueError, match="this cache was made for .* reads out otherwise"):
+                hf(ids[:, :1], past_key_values=cache, num_recurrences=MAX_DEPTH, halting=then, halting_threshold=0.1)
