@@ -3,7 +3,8 @@
 Each file in train_configs/ runs with its own parallelism, compile, AC and float8 settings as
 rank 0 of its intended world size on torchtitan's fake backend (real plans, shapes, compile
 and a full step; collectives return without communicating), one step at sequence 64, compiled
-presets with the `aot_eager_decomp_partition` backend (COMPILE_BACKEND says why). The
+presets with the `aot_eager_decomp_partition` backend (COMPILE_BACKEND says why), a
+recurrent preset's step at depth 1 (SHALLOWEST_STEP says why). The
 step's loss and gradient norm mean nothing there (no data moves), so the test checks what
 ran: the mesh, the model's size, compile and AC, never a loss value. The
 world size comes from the header's first line: "2 CPU processes", "one node of 8 x ...",
@@ -90,8 +91,22 @@ COMPILE_BACKEND = "aot_eager_decomp_partition"
 PRESET_DTYPE = os.environ.get("GRT_PRESET_DTYPE", "float32")
 
 
+# A recurrent preset's step runs at r = 1, the first step of a depth curriculum (its law's
+# largest depth ramps from r_min = 1; docs/training.md): the recurrence step is compiled,
+# checkpointed and sharded as at any depth (one compiled step serves every r:
+# tests/infra/test_compile.py), while its core blocks run once instead of the sampled r times
+# (r = 4 for most presets' first draw), about a third of the presets' time in CI.
+SHALLOWEST_STEP = ["--grt.depth_curriculum_steps", "1000"]
+
+
+def is_recurrent(path: Path) -> bool:
+    flavor = tomli.loads(path.read_text())["model"]["flavor"]
+    return get_train_spec("grt").model_args[flavor].is_recurrent
+
+
 def preset_args(path: Path, dump_folder: Path) -> list[str]:
     return [
+        *(SHALLOWEST_STEP if is_recurrent(path) else []),
         "--comm.mode",
         "fake_backend",
         "--job.config_file",
@@ -266,8 +281,10 @@ def test_preset_starts_at_its_layout(path, preset_runs):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     assert list(step_losses(output)) == [1], output[-2000:]  # one step ran (its value means nothing here)
+    if is_recurrent(path):  # at the curriculum's first depth
+        assert re.search(r"grt  r: 1  ", ANSI.sub("", output)), output[-2000:]
     # The model that ran is the preset's: torchtitan's parameter count of the built model.
-    config = parse_config(*stand_in, path=path)
+    config = parse_config(*stand_in, *(SHALLOWEST_STEP if is_recurrent(path) else []), path=path)
     args = get_train_spec("grt").model_args[config.model.flavor].replace()
     args.update_from_config(config)
     expected = sum(p.numel() for p in build_meta_model(args).parameters())
