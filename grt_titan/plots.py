@@ -1,5 +1,6 @@
 """Matplotlib figures of the paper's diagnostics (figures 3, 8, 9, 10, 11) for one model,
-and of figure 5's ablation ladder over runs (`grt-titan table --ladder-png`).
+per-token halting's quality-compute curves and the step dynamics beside them, and figure 5's
+ablation ladder over runs (`grt-titan table --ladder-png`).
 
 Figures are built as `matplotlib.figure.Figure` objects (Agg canvas) without pyplot, so
 no global backend is selected and nothing is left open; `save(fig, path)` writes a PNG.
@@ -73,6 +74,78 @@ def early_exit_figure(
         ax.legend(fontsize=8)
     if title:
         fig.suptitle(title)
+    return fig
+
+
+# Marker and colour per halting rule, the same in every figure (C0 / C3: the fixed depth).
+HALTING_STYLES = {
+    "state": ("s", "C1"),
+    "gate": ("^", "C2"),
+    "kl": ("v", "C4"),
+    "entropy": ("D", "C5"),
+    "argmax": ("P", "C6"),
+}
+
+
+def halting_figure(
+    depths: Sequence[int],
+    loss: Sequence[float],
+    flops: Sequence[float],
+    trained_depth: int,
+    rules: dict[str, dict[str, Sequence[float]]],
+    min_depth: int,
+    max_depth: int,
+    title: str = "",
+) -> Figure:
+    """Per-token halting on figure 3b's axes: the fixed-depth curve (r labels) and one line
+    per rule through its thresholds (`rules[rule]`: `loss`, `forward_flops_per_token` at the
+    realised depths), in the order swept. A rule below the fixed-depth curve buys the same
+    loss for fewer FLOPs."""
+    fig, (ax,) = _figure(1, width=6.4, height=4.4)
+    _mark_trained(ax, [f / 1e9 for f in flops], loss, depths, trained_depth)
+    for rule, curve in rules.items():
+        marker, color = HALTING_STYLES.get(rule, ("o", "C7"))
+        ax.plot(
+            [f / 1e9 for f in curve["forward_flops_per_token"]],
+            curve["loss"],
+            marker + "-",
+            color=color,
+            ms=5,
+            alpha=0.85,
+            label=f"halting: {rule}",
+        )
+    ax.set_xlabel("forward GFLOPs per token (mean over tokens at their realised depths)")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title(f"per-token halting vs fixed depth (depths {min_depth}..{max_depth})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def step_dynamics_figure(
+    steps: Sequence[int],
+    margin: Sequence[float],
+    angle: Sequence[float],
+    radial: Sequence[float],
+    trained_depth: int,
+) -> Figure:
+    """Why tokens halt: per recurrence step, (a) the readout's decision margin, (b) the angle
+    the state turns, (c) the radial share of its displacement; dotted line at R."""
+    fig, (ax_margin, ax_angle, ax_radial) = _figure(3, width=4.0)
+    ax_margin.plot(steps, margin, "o-", color="C0")
+    ax_margin.set_ylabel("top-1 minus top-2 logit of the step's readout")
+    ax_margin.set_title("(a) decision margin")
+    ax_angle.plot(steps, angle, "o-", color="C1")
+    ax_angle.set_ylabel("angle(h_s, h_{s-1}), degrees")
+    ax_angle.set_title("(b) how far the state turns")
+    ax_radial.plot(steps, radial, "o-", color="C2")
+    ax_radial.set_ylabel("|cos(h_s - h_{s-1}, h_{s-1})|")
+    ax_radial.set_title("(c) radial share of the step")
+    for ax in (ax_margin, ax_angle, ax_radial):
+        ax.axvline(trained_depth, color="grey", ls=":", lw=1)
+    _recurrence_step_axes((ax_margin, ax_angle, ax_radial), steps)
     return fig
 
 

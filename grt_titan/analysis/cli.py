@@ -5,7 +5,8 @@
     grt-titan analyze exports/grt_debug --data data/my_corpus --out analysis/grt_debug
 
 Writes analysis.json and fig3_early_exit.png, fig9_loss_kl.png, fig10_gate.png,
-fig11_updates.png, fig8_gate_heatmap.png (docs/observability.md explains each).
+fig11_updates.png, fig8_gate_heatmap.png, fig3_halting.png (per-token halting's
+quality-compute curves), step_dynamics.png (docs/observability.md explains each).
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from grt_titan.analysis.report import DEFAULT_PROMPTS, JSON_NAME, PLOTS
+from grt_titan.analysis.report import DEFAULT_PROMPTS, JSON_NAME, NOT_ASKED, PLOTS
+from grt_titan.model.halting import HALTING_RULES
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="grt-titan analyze",
-        description="Per-recurrence-step diagnostics of a trained GRT (paper figures 3, 8-11).",
+        description="Per-recurrence-step diagnostics of a trained GRT (paper figures 3, 8-11) "
+        "and per-token halting's quality-compute curves.",
     )
     p.add_argument(
         "model",
@@ -44,6 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
         dest="prompts",
         help="prompt for the gate heatmap (repeatable; default: four example prompts)",
     )
+    halting = p.add_mutually_exclusive_group()
+    halting.add_argument(
+        "--halting-rules",
+        nargs="+",
+        choices=HALTING_RULES,
+        help="rules of the per-token halting sweep (default: all the model supports; "
+        "one forward per batch and threshold)",
+    )
+    halting.add_argument("--no-halting", action="store_true", help="no per-token halting sweep")
+    p.add_argument("--halting-min-depth", type=int, default=1, help="minimum depth a of the halting sweep (default 1)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -83,12 +96,17 @@ def main(argv: list[str] | None = None) -> int:
             prompts=args.prompts or DEFAULT_PROMPTS,
             source=loaded.source,
             progress=not args.no_progress,
+            halting_rules=() if args.no_halting else args.halting_rules,
+            halting_min_depth=args.halting_min_depth,
         )
     except (ValueError, FileNotFoundError) as e:
         print(f"grt-titan analyze: error: {e}", file=sys.stderr)
         return 2
     losses = result["early_exit"]["loss"]
     print("loss by depth r: " + "  ".join(f"{r}: {v:.4f}" for r, v in enumerate(losses)))
+    for rule, reason in result["halting"]["skipped"].items():
+        if reason != NOT_ASKED:
+            print(f"halting sweep: no {rule!r} rule: {reason}")
     print(f"wrote {args.out}/{JSON_NAME} and " + ", ".join(PLOTS.values()))
     return 0
 

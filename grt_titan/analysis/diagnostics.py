@@ -15,18 +15,27 @@ against `model(tokens, num_recurrences=r)`).
 
 plus, per recurrence step i, the `STATISTICS` of grt_titan/model/step_stats.py (gate mean,
 std and saturation shares, update ratio rho, update / proposal norms and cosines, relative
-update; figures 10, 11a-b, 14b); the training metrics log the first five, same definitions.
+update; figures 10, 11a-b, 14b); the training metrics log the first five, same definitions;
+and the `STEP_DYNAMICS` of the same pass (decision margin, angle, radial share), which tell
+why tokens halt where they do.
+
+`HaltingSweep`: per-token halting (grt_titan/model/halting.py) on the same batches, one
+`forward_with_halting` per (rule, threshold) point: loss against the mean forward FLOPs per
+token at the depths the tokens realised, the quality-compute curve next to figure 3's.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from grt_titan.model.flops import realised_flops_per_token
+from grt_titan.model.halting import HALTING_RULES, READOUT_RULES
 from grt_titan.model.recurrence import Recurrence, StepRecord, find_recurrence
 from grt_titan.model.step_stats import (
     GATE_BINS,
@@ -39,6 +48,29 @@ from grt_titan.model.step_stats import (
     step_row,
     summarize,
 )
+
+STEP_DYNAMICS = ("decision_margin", "angle_degrees", "radial_share")
+
+
+def step_dynamics(logits: torch.Tensor, h: torch.Tensor, previous: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Per-token sums over `[B, T]` of the `STEP_DYNAMICS` of one step h_{s-1} -> h_s (float64):
+
+    - decision margin: top-1 minus top-2 logit of the step's readout (the real vocabulary,
+      not the padding columns): how decided the prediction is;
+    - angle: arccos cos(h_s, h_{s-1}) in degrees, how far the state turns in the step;
+    - radial share: |<h_s - h_{s-1}, h_{s-1} / ||h_{s-1}||>| / ||h_s - h_{s-1}||, the share of
+      the displacement along the state's own direction (1: the step only rescales h, 0: it
+      only rotates h); a token whose state did not move counts 0.
+    """
+    top = logits[..., :vocab_size].double().topk(2, dim=-1).values
+    margin = top[..., 0] - top[..., 1]
+    h, previous = h.double(), previous.double()
+    tiny = torch.finfo(torch.float64).tiny
+    cosine = F.cosine_similarity(h, previous, dim=-1, eps=tiny).clamp(-1.0, 1.0)
+    displacement = h - previous
+    along = (displacement * previous).sum(-1).abs() / previous.norm(dim=-1).clamp_min(tiny)
+    radial = along / displacement.norm(dim=-1).clamp_min(tiny)
+    return torch.stack([margin.sum(), torch.rad2deg(torch.arccos(cosine)).sum(), radial.sum()])
 
 
 def require_recurrence(model: nn.Module) -> Recurrence:
@@ -58,6 +90,7 @@ class DepthAnalysis:
     kl_sum: torch.Tensor = field(init=False)
     step_sums: torch.Tensor = field(init=False)
     gate_counts: torch.Tensor = field(init=False)
+    dynamics_sums: torch.Tensor = field(init=False)
     tokens: int = 0
     sequences: int = 0
 
@@ -68,6 +101,7 @@ class DepthAnalysis:
         self.kl_sum = torch.zeros(self.max_depth + 1, dtype=torch.float64)
         self.step_sums = torch.zeros(self.max_depth, len(SUMS), dtype=torch.float64)
         self.gate_counts = torch.zeros(self.max_depth, GATE_BINS, dtype=torch.float64)
+        self.dynamics_sums = torch.zeros(self.max_depth, len(STEP_DYNAMICS), dtype=torch.float64)
 
     @torch.no_grad()
     def add_batch(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> None:
@@ -88,18 +122,22 @@ class DepthAnalysis:
             recurrence.observer = previous
         assert len(states) == self.max_depth + 1, len(states)
 
-        def log_probs(r: int) -> torch.Tensor:
-            logits = final_logits if r == self.max_depth else model.logits_from_state(states[r])
-            return F.log_softmax(logits.float(), dim=-1)
+        def readout(r: int) -> torch.Tensor:
+            return final_logits if r == self.max_depth else model.logits_from_state(states[r])
 
-        ref = log_probs(self.final_depth)
+        vocab_size = model.model_args.vocab_size
+        ref_logits = readout(self.final_depth)
+        ref = F.log_softmax(ref_logits.float(), dim=-1)
         p_ref = ref.exp()
         flat_labels = labels.reshape(-1)
         for r in range(self.max_depth + 1):
-            logp = ref if r == self.final_depth else log_probs(r)
+            logits = ref_logits if r == self.final_depth else readout(r)
+            logp = ref if r == self.final_depth else F.log_softmax(logits.float(), dim=-1)
             self.loss_sum[r] += F.nll_loss(logp.reshape(-1, logp.shape[-1]), flat_labels, reduction="sum").item()
             # KL(p_final || p_r); exactly 0 at the final depth (same tensor).
             self.kl_sum[r] += (p_ref * (ref - logp)).sum().item()
+            if r >= 1:
+                self.dynamics_sums[r - 1] += step_dynamics(logits, states[r], states[r - 1], vocab_size).cpu()
         self.tokens += labels.numel()
         self.sequences += labels.shape[0]
 
@@ -113,7 +151,133 @@ class DepthAnalysis:
         per_step = [histogram_quantiles(self.gate_counts[i]) for i in range(len(steps))]
         for j, q in enumerate(GATE_QUANTILES):
             out[quantile_key(q)] = [values[j] for values in per_step]
+        dynamics = self.dynamics_sums / self.tokens
+        out.update({key: dynamics[:, j].tolist() for j, key in enumerate(STEP_DYNAMICS)})
         return out
+
+
+# Thresholds swept per halting rule (a point each, one forward per batch). The measure rules
+# halt a token when their measure < x: 0 never halts (the fixed depth b), larger x halts
+# earlier. 1-2-5 and 1-3 steps around where a trained model's measures fall: in the paper's
+# appendix E the relative update falls from 0.32 to 0.11 over the steps and 1 - mean g is
+# 0.11-0.18; the KL to the final step falls from 0.46 (r = 2) to 0.014 (r = 5). argmax halts
+# after x successive steps with an unchanged argmax (step 1 has none): x = 0 halts at a, and
+# x >= b - 1 runs every token to b.
+HALTING_GRIDS: dict[str, tuple[float, ...]] = {
+    "state": (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
+    "gate": (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
+    "kl": (0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0),
+    "entropy": (0.0, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0),
+    "argmax": (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32),  # those < b
+}
+COUNT_RULES = ("argmax",)  # thresholds are step counts, not measures
+
+
+def halting_thresholds(rule: str, max_depth: int) -> list[float]:
+    """The thresholds swept for `rule` at maximum depth b = `max_depth`."""
+    if rule not in HALTING_GRIDS:
+        raise ValueError(f"halting rule {rule!r} has no threshold grid in HALTING_GRIDS")
+    grid = HALTING_GRIDS[rule]
+    return [n for n in grid if n < max_depth] if rule in COUNT_RULES else list(grid)
+
+
+@torch.no_grad()
+def halting_skip_reason(model: nn.Module, rule: str, threshold: float, min_depth: int, max_depth: int) -> str | None:
+    """Why `rule` is left out for this model, or None. The gate rule needs a gate; a model
+    that chooses each token's steps itself (MoR's router, Ouro's exit) refuses halting, which
+    a one-token call finds out (the model's own ValueError, whatever the rule)."""
+    if rule == "gate" and getattr(model.recurrence.step, "gate", None) is None:  # MoR: no attribute
+        return f"no gate (update = {model.model_args.update!r})"
+    device = next(model.parameters()).device
+    try:
+        model.forward_with_halting(
+            torch.zeros(1, 1, dtype=torch.long, device=device),
+            rule,
+            threshold,
+            min_recurrences=min_depth,
+            num_recurrences=max_depth,
+        )
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@dataclass
+class HaltingSweep:
+    """Per-token halting's quality-compute curve: for each rule and threshold, the loss summed
+    over the batches' tokens (the weighting of `DepthAnalysis`'s loss) and how many tokens
+    halted at each depth 0..b, from `model.forward_with_halting` (eval mode)."""
+
+    min_depth: int
+    max_depth: int
+    rules: Sequence[str] = HALTING_RULES
+    grids: dict[str, Sequence[float]] | None = None  # thresholds per rule; default halting_thresholds
+    thresholds: dict[str, list[float]] = field(init=False)
+    loss_sum: dict[str, list[float]] = field(init=False)
+    depth_counts: dict[str, torch.Tensor] = field(init=False)
+    skipped: dict[str, str] = field(default_factory=dict)
+    tokens: int = 0
+
+    def __post_init__(self):
+        if not 1 <= self.min_depth <= self.max_depth:
+            raise ValueError(f"halting min depth {self.min_depth} must be in [1, max depth {self.max_depth}]")
+        self.rules = list(self.rules)
+        unknown = [rule for rule in self.rules if rule not in HALTING_RULES]
+        if unknown:
+            raise ValueError(f"halting rules {unknown}; allowed: {HALTING_RULES}")
+        grids = self.grids or {}
+        self.thresholds = {
+            rule: list(grids[rule]) if rule in grids else halting_thresholds(rule, self.max_depth)
+            for rule in self.rules
+        }
+        self.loss_sum = {rule: [0.0] * len(self.thresholds[rule]) for rule in self.rules}
+        self.depth_counts = {
+            rule: torch.zeros(len(self.thresholds[rule]), self.max_depth + 1, dtype=torch.long) for rule in self.rules
+        }
+
+    @property
+    def points(self) -> int:
+        """Forwards per batch: one per (rule, threshold) point."""
+        return sum(len(self.thresholds[rule]) for rule in self.rules)
+
+    def skip(self, model: nn.Module) -> None:
+        """Leave out the rules this model cannot halt by (before the first batch)."""
+        for rule in list(self.rules):
+            reason = halting_skip_reason(model, rule, self.thresholds[rule][0], self.min_depth, self.max_depth)
+            if reason is not None:
+                self.skipped[rule] = reason
+                self.rules.remove(rule)
+
+    @torch.no_grad()
+    def add_batch(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> None:
+        flat_labels = labels.reshape(-1)
+        for rule in self.rules:
+            for i, threshold in enumerate(self.thresholds[rule]):
+                logits, depths = model.forward_with_halting(
+                    inputs, rule, threshold, min_recurrences=self.min_depth, num_recurrences=self.max_depth
+                )
+                logp = F.log_softmax(logits.float(), dim=-1)
+                loss = F.nll_loss(logp.reshape(-1, logp.shape[-1]), flat_labels, reduction="sum")
+                self.loss_sum[rule][i] += loss.item()
+                self.depth_counts[rule][i] += torch.bincount(depths.reshape(-1), minlength=self.max_depth + 1).cpu()
+        self.tokens += labels.numel()
+
+    def result(self, args, seq_len: int) -> dict:
+        """{min_depth, max_depth, rules: {rule: {thresholds, loss, mean_depth,
+        forward_flops_per_token}}, skipped: {rule: reason}}."""
+        rules = {}
+        for rule in self.rules:
+            counts = [Counter({d: int(n) for d, n in enumerate(row) if n}) for row in self.depth_counts[rule]]
+            rules[rule] = {
+                "thresholds": list(self.thresholds[rule]),
+                "loss": [total / self.tokens for total in self.loss_sum[rule]],
+                "mean_depth": [sum(d * n for d, n in c.items()) / self.tokens for c in counts],
+                # The readout rules also pay a readout (coda and head) at each earlier step.
+                "forward_flops_per_token": [
+                    realised_flops_per_token(args, seq_len, c.elements(), rule in READOUT_RULES) for c in counts
+                ],
+            }
+        return {"min_depth": self.min_depth, "max_depth": self.max_depth, "rules": rules, "skipped": dict(self.skipped)}
 
 
 @torch.no_grad()

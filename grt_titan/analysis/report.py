@@ -10,7 +10,15 @@ from typing import Any, Sequence
 import torch
 
 from grt_titan import plots
-from grt_titan.analysis.diagnostics import DepthAnalysis, batches, gate_heatmap, require_recurrence
+from grt_titan.analysis.diagnostics import (
+    STEP_DYNAMICS,
+    DepthAnalysis,
+    HaltingSweep,
+    batches,
+    gate_heatmap,
+    require_recurrence,
+)
+from grt_titan.model.halting import HALTING_RULES
 from grt_titan.model.step_stats import GATE_QUANTILES, quantile_key
 
 GATE_QUANTILE_KEYS = tuple(quantile_key(q) for q in GATE_QUANTILES)
@@ -29,14 +37,17 @@ PLOTS = {
     "gate": "fig10_gate.png",
     "updates": "fig11_updates.png",
     "gate_heatmaps": "fig8_gate_heatmap.png",
+    "halting": "fig3_halting.png",
+    "step_dynamics": "step_dynamics.png",
 }
 JSON_NAME = "analysis.json"
+NOT_ASKED = "not asked (--halting-rules, --no-halting)"
 
 
 def _progress(total: int, enabled: bool, desc: str):
     from tqdm import tqdm
 
-    return tqdm(total=total, disable=not enabled, desc=desc, unit="batch", dynamic_ncols=True)
+    return tqdm(total=total, disable=not enabled, desc=desc, unit="forward", dynamic_ncols=True)
 
 
 def analyze(
@@ -50,14 +61,20 @@ def analyze(
     prompts: Sequence[str] = DEFAULT_PROMPTS,
     source: dict[str, Any] | None = None,
     progress: bool = True,
+    halting_rules: Sequence[str] | None = None,
+    halting_min_depth: int = 1,
 ) -> dict[str, Any]:
     """Write `analysis.json` and the PNGs of `PLOTS` into `out`; return the JSON dict.
 
     Args:
         model: A GRTModel (single device); put in eval mode here.
         dataset: A TokenSequenceDataset (its first `num_sequences` sequences are scored).
-        max_depth: Deepest r scored (default R + 2, at least the eval depth).
+        max_depth: Deepest r scored (default R + 2, at least the eval depth); the maximum
+            depth b of the halting sweep.
         prompts: Texts for the per-token gate heatmaps (figure 8).
+        halting_rules: Rules of the halting sweep (default every rule of HALTING_RULES the
+            model supports; empty: no sweep), one forward per batch and threshold.
+        halting_min_depth: The sweep's minimum depth a.
     """
     model.eval()
     recurrence = require_recurrence(model)
@@ -76,11 +93,18 @@ def analyze(
     out.mkdir(parents=True, exist_ok=True)
 
     acc = DepthAnalysis(max_depth=max_depth, final_depth=final_depth)
+    asked = HALTING_RULES if halting_rules is None else tuple(halting_rules)
+    sweep = HaltingSweep(min_depth=halting_min_depth, max_depth=max_depth, rules=asked)
+    sweep.skip(model)
+    sweep.skipped.update({rule: NOT_ASKED for rule in HALTING_RULES if rule not in asked})
     n_batches = math.ceil(num_sequences / batch_size)
-    with _progress(n_batches + len(prompts), progress, "analyze") as bar:
+    with _progress(n_batches * (1 + sweep.points) + len(prompts), progress, "analyze") as bar:
         for inputs, labels in batches(dataset, num_sequences, batch_size):
-            acc.add_batch(model, inputs.to(device), labels.to(device))
+            inputs, labels = inputs.to(device), labels.to(device)
+            acc.add_batch(model, inputs, labels)
             bar.update(1)
+            sweep.add_batch(model, inputs, labels)
+            bar.update(sweep.points)
         heatmaps = []
         for text in prompts:
             ids = tokenizer.encode(text)[: args.max_seq_len]
@@ -153,6 +177,8 @@ def analyze(
             },
         },
         "gate_heatmaps": {"depth": final_depth, "prompts": heatmaps},  # figure 8
+        "halting": sweep.result(args, seq_len),  # figure 3's axes
+        "step_dynamics": {"steps": steps, **{k: per[k] for k in STEP_DYNAMICS}},
         "plots": dict(PLOTS),
     }
 
@@ -178,6 +204,19 @@ def analyze(
             per["relative_update"],
         ),
         "gate_heatmaps": plots.gate_heatmap_figure(heatmaps),
+        "halting": plots.halting_figure(
+            depths,
+            per["loss"],
+            flops,
+            R,
+            result["halting"]["rules"],
+            halting_min_depth,
+            max_depth,
+            title=f"{result['model']['layout']}, seq_len {seq_len}",
+        ),
+        "step_dynamics": plots.step_dynamics_figure(
+            steps, per["decision_margin"], per["angle_degrees"], per["radial_share"], R
+        ),
     }
     for name, fig in figures.items():
         plots.save(fig, out / PLOTS[name])

@@ -74,15 +74,29 @@ def forward_flops_per_token(args, seq_len: int, recurrences: float | None = None
     return body + extras + 2 * args.dim * args.padded_vocab_size
 
 
-def realised_flops_per_token(args, seq_len: int, depths) -> float:
+def readout_flops_per_token(args, seq_len: int) -> int:
+    """One readout of a state: the coda blocks and the LM head, c block + 2 d V."""
+    return args.n_coda_layers * block_flops(args, seq_len) + 2 * args.dim * args.padded_vocab_size
+
+
+def realised_flops_per_token(args, seq_len: int, depths, readout_every_step: bool = False) -> float:
     """Mean forward FLOPs per token of tokens that ran the given depths (per-token halting:
     the model's `recurrence_depths`, padding's 0 left out by the caller): F at each depth,
-    averaged over the tokens."""
+    averaged over the tokens. `readout_every_step` (the halting rules that read each step's
+    distribution: kl, entropy, argmax): a token of depth d also read out its d - 1 earlier
+    steps, `readout_flops_per_token` each."""
     counts = Counter(int(depth) for depth in depths)
     if not counts:
         raise ValueError("realised_flops_per_token needs at least one token's depth")
     total = sum(counts.values())
-    return sum(n * forward_flops_per_token(args, seq_len, depth) for depth, n in counts.items()) / total
+    readout = readout_flops_per_token(args, seq_len) if readout_every_step else 0
+    return (
+        sum(
+            n * (forward_flops_per_token(args, seq_len, depth) + max(depth - 1, 0) * readout)
+            for depth, n in counts.items()
+        )
+        / total
+    )
 
 
 def train_flops_per_token(args, seq_len: int, recurrences: float | None = None) -> float:

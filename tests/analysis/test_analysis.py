@@ -2,17 +2,19 @@
 command-line errors. (Analyzing a trained checkpoint / HF export: the end-to-end run in
 tests/components/test_observability_e2e.py.)"""
 
+import json
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from grt_titan.analysis.diagnostics import DepthAnalysis, gate_heatmap
-from grt_titan.analysis.report import analyze
+from grt_titan.analysis.diagnostics import COUNT_RULES, DepthAnalysis, gate_heatmap, halting_thresholds
+from grt_titan.analysis.report import JSON_NAME, analyze
 from grt_titan.cli import main as cli_main
 from grt_titan.data.config import DataConfig
 from grt_titan.data.loader import TokenSequenceDataset, open_dataset_split
+from grt_titan.model.halting import HALTING_RULES
 
 from components_helpers import ByteTokenizer, check_analysis_output, hand_step_stats, make_dataset, tiny_model
 
@@ -93,12 +95,36 @@ def test_analyze_writes_every_plot_and_the_json(tmp_path):
         prompts=["The old man sat by the", "def f(x):"],
         progress=False,
     )
-    check_analysis_output(tmp_path / "out", num_recurrences=3, max_depth=5)
+    out = tmp_path / "out"
+    check_analysis_output(out, num_recurrences=3, max_depth=5)  # every PNG of PLOTS
     assert result["data"] == {"sequences": 6, "seq_len": 32, "tokens": 6 * 32}
     assert result["early_exit"]["forward_flops_per_token"] == [
         model.model_args.forward_flops_per_token(32, r) for r in range(6)
     ]
     assert result["early_exit"]["layer_depth"] == [2 + r for r in range(6)]
+    assert {"halting", "step_dynamics"} <= set(result["plots"])
+    assert json.loads((out / JSON_NAME).read_text())["halting"] == result["halting"]
+
+    # Per-token halting: every rule (the tiny model has a gate), on its grid, from a = 1 to b = 5.
+    halting, loss = result["halting"], result["early_exit"]["loss"]
+    assert (halting["min_depth"], halting["max_depth"], halting["skipped"]) == (1, 5, {})
+    assert list(halting["rules"]) == list(HALTING_RULES)
+    for rule, curve in halting["rules"].items():
+        assert set(curve) == {"thresholds", "loss", "mean_depth", "forward_flops_per_token"}
+        assert curve["thresholds"] == halting_thresholds(rule, 5)
+        assert all(len(curve[key]) == len(curve["thresholds"]) for key in curve), rule
+        assert all(1 <= d <= 5 for d in curve["mean_depth"]), rule
+        # The grid's point that runs every token to b: the fixed-depth loss at b.
+        deepest = curve["thresholds"].index(max(curve["thresholds"]) if rule in COUNT_RULES else 0.0)
+        assert curve["loss"][deepest] == pytest.approx(loss[5], rel=1e-6), rule
+        assert curve["mean_depth"][deepest] == 5, rule
+
+    dynamics = result["step_dynamics"]
+    assert set(dynamics) == {"steps", "decision_margin", "angle_degrees", "radial_share"}
+    assert dynamics["steps"] == [1, 2, 3, 4, 5] and all(len(v) == 5 for v in dynamics.values())
+    assert all(0 < a < 180 for a in dynamics["angle_degrees"])
+    assert all(0 < r < 1 for r in dynamics["radial_share"])
+    assert all(m > 0 for m in dynamics["decision_margin"])
 
 
 def test_analyze_rejects_a_dense_model(tmp_path):

@@ -142,6 +142,9 @@ def test_analyze_a_trained_checkpoint(trained_run, tmp_path):
             "--no-progress",
             "--prompt",
             "The old man sat by the",
+            # One rule: the sweep's wiring on a real checkpoint (each rule's numbers: tests/analysis).
+            "--halting-rules",
+            "state",
         ]
     )
     assert rc == 0
@@ -180,6 +183,7 @@ def test_analyze_an_hf_export(trained_run, tmp_path):
                 "--no-progress",
                 "--prompt",
                 "Hello",
+                "--no-halting",  # the two routes' fixed-depth numbers are compared
             ]
         )
         == 0
@@ -205,6 +209,7 @@ def test_analyze_an_hf_export(trained_run, tmp_path):
                 "--no-progress",
                 "--prompt",
                 "Hello",
+                "--no-halting",  # the two routes' fixed-depth numbers are compared
             ]
         )
         == 0

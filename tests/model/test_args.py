@@ -69,6 +69,12 @@ def test_realised_flops_average_eq1_over_the_tokens_depths():
     )
     with pytest.raises(ValueError, match="at least one token's depth"):
         realised_flops_per_token(args, 1024, [])
+    # The readout rules also read out each earlier step: coda (5 blocks) and head, d - 1 times.
+    readout = 5 * (24 * 1280 * 1280 + 4 * 1024 * 1280) + 2 * 1280 * 50257
+    with_readouts = sum(by_hand) / 3 + (1 + 1 + 4) * readout / 3
+    assert realised_flops_per_token(args, 1024, [2, 2, 5], readout_every_step=True) == pytest.approx(
+        with_readouts, rel=1e-12
+    )
 
 
 def test_dense_flops_are_eq1_without_recurrence():
