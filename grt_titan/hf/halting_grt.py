@@ -135,7 +135,7 @@ def halting_steps(model, h, h_pre, call, record, halting: Halting, keep, head=No
     loop (the slots of injection, step adapter and update), each token halting by `halting`'s
     rule. A readout rule reads every step out (coda with its step's cache slots, final norm,
     `head` for the logits) and returns each token's normed coda output at the step it halted,
-    with each coda block's output there (`(hidden, per_block)`).
+    each coda block's output there and its logits (`(hidden, per_block, logits)`).
 
     `keep` `[B, T]` (False for padding) or None: padding never runs (its depth stays 0), so it
     never holds the loop running."""
@@ -148,7 +148,7 @@ def halting_steps(model, h, h_pre, call, record, halting: Halting, keep, head=No
     frozen: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # block -> the K/V later steps see
     every_step = record.keep_states  # analysis outputs: one state per step, b of them
     reads_out = halting.rule in READOUT_RULES
-    readout, per_block, memory = None, None, None
+    readout, per_block, logits, memory = None, None, None, None
 
     def kv(kind: str, block: int, step: int):
         to_cache = call.kv(kind, block, step)
@@ -182,7 +182,9 @@ def halting_steps(model, h, h_pre, call, record, halting: Halting, keep, head=No
             x = model.norm(x)
             per_block = [keep_running(new, old) for new, old in zip(outputs, per_block or [None] * len(outputs))]
             readout = keep_running(x, readout)
-            measure, memory = readout_measure(halting.rule, head(x), memory)
+            step_logits = head(x)
+            logits = keep_running(step_logits, logits)
+            measure, memory = readout_measure(halting.rule, step_logits, memory)
         else:
             measure = halting_measure(halting.rule, h_new, h, gate)
         if step + 1 >= halting.min_depth:
@@ -194,4 +196,4 @@ def halting_steps(model, h, h_pre, call, record, halting: Halting, keep, head=No
         for later in range(step, call.depth):
             for (kind, j), (k, v) in frozen.items():
                 call.cache.update_kv(k, v, kind, j, later, call.cache_slots)
-    return h, depths, None if readout is None else (readout, per_block)
+    return h, depths, None if readout is None else (readout, per_block, logits)

@@ -114,6 +114,9 @@ class GRTBaseModelOutputWithPast(BaseModelOutputWithPast):
     those of each token's exit step.
     recurrence_depths: with per-token halting (`halting=...`), the depth `[B, T]` each token
         used (0 for left padding); None otherwise (every token runs the call's depth).
+    halting_logits: a readout halting rule's (kl, entropy, argmax) logits `[B, T, V]` of each
+        token at the step it halted, `halting_head` of `last_hidden_state`, already computed
+        for the rule (GRTForCausalLM returns them instead of running its head again).
     """
 
     recurrence_states: tuple[torch.Tensor, ...] | None = None
@@ -122,6 +125,7 @@ class GRTBaseModelOutputWithPast(BaseModelOutputWithPast):
     step_exits: tuple[torch.Tensor, ...] | None = None
     exit_steps: torch.Tensor | None = None
     recurrence_depths: torch.Tensor | None = None
+    halting_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -351,6 +355,7 @@ class GRTModel(GRTPreTrainedModel):
             step_exits=tuple(exits) if exits is not None else None,
             exit_steps=exit_steps,
             recurrence_depths=depths,
+            halting_logits=None if call.halted_readout is None else call.halted_readout[2],
         )
         return out if return_dict else out.to_tuple()
 
@@ -503,7 +508,7 @@ class GRTModel(GRTPreTrainedModel):
         """The plain readout: coda and final norm on h_r (appended to `exits` when kept); a
         readout halting rule's: each token's readout at the step it halted, already run."""
         if call.halted_readout is not None:
-            h, coda_outputs = call.halted_readout
+            h, coda_outputs, _ = call.halted_readout
             for output in coda_outputs:
                 record.block(output)
         else:
@@ -616,7 +621,10 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
             min_recurrences=min_recurrences,
             halting_head=self.lm_head,  # the readout rules read each step's logits with it
         )
-        logits = self._logits(outputs.last_hidden_state, logits_to_keep)
+        if outputs.halting_logits is not None:  # a readout halting rule computed them
+            logits = self._keep(outputs.halting_logits, logits_to_keep)
+        else:
+            logits = self._logits(outputs.last_hidden_state, logits_to_keep)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
@@ -642,8 +650,13 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
     def _logits(self, h: torch.Tensor, logits_to_keep) -> torch.Tensor:
         """The LM head on every position, the last `logits_to_keep` (an int > 0) or those it
         indexes (a tensor)."""
+        return self.lm_head(self._keep(h, logits_to_keep))
+
+    @staticmethod
+    def _keep(x: torch.Tensor, logits_to_keep) -> torch.Tensor:
+        """The positions `logits_to_keep` keeps: all (0), the last k (an int), those a tensor indexes."""
         if isinstance(logits_to_keep, int) and logits_to_keep > 0:
-            return self.lm_head(h[:, -logits_to_keep:])
+            return x[:, -logits_to_keep:]
         if isinstance(logits_to_keep, torch.Tensor):
-            return self.lm_head(h[:, logits_to_keep])
-        return self.lm_head(h)
+            return x[:, logits_to_keep]
+        return x
