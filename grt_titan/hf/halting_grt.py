@@ -180,7 +180,8 @@ def halting_steps(model, h, h_pre, call, record, halting: Halting, keep, head=No
                 x = block(x, call.rope, call.mask, kv("coda", j, step))
                 outputs.append(x)
             x = model.norm(x)
-            per_block = [keep_running(new, old) for new, old in zip(outputs, per_block or [None] * len(outputs))]
+            if record.hidden_states is not None:  # each coda block's output, for output_hidden_states
+                per_block = [keep_running(new, old) for new, old in zip(outputs, per_block or [None] * len(outputs))]
             readout = keep_running(x, readout)
             step_logits = head(x)
             logits = keep_running(step_logits, logits)
@@ -196,4 +197,4 @@ def halting_steps(model, h, h_pre, call, record, halting: Halting, keep, head=No
         for later in range(step, call.depth):
             for (kind, j), (k, v) in frozen.items():
                 call.cache.update_kv(k, v, kind, j, later, call.cache_slots)
-    return h, depths, None if readout is None else (readout, per_block, logits)
+    return h, depths, None if readout is None else (readout, per_block or [], logits)
