@@ -65,7 +65,11 @@ def sync(device: str) -> None:
 
 
 class Generator:
-    """Greedy decoding with a GRTCache; eager (growing cache) or compiled (static cache)."""
+    """Greedy decoding with a GRTCache; eager (growing cache) or compiled (static cache).
+
+    `halting` (eager only): per-token halting's forward arguments for every call (`halting`,
+    `halting_threshold`, `min_recurrences`, ...; docs/hf_export.md): a token's exit is a
+    host-side decision after each step, which one compiled decode step cannot take."""
 
     def __init__(
         self,
@@ -77,8 +81,12 @@ class Generator:
         new_tokens: int,
         device: str,
         backend: str = "inductor",
+        halting: dict | None = None,
     ):
+        if compiled and halting:
+            raise ValueError(f"Generator: halting={halting} decodes eagerly; pass compiled=False")
         self.model, self.device = model, device
+        self.halting = dict(halting or {})
         self.prompt, self.new_tokens = prompt, new_tokens
         total = prompt + new_tokens
         self.compiled = compiled
@@ -100,14 +108,22 @@ class Generator:
         sync(self.device)
         start = time.perf_counter()
         out = self.model(
-            ids, past_key_values=self.cache, cache_slots=torch.arange(self.prompt, device=self.device), logits_to_keep=1
+            ids,
+            past_key_values=self.cache,
+            cache_slots=torch.arange(self.prompt, device=self.device),
+            logits_to_keep=1,
+            **self.halting,
         )
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens = [token]
         for i in range(self.new_tokens - 1):
             t = self.prompt + i
             logits = self.step(
-                token, past_key_values=self.cache, cache_slots=self.slots[t], position_ids=self.positions[t]
+                token,
+                past_key_values=self.cache,
+                cache_slots=self.slots[t],
+                position_ids=self.positions[t],
+                **self.halting,
             ).logits
             token = logits[:, -1].argmax(-1, keepdim=True)
             if self.compiled:
@@ -117,7 +133,7 @@ class Generator:
         return torch.cat(tokens, 1), time.perf_counter() - start
 
 
-def measure(model, strategy, compiled, opts, batch) -> dict:
+def measure(model, strategy, compiled, opts, batch, halting: dict | None = None) -> dict:
     ids = torch.randint(
         0, model.config.vocab_size, (batch, opts.prompt), generator=torch.Generator().manual_seed(0)
     ).to(opts.device)
@@ -133,6 +149,7 @@ def measure(model, strategy, compiled, opts, batch) -> dict:
         opts.new_tokens,
         opts.device,
         getattr(opts, "compile_backend", "inductor"),
+        halting,
     )
     warmup_start = time.perf_counter()
     for _ in range(opts.warmup + (1 if compiled else 0)):

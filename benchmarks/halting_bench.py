@@ -10,9 +10,9 @@ does to decode latency (docs/benchmarks.md, "Per-token halting"; docs/hf_export.
 3. Per rule: the cheapest swept point whose loss is within `--loss-tolerance` (relative) of
    the fixed depth R's, and the forward FLOPs per token it saves against r = R.
 4. Decode (the exported transformers model, batch 1, greedy, `--new-tokens` after a
-   `--prompt`-token prefill): wall time of fixed r = R eager, fixed r = R compiled (static
-   cache, one compiled decode step: benchmarks/generate_bench.py's), and each rule eager at
-   that point's threshold; repeats interleaved, the minimum of each kept (noise only adds).
+   `--prompt`-token prefill, benchmarks/generate_bench.py's `Generator`): wall time of fixed
+   r = R eager, fixed r = R compiled (static cache, one compiled decode step), and each rule
+   eager at that point's threshold; repeats interleaved, the minimum of each kept (noise only adds).
    Halting decodes eagerly: a token's exit is a host-side decision after each step, which a
    single compiled (or CUDA-graph) decode step cannot make without running every step.
 
@@ -85,20 +85,6 @@ def export(model, args, folder: Path):
     return GRTForCausalLM.from_pretrained(folder).eval()
 
 
-@torch.no_grad()
-def decode(hf, ids: torch.Tensor, new_tokens: int, depth: int, **halting) -> tuple[torch.Tensor, float]:
-    """Greedy decoding with the model's growing cache: (tokens, seconds)."""
-    start = time.perf_counter()
-    out = hf(ids, num_recurrences=depth, logits_to_keep=1, **halting)
-    cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-    tokens = [token]
-    for _ in range(new_tokens - 1):
-        out = hf(token, past_key_values=cache, num_recurrences=depth, **halting)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        tokens.append(token)
-    return torch.cat(tokens, 1), time.perf_counter() - start
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, default=REPO / "outputs" / "halting_bench")
@@ -163,15 +149,19 @@ def main() -> int:
     hf = export(model, args, opts.run / "hf")
     ids = next(iter(batches(dataset, 1, 1)))[0][:, : opts.prompt]
     runs = {"fixed": {}} | {rule: {"halting": rule, "halting_threshold": x} for rule, x in chosen.items()}
+    from generate_bench import Generator, measure
+
+    generators = {
+        name: Generator(hf, "per_step", False, 1, opts.prompt, opts.new_tokens, "cpu", halting=halting)
+        for name, halting in runs.items()
+    }
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(opts.repeats):
-        for name, halting in runs.items():
-            times[name].append(decode(hf, ids, opts.new_tokens, depth, **halting)[1])
+        for name, generator in generators.items():
+            times[name].append(generator.run(ids)[1])
     best = {name: min(t) for name, t in times.items()}
     compiled = None
     if not opts.no_compiled:
-        from generate_bench import measure
-
         settings = SimpleNamespace(prompt=opts.prompt, new_tokens=opts.new_tokens, device="cpu", warmup=1)
         compiled = measure(hf, "per_step", True, SimpleNamespace(**vars(settings), repeats=opts.repeats), 1)
     print(f"\nDecode, batch 1, {opts.prompt}-token prompt, {opts.new_tokens} new tokens (eager, growing cache):\n")

@@ -17,6 +17,9 @@ says so):
 - generate: benchmarks/generate_bench.py's measurement: GRT large vs dense_large, batch 4,
            prompt 1024, 128 new tokens, eager and compiled latency and peak memory; eager
            decoding memory at batch 1 and 32 for every KV strategy.
+- halting: the same decode of GRT large with each per-token halting rule at the threshold
+           where no token halts, against fixed r = R eager (and generate's compiled): what
+           a rule's per-step measure and exit check cost on the GPU.
 
 The models are built as the trainer builds them: torchtitan's JobConfig from the preset
 TOML, torchtitan's model converters (float8), then the spec's `parallelize_grt` (AC, then
@@ -26,7 +29,9 @@ compile) on one device, where torchtitan trains with bf16 autocast. The compile 
 Time estimate (`--plan` prints it): timed work is FLOPs / (30% of the H200's 989 TFLOP/s)
 from the FLOP formula (docs/architecture.md): 2.9 s for train's 8 runs (4 compiled, 4
 eager), 5.9 s for float8's 4 new runs (small and medium reuse train's compiled bf16 runs),
-0.3 s for generation. The run is bounded by compilation, not compute: `--plan` counts the
+0.3 s for generation, 0.5 s for halting's eager decodes (bound by kernel launches and the
+per-step host sync, which the plan does not model; the last part, so a run over budget skips
+it and says so). The run is bounded by compilation, not compute: `--plan` counts the
 10 compiled models and budgets `COMPILE_S` each for a cold compile (an assumption until a
 GPU run prints its seconds per part); a warm cache cuts that to a few seconds each.
 """
@@ -44,6 +49,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -385,7 +391,46 @@ def part_generate(size: SuiteSize, device: str) -> dict:
     }
 
 
-PARTS = {"train": part_train, "float8": part_float8, "generate": part_generate}
+# ---- per-token halting's decode cost (benchmarks/halting_bench.py measures its saving) ---
+
+
+def part_halting(size: SuiteSize, device: str) -> dict:
+    """Each halting rule's decode latency against fixed r = R eager, at the threshold where no
+    token halts (every token runs R steps, as the fixed decode): what the rule itself costs,
+    its measure after each step and the host-side exit check that a compiled step cannot
+    take (docs/hf_export.md). What a rule saves needs a trained model: halting_bench.py."""
+    import generate_bench as gb
+    import torch
+
+    from grt_titan.model.halting import HALTING_RULES
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    model = gb.build_model(flavor_args(size.gen_grt, size), dtype, device)
+    opts = SimpleNamespace(
+        device=device, prompt=size.gen_prompt, new_tokens=size.gen_new_tokens, warmup=1, repeats=size.gen_repeats
+    )
+    fixed = gb.measure(model, "per_step", False, opts, size.gen_batch)
+    rows = []
+    for rule in HALTING_RULES:
+        never = {"halting": rule, "halting_threshold": float("inf") if rule == "argmax" else 0.0}
+        r = gb.measure(model, "per_step", False, opts, size.gen_batch, halting=never)
+        assert torch.equal(r["tokens"], fixed["tokens"]), f"{rule} at {never['halting_threshold']} left r = R"
+        rows.append(
+            {"rule": rule, "latency_s": r["latency_s"], "over_fixed_eager": r["latency_s"] / fixed["latency_s"]}
+        )
+    del model
+    free_memory()
+    return {
+        "grt": size.gen_grt,
+        "batch": size.gen_batch,
+        "prompt": size.gen_prompt,
+        "new_tokens": size.gen_new_tokens,
+        "fixed_eager_s": fixed["latency_s"],
+        "rules": rows,
+    }
+
+
+PARTS = {"train": part_train, "float8": part_float8, "generate": part_generate, "halting": part_halting}
 
 
 # ---- plan, table -----------------------------------------------------------------------
@@ -394,6 +439,7 @@ PARTS = {"train": part_train, "float8": part_float8, "generate": part_generate}
 def plan(size: SuiteSize) -> list[tuple[str, int, float]]:
     """(part, compiled models, compute seconds at 30% of an H200's bf16 peak) per part."""
     from grt_titan.model import grt_flavors
+    from grt_titan.model.halting import HALTING_RULES
 
     def flavor(config: str):
         import tomllib
@@ -415,6 +461,8 @@ def plan(size: SuiteSize) -> list[tuple[str, int, float]]:
         ("train", len(train_configs), seconds(train_configs, 2)),
         ("float8", len(float8_configs), seconds(float8_configs, 1)),
         ("generate", 2, 2 * gen_tokens * gen.forward_flops_per_token(size.gen_prompt) / rate),
+        # fixed eager and one run per rule, no compile (the per-step host sync is the cost)
+        ("halting", 0, (1 + len(HALTING_RULES)) * gen_tokens / 2 * gen.forward_flops_per_token(size.gen_prompt) / rate),
     ]
 
 
@@ -452,6 +500,19 @@ def table(results: dict) -> str:
             lines.append(
                 f"| decoding memory (weights + KV) GRT / dense, batch {m['batch']}, {m['strategy']} "
                 f"| {s} | {fmt(m['ratio'])} | {paper.get(m['strategy'], '')} |"
+            )
+    halting = measured.get("halting")
+    if halting:
+        compiled = next(
+            (r["latency_s"] for r in (gen or {}).get("latency", []) if (r["model"], r["mode"]) == ("grt", "compiled")),
+            None,
+        )
+        s = f"{halting['grt']}, batch {halting['batch']}"
+        for row in halting["rules"]:
+            lines.append(
+                f"| halting decode latency / fixed r = R eager, {row['rule']} never halting (its own cost) "
+                f"| {s} | {fmt(row['over_fixed_eager'])} (/ fixed compiled: "
+                f"{fmt(row['latency_s'] / compiled if compiled else None)}) | CPU, grt_debug: docs/benchmarks.md |"
             )
     for name, value in results.items():
         if isinstance(value, dict) and "skipped" in value:

@@ -38,7 +38,7 @@ def test_plan_fits_the_five_minute_window(capsys):
 
 
 def test_unknown_part_is_named():
-    with pytest.raises(SystemExit, match="--parts mfu: unknown; allowed: train, float8, generate"):
+    with pytest.raises(SystemExit, match="--parts mfu: unknown; allowed: train, float8, generate, halting"):
         load_suite().main(["--cpu-smoke", "--parts", "train,mfu"])
 
 
@@ -47,7 +47,7 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     proc = run_suite("--cpu-smoke", "--out", str(tmp_path))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results["seconds"]) == {"train", "float8", "generate", "total"}
+    assert set(results["seconds"]) == {"train", "float8", "generate", "halting", "total"}
     (train,) = results["train"]["rows"]
     # Sampled r and one compiled step graph: no recompilation once warm.
     assert train["recompiles_after_warmup"] == 0
@@ -64,4 +64,9 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     # Fewer cached core layers than per_step: first/last/average keep one step's KV.
     by = {(m["batch"], m["strategy"]): m["ratio"] for m in gen["memory"]}
     assert by[(2, "average")] < by[(2, "per_step")]
+    # Every halting rule decoded (its tokens equal to fixed r = R's: the suite asserts it).
+    halting = results["halting"]
+    assert [r["rule"] for r in halting["rules"]] == ["state", "gate", "kl", "entropy", "argmax"]
+    assert all(math.isfinite(r["over_fixed_eager"]) and r["over_fixed_eager"] > 0 for r in halting["rules"])
     assert "| MFU GRT / dense" in proc.stdout and "seconds per part:" in proc.stdout
+    assert "| halting decode latency / fixed r = R eager, kl never halting" in proc.stdout

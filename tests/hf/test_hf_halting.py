@@ -127,6 +127,34 @@ def test_each_rule_by_hand_on_rows_of_one_token(rule, style, hf_models):
         assert torch.allclose(out.logits[row : row + 1], alone, atol=1e-5, rtol=0), (row, depth)
 
 
+@pytest.mark.parametrize("rule", RULES)
+def test_hidden_states_hold_each_tokens_state_and_readout_at_its_depth(rule, hf_models):
+    """`output_hidden_states` under halting, on one-token rows (each sees only itself): the
+    recurrence entries hold each token's state, frozen from the step it halted at, and the
+    coda entries its readout at that depth (a readout rule's from the step that decided),
+    each equal to the fixed-depth forward's at the token's depth; the head on the last entry
+    gives the logits."""
+    hf = hf_models["gpt2"]
+    ids = prompt(batch=12, seq=1, seed=3)
+    threshold = mixed_threshold(hf, ids, rule)
+    out = halted(hf, ids, halting=rule, halting_threshold=threshold, output_hidden_states=True)
+    depths = out.recurrence_depths[:, 0].tolist()
+    assert len(set(depths)) > 1, depths
+    prelude, coda = hf.config.num_prelude_layers, hf.config.num_coda_layers
+    hidden = out.hidden_states
+    steps = hidden[1 + prelude : len(hidden) - coda]
+    assert len(steps) == max(depths)  # the loop ends when every token has halted
+    with torch.no_grad():
+        assert torch.allclose(hf.lm_head(hf.model.norm(hidden[-1])), out.logits, atol=1e-5, rtol=0)
+        for row, depth in enumerate(depths):
+            alone = hf(ids[row : row + 1], num_recurrences=depth, use_cache=False, output_hidden_states=True)
+            state = alone.hidden_states[prelude + depth]  # h_depth
+            for step in steps[depth - 1 :]:
+                assert torch.allclose(step[row : row + 1], state, atol=1e-5, rtol=0), (row, depth)
+            for mine, reference in zip(hidden[-coda:], alone.hidden_states[-coda:]):
+                assert torch.allclose(mine[row : row + 1], reference, atol=1e-5, rtol=0), (row, depth)
+
+
 @pytest.mark.parametrize("style", ["gpt2", "llama"])
 @pytest.mark.parametrize("rule", RULES)
 def test_torchtitan_evaluation_path_agrees_with_the_export(rule, style, native_models, hf_models):
