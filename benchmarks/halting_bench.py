@@ -8,7 +8,9 @@ does to decode latency (docs/benchmarks.md, "Per-token halting"; docs/hf_export.
    curve, `DepthAnalysis`) and each halting rule's threshold sweep (`HaltingSweep`: loss
    against the mean forward FLOPs per token at the depths the tokens used), b = R, a = 1.
 3. Per rule: the cheapest swept point whose loss is within `--loss-tolerance` (relative) of
-   the fixed depth R's, and the forward FLOPs per token it saves against r = R.
+   the fixed depth R's, and the forward FLOPs per token it saves against r = R. Huginn's
+   continuous compute (a token's recurrence starts from the previous token's final state) at
+   r = 1 and R on `--continuous-sequences` sequences, against the fixed depth on the same.
 4. Decode (the exported transformers model, batch 1, greedy, `--new-tokens` after a
    `--prompt`-token prefill, benchmarks/generate_bench.py's `Generator`): wall time of fixed
    r = R eager, fixed r = R compiled (static cache, one compiled decode step), and each rule
@@ -70,6 +72,29 @@ def validation_dataset(loaded, seq_len: int):
     return TokenSequenceDataset(stream, seq_len, dp_rank=0, dp_world_size=1, seed=0, shuffle=False)
 
 
+def continuous_compute_loss(model, inputs: torch.Tensor, labels: torch.Tensor, depth: int, carry: bool = True):
+    """(summed loss, tokens) at fixed depth `depth` with Huginn's continuous compute: token t's
+    recurrence starts from token t - 1's final state instead of h_0 = its prelude output (the
+    first token from its own), as a decoder that carries the state would compute it. Position
+    by position: token t's final state depends on tokens <= t only (causal), so pass t runs
+    the prefix 0..t with the starts fixed so far. `carry=False` starts every token from its
+    own h_0: the fixed-depth forward (the check that this loop is that forward)."""
+    import torch.nn.functional as F
+
+    h_pre = model.prelude(model.embed(inputs), model.freqs_cis)
+    start, final = h_pre.clone(), torch.empty_like(h_pre)
+    for t in range(inputs.shape[1]):
+        h = start[:, : t + 1]
+        for _ in range(depth):
+            h = model.recurrence.step(h, h_pre[:, : t + 1], model.freqs_cis)
+        final[:, t] = h[:, t]
+        if carry and t + 1 < inputs.shape[1]:
+            start[:, t + 1] = h[:, t]
+    logp = F.log_softmax(model.logits_from_state(final).float(), dim=-1)
+    loss = F.nll_loss(logp.reshape(-1, logp.shape[-1]), labels.reshape(-1), reduction="sum").item()
+    return loss, labels.numel()
+
+
 def cheapest_within(rule: dict, target: float) -> int | None:
     """Index of the rule's swept point with the fewest FLOPs whose loss <= target."""
     ok = [i for i, loss in enumerate(rule["loss"]) if loss <= target]
@@ -97,6 +122,9 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-compiled", action="store_true", help="skip the compiled fixed-depth decode")
+    parser.add_argument(
+        "--continuous-sequences", type=int, default=8, help="validation sequences scored with continuous compute"
+    )
     parser.add_argument("--json", type=Path, default=None)
     opts = parser.parse_args()
     torch.set_grad_enabled(False)
@@ -146,6 +174,23 @@ def main() -> int:
     for rule, reason in curves["skipped"].items():
         print(f"| {rule} | skipped: {reason} | | | | |")
 
+    # Huginn's continuous compute (each token starts from the previous token's final state),
+    # at r = 1 and R, against the fixed depth on the same sequences.
+    continuous = {"sequences": opts.continuous_sequences, "depths": [1, depth], "fixed": [], "continuous": []}
+    same = DepthAnalysis(max_depth=depth, final_depth=depth)
+    sums = [0.0, 0.0]
+    for inputs, labels in batches(dataset, opts.continuous_sequences, opts.batch_size):
+        same.add_batch(model, inputs, labels)
+        for i, r in enumerate(continuous["depths"]):
+            sums[i] += continuous_compute_loss(model, inputs, labels, r)[0]
+    continuous["fixed"] = [same.result()["loss"][r] for r in continuous["depths"]]
+    continuous["continuous"] = [total / same.tokens for total in sums]
+    print(f"\nContinuous compute, {same.tokens} tokens (the first {opts.continuous_sequences} sequences):\n")
+    print("| depth r | fixed (h_0 = prelude output) | continuous compute (h_0 = previous token's h_r) |")
+    print("|---|---|---|")
+    for r, a, b in zip(continuous["depths"], continuous["fixed"], continuous["continuous"]):
+        print(f"| {r} | {a:.4f} | {b:.4f} |")
+
     hf = export(model, args, opts.run / "hf")
     ids = next(iter(batches(dataset, 1, 1)))[0][:, : opts.prompt]
     runs = {"fixed": {}} | {rule: {"halting": rule, "halting_threshold": x} for rule, x in chosen.items()}
@@ -186,6 +231,7 @@ def main() -> int:
         "fixed_flops": flops,
         "halting": curves,
         "chosen_thresholds": chosen,
+        "continuous_compute": continuous,
         "decode_s": best,
         "decode_compiled_s": None if compiled is None else compiled["latency_s"],
     }
