@@ -2,8 +2,9 @@
 does to decode latency (docs/benchmarks.md, "Per-token halting"; docs/hf_export.md).
 
 1. A GRT trained here: grt_debug's recipe (train_configs/grt_debug.toml: 1 + 2x4 + 1, d = 128,
-   R = 4, the embedded corpus) for `--train-steps` steps on 2 CPU ranks, saved at the last
-   step into `--run` (skipped when `--run` already holds a checkpoint).
+   R = 4, the embedded corpus) for `--train-steps` steps on 2 CPU ranks (`--train-args` adds
+   to its command), saved at the last step into `--run` (skipped when `--run` already holds a
+   checkpoint).
 2. On `--sequences` validation sequences: the loss at every fixed depth r = 0..b (figure 3's
    curve, `DepthAnalysis`) and each halting rule's threshold sweep (`HaltingSweep`: loss
    against the mean forward FLOPs per token at the depths the tokens used), b = R, a = 1.
@@ -18,7 +19,7 @@ does to decode latency (docs/benchmarks.md, "Per-token halting"; docs/hf_export.
    Halting decodes eagerly: a token's exit is a host-side decision after each step, which a
    single compiled (or CUDA-graph) decode step cannot make without running every step.
 
-    python benchmarks/halting_bench.py --run outputs/halting_bench --train-steps 300
+    python benchmarks/halting_bench.py --run outputs/halting_bench --train-steps 900
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import datetime
 import json
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -42,19 +44,20 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 CONFIG = REPO / "train_configs" / "grt_debug.toml"
 
 
-def train_command(run: Path, steps: int) -> list[str]:
+def train_command(run: Path, steps: int, extra: list[str]) -> list[str]:
     return [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"),
         *("-m", "grt_titan.train", "--job.config_file", str(CONFIG)),
         *("--training.steps", str(steps), "--validation.no-enable", "--metrics.log_freq", "25"),
         *("--checkpoint.enable", "--checkpoint.interval", str(steps), "--job.dump_folder", str(run)),
+        *extra,
     ]
 
 
-def ensure_trained(run: Path, steps: int) -> Path:
+def ensure_trained(run: Path, steps: int, extra: list[str]) -> Path:
     checkpoint = run / "checkpoint"
     if not any(checkpoint.glob("step-*")):
-        command = train_command(run, steps)
+        command = train_command(run, steps, extra)
         print("training:", " ".join(command), flush=True)
         run.mkdir(parents=True, exist_ok=True)
         with open(run / "train.log", "w") as log:
@@ -113,7 +116,12 @@ def export(model, args, folder: Path):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, default=REPO / "outputs" / "halting_bench")
-    parser.add_argument("--train-steps", type=int, default=300)
+    parser.add_argument("--train-steps", type=int, default=900)
+    parser.add_argument(
+        "--train-args",
+        default="",
+        help="torchtitan arguments added to the training run, as --train-args='--grt.min_recurrences 4' (every step at R)",
+    )
     parser.add_argument("--sequences", type=int, default=32, help="validation sequences scored")
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=8)
@@ -132,7 +140,7 @@ def main() -> int:
     from grt_titan.analysis.diagnostics import DepthAnalysis, HaltingSweep, batches
     from grt_titan.analysis.load import load_model
 
-    checkpoint = ensure_trained(opts.run, opts.train_steps)
+    checkpoint = ensure_trained(opts.run, opts.train_steps, shlex.split(opts.train_args))
     loaded = load_model(checkpoint, CONFIG)
     model, args = loaded.model, loaded.args
     depth = args.num_recurrences
@@ -225,6 +233,7 @@ def main() -> int:
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
         "source": loaded.source,
         "train_steps": opts.train_steps,
+        "train_args": opts.train_args,
         "tokens_scored": fixed.tokens,
         "scoring_s": scoring_s,
         "fixed_loss": fixed_loss,
