@@ -9,7 +9,10 @@ does to decode latency (docs/benchmarks.md, "Per-token halting"; docs/hf_export.
    curve, `DepthAnalysis`) and each halting rule's threshold sweep (`HaltingSweep`: loss
    against the mean forward FLOPs per token at the depths the tokens used), b = R, a = 1.
 3. Per rule: the cheapest swept point whose loss is within `--loss-tolerance` (relative) of
-   the fixed depth R's, and the forward FLOPs per token it saves against r = R. Huginn's
+   the fixed depth R's, and the forward FLOPs per token it saves against r = R; and every
+   swept point against early exit at a fixed depth reaching the same loss (figure 3's curve,
+   FLOPs interpolated between neighbouring depths): what halting per token adds over a
+   smaller r for every token. Huginn's
    continuous compute (a token's recurrence starts from the previous token's final state) at
    r = 1 and R on `--continuous-sequences` sequences, against the fixed depth on the same.
 4. Decode (the exported transformers model, batch 1, greedy, `--new-tokens` after a
@@ -104,6 +107,20 @@ def cheapest_within(rule: dict, target: float) -> int | None:
     return min(ok, key=lambda i: rule["forward_flops_per_token"][i]) if ok else None
 
 
+def fixed_depth_flops_at(loss: float, fixed_loss: list[float], flops: list[float]) -> float | None:
+    """The forward FLOPs per token early exit at a fixed depth needs to reach `loss`: the
+    first depth r whose loss is <= `loss`, linearly interpolated in FLOPs with r - 1 (running a
+    share of the tokens at r - 1 and the rest at r reaches the losses in between). None when
+    no fixed depth 0..R reaches it."""
+    for r, (at_r, cost) in enumerate(zip(fixed_loss, flops)):
+        if at_r <= loss:
+            if r == 0:
+                return cost
+            share = (fixed_loss[r - 1] - loss) / (fixed_loss[r - 1] - at_r)
+            return flops[r - 1] + share * (cost - flops[r - 1])
+    return None
+
+
 def export(model, args, folder: Path):
     from grt_titan.hf.convert import write_hf_folder
     from grt_titan.hf.modeling_grt import GRTForCausalLM
@@ -182,6 +199,23 @@ def main() -> int:
     for rule, reason in curves["skipped"].items():
         print(f"| {rule} | skipped: {reason} | | | | |")
 
+    # Every swept point against early exit at a fixed depth (figure 3's curve) at its loss:
+    # what halting per token saves over choosing a smaller r for every token.
+    print("\nEach swept point against a fixed depth at the same loss (FLOPs interpolated between depths):\n")
+    print("| rule | threshold | loss | mean depth | MFLOPs / token | fixed depth's MFLOPs | halting / fixed |")
+    print("|---|---|---|---|---|---|---|")
+    against_fixed = {}
+    for rule, curve in curves["rules"].items():
+        against_fixed[rule] = []
+        for x, loss, mean, cost in zip(
+            curve["thresholds"], curve["loss"], curve["mean_depth"], curve["forward_flops_per_token"]
+        ):
+            fixed_cost = fixed_depth_flops_at(loss, fixed_loss, flops)
+            against_fixed[rule].append(fixed_cost)
+            versus = "no fixed depth reaches it" if fixed_cost is None else f"{cost / fixed_cost:.3f}"
+            shown = "" if fixed_cost is None else f"{fixed_cost / 1e6:.2f}"
+            print(f"| {rule} | {x:g} | {loss:.4f} | {mean:.2f} | {cost / 1e6:.2f} | {shown} | {versus} |")
+
     # Huginn's continuous compute (each token starts from the previous token's final state),
     # at r = 1 and R, against the fixed depth on the same sequences.
     continuous = {"sequences": opts.continuous_sequences, "depths": [1, depth], "fixed": [], "continuous": []}
@@ -240,6 +274,7 @@ def main() -> int:
         "fixed_flops": flops,
         "halting": curves,
         "chosen_thresholds": chosen,
+        "fixed_depth_flops_at_loss": against_fixed,
         "continuous_compute": continuous,
         "decode_s": best,
         "decode_compiled_s": None if compiled is None else compiled["latency_s"],
