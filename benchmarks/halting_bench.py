@@ -107,20 +107,6 @@ def cheapest_within(rule: dict, target: float) -> int | None:
     return min(ok, key=lambda i: rule["forward_flops_per_token"][i]) if ok else None
 
 
-def fixed_depth_flops_at(loss: float, fixed_loss: list[float], flops: list[float]) -> float | None:
-    """The forward FLOPs per token early exit at a fixed depth needs to reach `loss`: the
-    first depth r whose loss is <= `loss`, linearly interpolated in FLOPs with r - 1 (running a
-    share of the tokens at r - 1 and the rest at r reaches the losses in between). None when
-    no fixed depth 0..R reaches it."""
-    for r, (at_r, cost) in enumerate(zip(fixed_loss, flops)):
-        if at_r <= loss:
-            if r == 0:
-                return cost
-            share = (fixed_loss[r - 1] - loss) / (fixed_loss[r - 1] - at_r)
-            return flops[r - 1] + share * (cost - flops[r - 1])
-    return None
-
-
 def export(model, args, folder: Path):
     from grt_titan.hf.convert import write_hf_folder
     from grt_titan.hf.modeling_grt import GRTForCausalLM
@@ -171,7 +157,7 @@ def main() -> int:
         fixed.add_batch(model, inputs, labels)
         sweep.add_batch(model, inputs, labels)
     fixed_loss = fixed.result()["loss"]
-    curves = sweep.result(args, opts.seq_len)
+    curves = sweep.result(args, opts.seq_len, fixed_loss=fixed_loss)
     scoring_s = time.perf_counter() - start
     flops = [args.forward_flops_per_token(opts.seq_len, r) for r in range(depth + 1)]
     target = fixed_loss[depth] * (1 + opts.loss_tolerance)
@@ -204,14 +190,14 @@ def main() -> int:
     print("\nEach swept point against a fixed depth at the same loss (FLOPs interpolated between depths):\n")
     print("| rule | threshold | loss | mean depth | MFLOPs / token | fixed depth's MFLOPs | halting / fixed |")
     print("|---|---|---|---|---|---|---|")
-    against_fixed = {}
     for rule, curve in curves["rules"].items():
-        against_fixed[rule] = []
-        for x, loss, mean, cost in zip(
-            curve["thresholds"], curve["loss"], curve["mean_depth"], curve["forward_flops_per_token"]
+        for x, loss, mean, cost, fixed_cost in zip(
+            curve["thresholds"],
+            curve["loss"],
+            curve["mean_depth"],
+            curve["forward_flops_per_token"],
+            curve["fixed_depth_flops_per_token"],
         ):
-            fixed_cost = fixed_depth_flops_at(loss, fixed_loss, flops)
-            against_fixed[rule].append(fixed_cost)
             versus = "no fixed depth reaches it" if fixed_cost is None else f"{cost / fixed_cost:.3f}"
             shown = "" if fixed_cost is None else f"{fixed_cost / 1e6:.2f}"
             print(f"| {rule} | {x:g} | {loss:.4f} | {mean:.2f} | {cost / 1e6:.2f} | {shown} | {versus} |")
@@ -274,7 +260,6 @@ def main() -> int:
         "fixed_flops": flops,
         "halting": curves,
         "chosen_thresholds": chosen,
-        "fixed_depth_flops_at_loss": against_fixed,
         "continuous_compute": continuous,
         "decode_s": best,
         "decode_compiled_s": None if compiled is None else compiled["latency_s"],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from grt_titan.analysis.diagnostics import best_against_fixed_depth
 from grt_titan.analysis.report import DEFAULT_PROMPTS, JSON_NAME, NOT_ASKED, PLOTS
 from grt_titan.model.halting import HALTING_RULES
 
@@ -104,6 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     losses = result["early_exit"]["loss"]
     print("loss by depth r: " + "  ".join(f"{r}: {v:.4f}" for r, v in enumerate(losses)))
+    for rule, curve in result["halting"]["rules"].items():
+        i = best_against_fixed_depth(curve)
+        if i is None:
+            print(f"halting {rule!r}: no swept point reaches the loss of a fixed depth")
+            continue
+        ratio = curve["forward_flops_per_token"][i] / curve["fixed_depth_flops_per_token"][i]
+        print(
+            f"halting {rule!r}: at best {ratio:.3f}x the forward FLOPs of a fixed depth at the same loss "
+            f"(threshold {curve['thresholds'][i]:g}: loss {curve['loss'][i]:.4f}, mean depth {curve['mean_depth'][i]:.2f})"
+        )
     for rule, reason in result["halting"]["skipped"].items():
         if reason != NOT_ASKED:
             print(f"halting sweep: no {rule!r} rule: {reason}")

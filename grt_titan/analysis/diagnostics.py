@@ -262,22 +262,60 @@ class HaltingSweep:
                 self.depth_counts[rule][i] += torch.bincount(depths.reshape(-1), minlength=self.max_depth + 1).cpu()
         self.tokens += labels.numel()
 
-    def result(self, args, seq_len: int) -> dict:
+    def result(self, args, seq_len: int, fixed_loss: Sequence[float] | None = None) -> dict:
         """{min_depth, max_depth, rules: {rule: {thresholds, loss, mean_depth,
-        forward_flops_per_token}}, skipped: {rule: reason}}."""
+        forward_flops_per_token[, fixed_depth_flops_per_token]}}, skipped: {rule: reason}}.
+
+        `fixed_loss` (the loss at fixed depths 0, 1, ..., as `DepthAnalysis` gives it) adds,
+        per point, the forward FLOPs early exit at a fixed depth needs for the point's loss
+        (`fixed_depth_flops_at`): what halting per token buys over a smaller r for every token."""
+        fixed_flops = (
+            None if fixed_loss is None else [args.forward_flops_per_token(seq_len, r) for r in range(len(fixed_loss))]
+        )
         rules = {}
         for rule in self.rules:
             counts = [Counter({d: int(n) for d, n in enumerate(row) if n}) for row in self.depth_counts[rule]]
+            loss = [total / self.tokens for total in self.loss_sum[rule]]
             rules[rule] = {
                 "thresholds": list(self.thresholds[rule]),
-                "loss": [total / self.tokens for total in self.loss_sum[rule]],
+                "loss": loss,
                 "mean_depth": [sum(d * n for d, n in c.items()) / self.tokens for c in counts],
                 # The readout rules also pay a readout (coda and head) at each earlier step.
                 "forward_flops_per_token": [
                     realised_flops_per_token(args, seq_len, c.elements(), rule in READOUT_RULES) for c in counts
                 ],
             }
+            if fixed_flops is not None:
+                rules[rule]["fixed_depth_flops_per_token"] = [
+                    fixed_depth_flops_at(x, fixed_loss, fixed_flops) for x in loss
+                ]
         return {"min_depth": self.min_depth, "max_depth": self.max_depth, "rules": rules, "skipped": dict(self.skipped)}
+
+
+def fixed_depth_flops_at(loss: float, fixed_loss: Sequence[float], fixed_flops: Sequence[float]) -> float | None:
+    """The forward FLOPs per token early exit at a fixed depth needs to reach `loss` (figure 3's
+    curve): the first depth r whose loss is <= `loss`, linearly interpolated in FLOPs with
+    r - 1 (running a share of the tokens at r - 1 and the rest at r reaches the losses in
+    between). None when no fixed depth reaches it."""
+    for r, (at_r, cost) in enumerate(zip(fixed_loss, fixed_flops)):
+        if at_r <= loss:
+            if r == 0:
+                return cost
+            share = (fixed_loss[r - 1] - loss) / (fixed_loss[r - 1] - at_r)
+            return fixed_flops[r - 1] + share * (cost - fixed_flops[r - 1])
+    return None
+
+
+def best_against_fixed_depth(curve: dict) -> int | None:
+    """Index of the rule's swept point with the smallest forward FLOPs relative to the fixed
+    depth at its loss (`HaltingSweep.result` with `fixed_loss`); None if no fixed depth
+    reaches any point's loss."""
+    ratios = {
+        i: cost / fixed
+        for i, (cost, fixed) in enumerate(zip(curve["forward_flops_per_token"], curve["fixed_depth_flops_per_token"]))
+        if fixed is not None
+    }
+    return min(ratios, key=ratios.get) if ratios else None
 
 
 @torch.no_grad()

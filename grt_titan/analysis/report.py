@@ -177,7 +177,7 @@ def analyze(
             },
         },
         "gate_heatmaps": {"depth": final_depth, "prompts": heatmaps},  # figure 8
-        "halting": sweep.result(args, seq_len),  # figure 3's axes
+        "halting": sweep.result(args, seq_len, fixed_loss=per["loss"]),  # figure 3's axes
         "step_dynamics": {"steps": steps, **{k: per[k] for k in STEP_DYNAMICS}},
         "plots": dict(PLOTS),
     }

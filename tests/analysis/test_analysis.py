@@ -110,7 +110,13 @@ def test_analyze_writes_every_plot_and_the_json(tmp_path):
     assert (halting["min_depth"], halting["max_depth"], halting["skipped"]) == (1, 5, {})
     assert list(halting["rules"]) == list(HALTING_RULES)
     for rule, curve in halting["rules"].items():
-        assert set(curve) == {"thresholds", "loss", "mean_depth", "forward_flops_per_token"}
+        assert set(curve) == {
+            "thresholds",
+            "loss",
+            "mean_depth",
+            "forward_flops_per_token",
+            "fixed_depth_flops_per_token",
+        }
         assert curve["thresholds"] == halting_thresholds(rule, 5)
         assert all(len(curve[key]) == len(curve["thresholds"]) for key in curve), rule
         assert all(1 <= d <= 5 for d in curve["mean_depth"]), rule

@@ -15,6 +15,8 @@ from grt_titan.analysis.diagnostics import (
     HALTING_GRIDS,
     DepthAnalysis,
     HaltingSweep,
+    best_against_fixed_depth,
+    fixed_depth_flops_at,
     halting_thresholds,
 )
 from grt_titan.analysis.report import JSON_NAME, NOT_ASKED, PLOTS
@@ -99,6 +101,20 @@ def test_halting_sweep_between_the_ends_counts_realised_depths():
     assert curve["forward_flops_per_token"] == [pytest.approx(want, rel=1e-12)]
 
 
+def test_fixed_depth_flops_at_reads_figure_3s_curve():
+    """The FLOPs a fixed depth needs for a loss: the first depth reaching it, interpolated with
+    the depth before (by hand: loss 5.3 lies half-way from 5.4 at r = 1 to 5.2 at r = 2)."""
+    fixed_loss, flops = [7.0, 5.4, 5.2, 5.25], [10.0, 11.0, 12.0, 13.0]
+    assert fixed_depth_flops_at(5.3, fixed_loss, flops) == pytest.approx(11.5)
+    assert fixed_depth_flops_at(5.2, fixed_loss, flops) == pytest.approx(12.0)  # exactly r = 2
+    assert fixed_depth_flops_at(5.25, fixed_loss, flops) == pytest.approx(11.75)  # r = 3 is worse than r = 2
+    assert fixed_depth_flops_at(7.5, fixed_loss, flops) == 10.0  # r = 0 already reaches it
+    assert fixed_depth_flops_at(5.1, fixed_loss, flops) is None  # below every fixed depth
+    curve = {"forward_flops_per_token": [12.0, 11.0, 9.0], "fixed_depth_flops_per_token": [12.0, 12.1, None]}
+    assert best_against_fixed_depth(curve) == 1  # 11 / 12.1; the point no fixed depth reaches is left out
+    assert best_against_fixed_depth({**curve, "fixed_depth_flops_per_token": [None] * 3}) is None
+
+
 def test_step_dynamics_equal_independent_forwards():
     model = tiny_model().eval()
     tokens, labels = batch()
@@ -158,8 +174,19 @@ def test_analyze_cli_halting_flags(tmp_path, monkeypatch, capsys):
     argv = ["analyze", "model", "--data", str(data), "--seq-len", "32", "--out", str(out)]
     argv += ["--num-sequences", "2", "--no-progress", "--prompt", "def f(x):"]
     assert cli_main([*argv, "--halting-rules", "state", "--halting-min-depth", "2"]) == 0
-    assert f"wrote {out}/{JSON_NAME}" in capsys.readouterr().out
-    halting = json.loads((out / JSON_NAME).read_text())["halting"]
+    printed = capsys.readouterr().out
+    assert f"wrote {out}/{JSON_NAME}" in printed
+    result = json.loads((out / JSON_NAME).read_text())
+    halting, early_exit = result["halting"], result["early_exit"]
+    # Each swept point against figure 3's curve of the same run, and the best of them printed.
+    state = halting["rules"]["state"]
+    assert state["fixed_depth_flops_per_token"] == [
+        fixed_depth_flops_at(x, early_exit["loss"], early_exit["forward_flops_per_token"]) for x in state["loss"]
+    ]
+    best = best_against_fixed_depth(state)
+    assert best is not None  # the never-halting end has the loss of r = b, which r = b reaches
+    ratio = state["forward_flops_per_token"][best] / state["fixed_depth_flops_per_token"][best]
+    assert f"halting 'state': at best {ratio:.3f}x the forward FLOPs of a fixed depth at the same loss" in printed
     assert (halting["min_depth"], halting["max_depth"], list(halting["rules"])) == (2, 5, ["state"])
     assert halting["rules"]["state"]["mean_depth"][0] == 5 and min(halting["rules"]["state"]["mean_depth"]) >= 2
     assert halting["skipped"] == {rule: NOT_ASKED for rule in HALTING_RULES if rule != "state"}
