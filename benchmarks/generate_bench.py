@@ -38,6 +38,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
+
+quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
+
 from grt_titan.hf.convert import build_hf_config  # noqa: E402
 from grt_titan.hf.modeling_grt import GRTCache, GRTForCausalLM  # noqa: E402
 from grt_titan.model import grt_flavors  # noqa: E402

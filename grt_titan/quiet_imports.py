@@ -17,8 +17,9 @@ What is printed (torchao 0.18, torch 2.13), and why it does not matter to these 
   torchao's code, nothing a user can act on.
 
 `quiet_torchao_import()` drops exactly those records (logger, message and torchao's names)
-and is called by the `grt-titan` commands only (grt_titan/cli.py). Training does not call
-it: there float8/MX may use these kernels and a failed load is worth seeing.
+and is called by the `grt-titan` commands (grt_titan/cli.py) and the decoding benchmarks
+(benchmarks/generate_bench.py, halting_bench.py). Training does not call it: there float8/MX
+may use these kernels and a failed load is worth seeing.
 Remove once transformers imports torchao lazily and torchao's enums stop calling
 register_constant().
 """

@@ -1,4 +1,5 @@
-"""benchmarks/gpu/suite.py cannot rot between GPU runs: its --cpu-smoke runs every part here."""
+"""benchmarks/gpu/suite.py cannot rot between GPU runs: its --cpu-smoke runs every part here.
+The decoding benchmarks (generate_bench, which it reuses, and halting_bench) print no torchao import noise."""
 
 import importlib.util
 import json
@@ -70,3 +71,16 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     assert all(math.isfinite(r["over_fixed_eager"]) and r["over_fixed_eager"] > 0 for r in halting["rules"])
     assert "| MFU GRT / dense" in proc.stdout and "seconds per part:" in proc.stdout
     assert "| halting decode latency / fixed r = R eager, kl never halting" in proc.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao prints nothing if absent")
+@pytest.mark.parametrize("benchmark", ["generate_bench", "halting_bench"])
+def test_decoding_benchmark_console_is_quiet(benchmark):
+    """The decoding benchmarks load the HF model, whose transformers import pulls in torchao:
+    its known CPU import messages (grt_titan/quiet_imports.py) stay out of the printed table."""
+    code = f"import {benchmark}; import grt_titan.hf.modeling_grt"
+    env = {"PYTHONPATH": f"{REPO}:{REPO / 'benchmarks'}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for text in ("Failed to load", "_C_mxfp8", "register_constant()"):
+        assert text not in proc.stderr, proc.stderr
