@@ -26,6 +26,10 @@ STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.naninf]+)\s+grad_norm:\s*
 MESH_LINE = re.compile(r"Building device mesh with parallelism: .*")  # torchtitan's ParallelDims
 # torchtitan's registered model converters, as a config error lists them ("allowed: ...").
 REGISTERED_CONVERTERS = "quantize.grouped_mm.float8, quantize.grouped_mm.mx, quantize.linear.float8, quantize.linear.mx"
+# What torchao's import (by transformers) printed on a CPU torch before grt_titan/quiet_imports.py:
+# CUDA libraries that cannot load, enum deprecations. Consoles of the CLI and the decoding
+# benchmarks show none of it.
+TORCHAO_IMPORT_NOISE = ("Failed to load", "_C_mxfp8", "_C_cutlass_90a", "register_constant()")
 
 # torch 2.13's torchrun reuses one rendezvous TCPStore across restarts, and restarted workers
 # can read the previous attempt's addresses (gloo/NCCL "connection refused"; pytorch#135712,

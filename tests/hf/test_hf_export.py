@@ -14,6 +14,7 @@ from grt_titan.cli import main as cli
 from grt_titan.hf.convert import REMOTE_CODE_FILES, SINGLE_FILE, write_hf_folder
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS
 
+from grt_test_helpers import TORCHAO_IMPORT_NOISE
 from hf_helpers import ATOL, decode_logits, load_hf, prompt, seeded_model, small_args
 
 # The remote code: the configuration, the model and the files it imports (exactly those
@@ -219,11 +220,6 @@ def test_bfloat16_export(native_models, tmp_path):
 
 def _assert_nothing_written(parent):
     assert [p.name for p in parent.iterdir()] == []
-
-
-# What torchao's import (by transformers, when the export is verified) printed on a CPU torch
-# before grt_titan/quiet_imports.py: CUDA libraries that cannot load, enum deprecations.
-TORCHAO_IMPORT_NOISE = ("Failed to load", "_C_mxfp8", "_C_cutlass_90a", "register_constant()")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao prints nothing if absent")
