@@ -4,7 +4,8 @@ does to decode latency (docs/benchmarks.md, "Per-token halting"; docs/hf_export.
 1. A GRT trained here: grt_debug's recipe (train_configs/grt_debug.toml: 1 + 2x4 + 1, d = 128,
    R = 4, the embedded corpus) for `--train-steps` steps on 2 CPU ranks (`--train-args` adds
    to its command), saved at the last step into `--run` (skipped when `--run` already holds a
-   checkpoint).
+   checkpoint). `--config` scores another run instead: its training TOML, with `--run` its
+   dump folder (e.g. a healed retrofit of benchmarks/retrofit_real.py).
 2. On `--sequences` validation sequences: the loss at every fixed depth r = 0..b (figure 3's
    curve, `DepthAnalysis`) and each halting rule's threshold sweep (`HaltingSweep`: loss
    against the mean forward FLOPs per token at the depths the tokens used), b = R, a = 1.
@@ -51,20 +52,20 @@ quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_i
 CONFIG = REPO / "train_configs" / "grt_debug.toml"
 
 
-def train_command(run: Path, steps: int, extra: list[str]) -> list[str]:
+def train_command(run: Path, steps: int, extra: list[str], config: Path = CONFIG) -> list[str]:
     return [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"),
-        *("-m", "grt_titan.train", "--job.config_file", str(CONFIG)),
+        *("-m", "grt_titan.train", "--job.config_file", str(config)),
         *("--training.steps", str(steps), "--validation.no-enable", "--metrics.log_freq", "25"),
         *("--checkpoint.enable", "--checkpoint.interval", str(steps), "--job.dump_folder", str(run)),
         *extra,
     ]
 
 
-def ensure_trained(run: Path, steps: int, extra: list[str]) -> Path:
+def ensure_trained(run: Path, steps: int, extra: list[str], config: Path = CONFIG) -> Path:
     checkpoint = run / "checkpoint"
     if not any(checkpoint.glob("step-*")):
-        command = train_command(run, steps, extra)
+        command = train_command(run, steps, extra, config)
         print("training:", " ".join(command), flush=True)
         run.mkdir(parents=True, exist_ok=True)
         with open(run / "train.log", "w") as log:
@@ -141,14 +142,15 @@ def main() -> int:
         "--continuous-sequences", type=int, default=8, help="validation sequences scored with continuous compute"
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the run's training TOML (default grt_debug's)")
     opts = parser.parse_args()
     torch.set_grad_enabled(False)
 
     from grt_titan.analysis.diagnostics import DepthAnalysis, HaltingSweep, batches
     from grt_titan.analysis.load import load_model
 
-    checkpoint = ensure_trained(opts.run, opts.train_steps, shlex.split(opts.train_args))
-    loaded = load_model(checkpoint, CONFIG)
+    checkpoint = ensure_trained(opts.run, opts.train_steps, shlex.split(opts.train_args), opts.config)
+    loaded = load_model(checkpoint, opts.config)
     model, args = loaded.model, loaded.args
     depth = args.num_recurrences
     dataset = validation_dataset(loaded, opts.seq_len)

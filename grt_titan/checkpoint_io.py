@@ -1,5 +1,5 @@
 """Reading and writing a trained GRT in one process: training TOMLs, checkpoint folders,
-HF weights, and what a resume would load.
+HF weights, and what a start or a resume would load.
 
 Why here, outside model/: model/ is the single-device model package (args, modules, the
 recurrence, the HF key map), as torchtitan's `models/<name>/model/`, and imports nothing
@@ -20,6 +20,10 @@ check of a resume, and the checkpoint manager takes its steps from here.
   `latest_step_folder` picks it for export-hf and analyze.
 - `resume_problems`: a resume whose checkpoint holds only the model weights (reported at
   start-up by grt_titan.config_checks).
+- `initial_load_applies` / `initial_load_problems` / `initial_load_line`: when a start loads
+  `[checkpoint] initial_load_path` (GRTCheckpointManager: with checkpointing off too), a path
+  there that is not a checkpoint (reported at start-up), and the start-up line naming what was
+  loaded (a `grt-titan retrofit`'s source and layers, from its `retrofit.json`).
 - `load_model_args`: the GRTModelArgs of a training TOML (flavor + `[grt]` overrides).
 - `load_checkpoint`: a torchtitan step folder. torchtitan 0.2.2 saves
   `<dump_folder>/<checkpoint.folder>/step-N/` with DCP; its model states are flattened to
@@ -153,6 +157,120 @@ def saved_states(path: str) -> set[str] | None:
     except Exception:
         return None
     return {k.split(".", 1)[0] for k in keys} & set(RESUME_STATES)
+
+
+# ---- what a fresh start loads: [checkpoint] initial_load_path ------------------------------
+
+INITIAL_LOAD_KEY = "[checkpoint] initial_load_path"
+# What `grt-titan retrofit OUT` writes beside the checkpoint OUT/model (grt_titan/hf/retrofit.py).
+RETROFIT_RECORD = "retrofit.json"
+
+
+def initial_load_applies(path: str | None, enable: bool, folder: str | None, load_step: int) -> bool:
+    """Whether a start loads `[checkpoint] initial_load_path` (GRTCheckpointManager.load).
+
+    torchtitan loads it when checkpointing is on and the run's checkpoint `folder` does not
+    exist, and otherwise ignores it: with checkpointing off, and with a folder that holds no
+    complete step, the run then starts from random weights. grt_titan loads it in those two
+    cases too. A folder with a complete step (or an explicit `load_step`) is a resume, which
+    loads the run's own checkpoint and not this path, as torchtitan does.
+    """
+    if not path:
+        return False
+    if not enable or folder is None or not os.path.exists(folder):
+        return True
+    return load_step == -1 and latest_complete_step(folder) == -1
+
+
+def _hf_weight_files(path: str) -> list[str]:
+    return [name for name in os.listdir(path) if name.endswith(".safetensors")]
+
+
+def _initial_load_hint(path: str) -> str:
+    """A likely meant folder inside `path` (a retrofit's model/, a run's newest step), or ''."""
+    inner = os.path.join(path, "model")
+    if os.path.isfile(os.path.join(inner, METADATA_FILE)):
+        return f"; did you mean {inner!r}, the checkpoint of a `grt-titan retrofit` folder?"
+    step = latest_complete_step(path)
+    if step != -1:
+        return f"; did you mean {step_folder(path, step)!r}, its newest complete step?"
+    if _hf_weight_files(path):
+        return "; it holds safetensors: set [checkpoint] initial_load_in_hf = true to read them"
+    return ""
+
+
+def initial_load_problems(job_config) -> list[str]:
+    """`[checkpoint] initial_load_path`, when the start would load it (`initial_load_applies`),
+    is not a checkpoint torchtitan can load: no such folder, no DCP `.metadata` (no
+    safetensors with `initial_load_in_hf`), or, for a full load (`initial_load_model_only =
+    false`), a model-only checkpoint; and the HF load's own rules (torchtitan's asserts)."""
+    c = job_config.checkpoint
+    folder = os.path.join(job_config.job.dump_folder, c.folder)
+    if not initial_load_applies(c.initial_load_path, c.enable, folder, c.load_step):
+        return []
+    path, problems = c.initial_load_path, []
+    if c.initial_load_in_hf and not c.initial_load_model_only:
+        problems.append(
+            "[checkpoint] initial_load_in_hf = true loads the model weights only; allowed: "
+            "initial_load_model_only = true with it, or initial_load_in_hf = false"
+        )
+    if c.initial_load_in_hf_quantized and not c.initial_load_in_hf:
+        problems.append(
+            "[checkpoint] initial_load_in_hf_quantized = true reads Hugging Face safetensors; "
+            "allowed: initial_load_in_hf = true with it, or initial_load_in_hf_quantized = false"
+        )
+    if c.initial_load_in_hf:
+        kind, missing = (
+            "a Hugging Face folder holding *.safetensors ([checkpoint] initial_load_in_hf = true)",
+            "*.safetensors",
+        )
+    else:
+        kind = (
+            f"a torchtitan DCP checkpoint folder (holding {METADATA_FILE}), such as a run's "
+            "checkpoint/step-N or the model/ folder `grt-titan retrofit` writes"
+        )
+        missing = METADATA_FILE
+    allowed = f"allowed: {kind}, or no initial_load_path (random weights)"
+    if not os.path.isdir(path):
+        problems.append(f"{INITIAL_LOAD_KEY} = {path!r}: no such folder; {allowed}")
+    elif not (_hf_weight_files(path) if c.initial_load_in_hf else os.path.isfile(os.path.join(path, METADATA_FILE))):
+        problems.append(
+            f"{INITIAL_LOAD_KEY} = {path!r}: not a checkpoint (no {missing} in it{_initial_load_hint(path)}); {allowed}"
+        )
+    elif not c.initial_load_model_only and not c.initial_load_in_hf and saved_states(path) == set():
+        problems.append(
+            f"[checkpoint] initial_load_model_only = false: {INITIAL_LOAD_KEY} = {path!r} holds only "
+            f"the model weights (no {', '.join(RESUME_STATES)}); allowed: initial_load_model_only = true"
+        )
+    return problems
+
+
+def _layer_ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'; [] -> 'none'."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "none"
+
+
+def initial_load_line(path: str) -> str:
+    """The start-up line naming what `[checkpoint] initial_load_path` loaded: the retrofit
+    (from the `retrofit.json` beside it: source, model type, which source layers became
+    prelude / core / coda / dropped, the init when recorded), or else the path."""
+    record_file = Path(path).parent / RETROFIT_RECORD
+    if not record_file.is_file():
+        return f"Initial weights: loaded {path} ({INITIAL_LOAD_KEY})"
+    try:
+        r = json.loads(record_file.read_text())
+        layers = ", ".join(f"{part} {_layer_ranges(r[part])}" for part in ("prelude", "core", "coda", "dropped"))
+        described = f"{r['source']}, {r['model_type']}, {r['source_layers']} source layers: {layers}"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"Initial weights: loaded {path} ({INITIAL_LOAD_KEY}; its {record_file} is unreadable: {e!r})"
+    init = f"; init {r['init']}" if "init" in r else ""  # retrofits before --init have none
+    return f"Retrofit: loaded {path} ({described}{init})"
 
 
 # ---- args ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ COMMANDS = {
     "prepare": ("grt_titan.data.prepare", "turn local text into token shards"),
     "export-hf": ("grt_titan.hf.export", "export a checkpoint to a Hugging Face folder"),
     "import-hf": ("grt_titan.hf.importer", "convert a Hugging Face folder to a checkpoint"),
-    "retrofit": ("grt_titan.hf.retrofit", "split a pretrained GPT-2 / Llama / Qwen3 folder into a GRT"),
+    "retrofit": ("grt_titan.hf.retrofit_cli", "split a pretrained GPT-2 / Llama / Qwen3 folder into a GRT"),
     "analyze": ("grt_titan.analysis.cli", "per-recurrence-step plots and numbers of a trained model"),
     "table": ("grt_titan.analysis.table", "paper table 1 (and figure 5's ladder) from training runs"),
 }

@@ -8,7 +8,9 @@ parallel plans, the optimizer, the checkpointer or the validator are built. Ever
 in one `ValueError`, one line per problem, each naming the TOML key (`[section] key`) and
 what is allowed, instead of an assertion or a traceback from deep inside torch later.
 That includes the checkpoint a resume would load: one holding only the model weights
-(torchtitan's model-only last save) is reported here, not by DCP at load time.
+(torchtitan's model-only last save) is reported here, not by DCP at load time; and the
+`[checkpoint] initial_load_path` a fresh start would load, which must be a checkpoint
+(otherwise DCP or torchtitan's loader would fail after the model is built).
 
 `Flavors` is the spec's flavor table: an unknown `[model] flavor` raises the same kind of
 error naming the known flavors (torchtitan looks the flavor up before update_from_config).
@@ -26,7 +28,7 @@ import torchtitan.components.quantization  # noqa: F401  registers the float8 an
 from torch import nn
 from torchtitan.protocols.model_converter import _registry_model_converter_cls
 
-from grt_titan.checkpoint_io import resume_problems
+from grt_titan.checkpoint_io import initial_load_problems, resume_problems
 from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
 from grt_titan.fake_backend import is_fake_backend
@@ -441,6 +443,7 @@ def check_job_config(job_config, model_args) -> None:
     problems += _dataset_problems(job_config)
     problems += _distill_problems(job_config, model_args)
     problems += resume_problems(job_config)
+    problems += initial_load_problems(job_config)
     if problems:
         _raise(problems)
 

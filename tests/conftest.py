@@ -58,6 +58,7 @@ LONGEST_FIRST = {
     "reliability/test_spike_and_corruption.py": 30,
     "infra/test_paper_configs.py": 30,
     "reliability/test_layouts.py": 30,
+    "reliability/test_initial_load.py": 25,
     "components/test_validate.py": 25,
     "model/test_exit_distribution.py": 25,
     "test_config_checks.py": 25,

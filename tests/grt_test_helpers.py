@@ -377,11 +377,23 @@ def dense_teacher_args(folder: Path) -> list[str]:
     return ["--distill.teacher", str(folder), "--distill.teacher_config", str(STAND_IN_TEACHER_CONFIG)]
 
 
+def no_initial_weights_args(path: Path) -> list[str]:
+    """For a preset that starts from weights its user makes (a retrofit preset's `[checkpoint]
+    initial_load_path`: `grt-titan retrofit`'s output), none: CI holds no such folder, and a
+    start that would load a missing one stops, with checkpointing off too
+    (grt_titan.checkpoint_io.initial_load_problems). Empty for the other presets."""
+    import tomli
+
+    initial = tomli.loads(path.read_text()).get("checkpoint", {}).get("initial_load_path")
+    return ["--checkpoint.initial_load_path", ""] if initial else []
+
+
 def stand_in_overrides(path: Path, tmp: Path) -> list[str]:
     """Command-line overrides that let a shipped TOML start here: a retrofit preset's source
-    tokenizer (a stand-in of its size, `stand_in_source_tokenizer`) and a distillation preset's
-    teacher (`stand_in_teacher_args`); none for the others."""
+    tokenizer (a stand-in of its size, `stand_in_source_tokenizer`) without its retrofitted
+    weights (`no_initial_weights_args`), and a distillation preset's teacher
+    (`stand_in_teacher_args`); none for the others."""
     tokenizer = (
         [] if source_tokenizer(path) is None else ["--model.hf_assets_path", str(stand_in_source_tokenizer(path, tmp))]
     )
-    return [*tokenizer, *stand_in_teacher_args(path, tmp)]
+    return [*tokenizer, *no_initial_weights_args(path), *stand_in_teacher_args(path, tmp)]

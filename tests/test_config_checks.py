@@ -416,6 +416,100 @@ def test_half_written_newest_is_left_to_torchtitan(tmp_path):
     start_up(resume_config(tmp_path))
 
 
+# ---- [checkpoint] initial_load_path -------------------------------------------------------
+# Loaded whenever the run has nothing of its own to resume, with checkpointing off too
+# (GRTCheckpointManager.load_initial; the run: tests/reliability/test_initial_load.py), so it
+# must be a checkpoint then; a resume ignores it, as torchtitan does.
+
+
+def initial_load_config(dump, path, *overrides):
+    return parse_config("--job.dump_folder", str(dump / "run"), "--checkpoint.initial_load_path", str(path), *overrides)
+
+
+def initial_load_error(config) -> str:
+    with pytest.raises(ValueError) as info:
+        start_up(config)
+    return str(info.value)
+
+
+DCP_FOLDER = (
+    "allowed: a torchtitan DCP checkpoint folder (holding .metadata), such as a run's "
+    "checkpoint/step-N or the model/ folder `grt-titan retrofit` writes, or no initial_load_path (random weights)"
+)
+
+
+@pytest.mark.parametrize("overrides", [[], ["--checkpoint.enable"]], ids=["checkpointing_off", "on"])
+def test_missing_initial_load_path_is_named(tmp_path, overrides):
+    missing = tmp_path / "retrofit" / "model"
+    assert initial_load_error(initial_load_config(tmp_path, missing, *overrides)) == (
+        f"invalid job config: [checkpoint] initial_load_path = {str(missing)!r}: no such folder; {DCP_FOLDER}"
+    )
+
+
+@NO_PROCESS_GROUP
+def test_initial_load_path_that_is_no_checkpoint_is_named_with_the_likely_one(tmp_path):
+    """A retrofit's folder instead of its model/, a run's checkpoint/ instead of a step, an HF
+    folder without initial_load_in_hf, an empty folder: each named, with the likely fix."""
+    retrofit = tmp_path / "retrofit"
+    dcp.save({"w": torch.zeros(2)}, checkpoint_id=str(retrofit / "model"))
+    message = initial_load_error(initial_load_config(tmp_path, retrofit))
+    assert message == (
+        f"invalid job config: [checkpoint] initial_load_path = {str(retrofit)!r}: not a checkpoint (no "
+        f".metadata in it; did you mean {str(retrofit / 'model')!r}, the checkpoint of a `grt-titan "
+        f"retrofit` folder?); {DCP_FOLDER}"
+    )
+    save_step(tmp_path / "old", 4, full=True)
+    message = initial_load_error(initial_load_config(tmp_path, tmp_path / "old" / "checkpoint"))
+    assert f"; did you mean {str(tmp_path / 'old' / 'checkpoint' / 'step-4')!r}, its newest complete step?)" in message
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"")
+    message = initial_load_error(initial_load_config(tmp_path, hf))
+    assert "; it holds safetensors: set [checkpoint] initial_load_in_hf = true to read them)" in message
+    (hf / "model.safetensors").unlink()
+    assert initial_load_error(initial_load_config(tmp_path, hf, "--checkpoint.initial_load_in_hf")) == (
+        f"invalid job config: [checkpoint] initial_load_path = {str(hf)!r}: not a checkpoint (no *.safetensors "
+        "in it); allowed: a Hugging Face folder holding *.safetensors ([checkpoint] initial_load_in_hf = true), "
+        "or no initial_load_path (random weights)"
+    )
+
+
+@NO_PROCESS_GROUP
+def test_initial_load_settings_torchtitan_asserts_are_named(tmp_path):
+    model_only = tmp_path / "model"
+    dcp.save({"w": torch.zeros(2)}, checkpoint_id=str(model_only))
+    assert initial_load_error(initial_load_config(tmp_path, model_only, "--checkpoint.no-initial_load_model_only")) == (
+        f"invalid job config: [checkpoint] initial_load_model_only = false: [checkpoint] initial_load_path = "
+        f"{str(model_only)!r} holds only the model weights (no train_state, optimizer, lr_scheduler, dataloader); "
+        "allowed: initial_load_model_only = true"
+    )
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"")
+    message = initial_load_error(
+        initial_load_config(tmp_path, hf, "--checkpoint.initial_load_in_hf", "--checkpoint.no-initial_load_model_only")
+    )
+    assert message == (
+        "invalid job config: [checkpoint] initial_load_in_hf = true loads the model weights only; allowed: "
+        "initial_load_model_only = true with it, or initial_load_in_hf = false"
+    )
+
+
+@NO_PROCESS_GROUP
+def test_initial_load_path_is_checked_only_when_it_would_be_loaded(tmp_path):
+    """A resume (the run's folder has a complete step) ignores initial_load_path, as torchtitan
+    does: a deleted one does not stop it. A folder holding only a half-written step resumes
+    nothing, so the path is loaded then, and checked."""
+    missing = tmp_path / "gone"
+    (tmp_path / "run" / "checkpoint" / "step-4").mkdir(parents=True)  # half-written
+    message = initial_load_error(initial_load_config(tmp_path, missing, "--checkpoint.enable"))
+    assert message.startswith("invalid job config: [checkpoint] initial_load_path = ")
+    save_step(tmp_path / "run", 2, full=True)
+    start_up(initial_load_config(tmp_path, missing, "--checkpoint.enable"))
+    # With checkpointing off nothing is resumed: the path is loaded, so checked.
+    assert "no such folder" in initial_load_error(initial_load_config(tmp_path, missing))
+
+
 OURO = [
     "--grt.objective",
     "exit_distribution",

@@ -22,12 +22,20 @@ the CheckpointManager hands it.
 Also the layout-independent resume of the data position: `dcp_load` tells the dataloader
 which of its state formats the checkpoint holds (`select_saved_state`), so checkpoints with
 torchtitan's per-rank dataloader keys still load at their own degree.
+
+And `[checkpoint] initial_load_path` whenever the run has nothing of its own to resume
+(`load_initial`): torchtitan reads it only with checkpointing on and no checkpoint folder, so
+a trial run with `--checkpoint.no-enable` (or a folder holding only a half-written step)
+started from random weights without a word. It is loaded as torchtitan loads it, with its
+`initial_load_*` settings; with checkpointing off nothing is saved. A start-up line names
+what was loaded (a `grt-titan retrofit`'s source and layers, `initial_load_line`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 from typing import Any
 
@@ -43,7 +51,13 @@ from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import GarbageCollection
 
-from grt_titan.checkpoint_io import METADATA_FILE, checkpoint_steps
+from grt_titan.checkpoint_io import (
+    INITIAL_LOAD_KEY,
+    METADATA_FILE,
+    checkpoint_steps,
+    initial_load_applies,
+    initial_load_line,
+)
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
 
@@ -167,12 +181,47 @@ def _all_problems(path: str) -> list[str] | None:
 
 
 class GRTCheckpointManager(CheckpointManager):
-    """torchtitan's CheckpointManager plus checksums (`[checkpoint] checksums`) and a
-    dataloader state whose format follows the checkpoint being loaded."""
+    """torchtitan's CheckpointManager plus checksums (`[checkpoint] checksums`), a
+    dataloader state whose format follows the checkpoint being loaded, and an
+    `[checkpoint] initial_load_path` that is loaded whenever the run has nothing of its own
+    to resume (`initial_load_applies`): with checkpointing off too, saving nothing."""
 
-    def __init__(self, *args, checksums: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        dataloader,
+        model_parts,
+        optimizers,
+        lr_schedulers,
+        states,
+        checkpoint_config,
+        sd_adapter,
+        base_folder: str = "",
+        ft_manager=None,
+        *,
+        checksums: bool = True,
+    ):
+        super().__init__(
+            dataloader,
+            model_parts,
+            optimizers,
+            lr_schedulers,
+            states,
+            checkpoint_config,
+            sd_adapter,
+            base_folder,
+            ft_manager,
+        )
         self.checksums = checksums
+        if not self.enable:
+            # torchtitan's __init__ returns before its load settings when checkpointing is
+            # off; `load_initial` reads them (save() still saves nothing: `_should_save`).
+            c = checkpoint_config
+            self.initial_load_path = c.initial_load_path
+            self.initial_load_model_only = c.initial_load_model_only
+            self.initial_load_in_hf = c.initial_load_in_hf
+            self.initial_load_in_hf_quantized = c.initial_load_in_hf_quantized
+            self.exclude_from_loading = c.exclude_from_loading
+            self.sd_adapter = sd_adapter
 
     def dcp_save(self, state_dict, checkpoint_id, async_mode, enable_garbage_collection=False, to_hf=False):
         if to_hf or not self.checksums:
@@ -208,9 +257,47 @@ class GRTCheckpointManager(CheckpointManager):
 
     @torch.no_grad()
     def load(self, step: int = -1) -> bool:
+        folder = self.folder if self.enable else None
+        if initial_load_applies(getattr(self, "initial_load_path", None), self.enable, folder, step):
+            return self.load_initial()
         if self.enable and self.checksums and os.path.isdir(self.folder):
             step = self.verified_step(step)
         return super().load(step)
+
+    def load_initial(self) -> bool:
+        """Load `[checkpoint] initial_load_path` as torchtitan's `load` does for a run without
+        a checkpoint folder (its `initial_load_model_only` / `initial_load_in_hf` /
+        `initial_load_in_hf_quantized`, through `_states_to_load` and `dcp_load`), also when
+        torchtitan would skip it: checkpointing off, or a folder with no complete step. The
+        start-up check (`initial_load_problems`) has made sure the path is a checkpoint."""
+        path = self.initial_load_path
+        if not self.enable:
+            logger.info(
+                f"[checkpoint] enable = false: loading {INITIAL_LOAD_KEY} {path} all the same "
+                "(torchtitan would skip it); this run saves no checkpoint"
+            )
+        elif os.path.isdir(self.folder):
+            logger.warning(
+                f"Checkpoint folder {self.folder} holds no complete checkpoint to resume from; "
+                f"loading {INITIAL_LOAD_KEY} {path} instead of starting from random weights."
+            )
+        if self.enable_ft_dataloader_checkpoints:
+            self._ft_load()
+        if self.initial_load_in_hf:  # torchtitan's lines from here on
+            logger.info(f"loading from HF safetensors from --checkpoint.initial_load_path: {path}")
+        logger.info(f"Loading the checkpoint from {path}.")
+        begin = time.monotonic()
+        states = self._states_to_load(self.initial_load_model_only)
+        self.dcp_load(
+            states,
+            checkpoint_id=path,
+            from_hf=self.initial_load_in_hf,
+            from_quantized=self.initial_load_in_hf_quantized,
+        )
+        GarbageCollection.collect("GC collection for checkpoint loading.")
+        logger.info(f"Finished loading the checkpoint in {time.monotonic() - begin:.2f} seconds.")
+        logger.info(initial_load_line(path))
+        return True
 
     def verified_step(self, step: int) -> int:
         """`step` (an explicit `load_step`) if it verifies, else raise; for -1 the newest

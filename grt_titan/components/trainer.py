@@ -3,7 +3,8 @@
 `python -m grt_titan.train` runs torchtitan's own `main` with this subclass. It changes no
 step of torchtitan's loop; it only
 - builds the checkpointer as `GRTCheckpointManager` (checksummed saves, verified loads with
-  fallback, the dataloader's state format chosen by the checkpoint), and
+  fallback, the dataloader's state format chosen by the checkpoint, `[checkpoint]
+  initial_load_path` loaded with checkpointing off too), and
 - with `[loss_spike] enable`, checks each step's loss before clipping and the optimizer
   step (`LossSpikeMonitor`), exits for a rewind at a spike, and gives the dataloader the
   windows of batches skipped at earlier spikes. On torchtitan's fake backend (a dry run,
@@ -38,14 +39,20 @@ class GRTTrainer(Trainer):
         # arguments (the first one only started its purge thread, closed here).
         plain = self.checkpointer
         plain.close()
+        sd_adapter = getattr(plain, "sd_adapter", None)
+        c = job_config.checkpoint
+        if sd_adapter is None and c.initial_load_in_hf and self.train_spec.state_dict_adapter is not None:
+            # torchtitan keeps its adapter only with checkpointing on; ours loads an HF
+            # initial_load_path with it off too. Built as torchtitan builds it.
+            sd_adapter = self.train_spec.state_dict_adapter(self.model_args, job_config.model.hf_assets_path)
         self.checkpointer = GRTCheckpointManager(
             dataloader=self.dataloader,
             model_parts=self.model_parts,
             optimizers=self.optimizers,
             lr_schedulers=self.lr_schedulers,
             states={"train_state": self},
-            checkpoint_config=job_config.checkpoint,
-            sd_adapter=getattr(plain, "sd_adapter", None),
+            checkpoint_config=c,
+            sd_adapter=sd_adapter,
             base_folder=job_config.job.dump_folder,
             checksums=getattr(job_config.checkpoint, "checksums", True),
         )

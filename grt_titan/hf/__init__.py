@@ -10,7 +10,8 @@
 - export.py / importer.py: the `grt-titan export-hf` / `import-hf` commands.
 - stock.py: dense models <-> stock GPT-2 / Llama folders (GPT2LMHeadModel, LlamaForCausalLM;
   no remote code): the default export of a dense model, and its import.
-- tokenizer_files.py: GPT-2 tokenizer files from the tiktoken ranks.
+- tokenizer_files.py: an export's tokenizer files: a Hugging Face tokenizer folder's, carried with
+  its chat templates and generation ids, or GPT-2's, derived from tiktoken ranks.
 
 Importing this package imports nothing heavy; transformers is needed by the modules that
 build or load the HF model (`pip install grt-titan[hf]`).

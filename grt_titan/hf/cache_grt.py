@@ -43,7 +43,10 @@ class GRTCache(Cache):
     of past tokens plus their own K/V of the current step (exact within the call), and
     the kept K/V of the new tokens is written when their recurrence ends. A prefill is
     therefore exact under every strategy; they differ from the next token on (and not at
-    all when r = 1).
+    all when r = 1). For the same reason assisted decoding (prompt lookup, an assistant
+    model: a draft checked in one forward, the rejected tokens cropped) gives greedy
+    decoding's tokens with `per_step` only, and is refused with the others
+    (`check_assisted_decoding`).
 
     Memory, B sequences of T tokens, KV heads H_kv of size d_h, s bytes per element:
 
@@ -305,6 +308,17 @@ class GRTCache(Cache):
     @property
     def is_croppable(self) -> bool:
         return True
+
+    def check_assisted_decoding(self) -> None:
+        """ValueError for a compressed cache: assisted decoding checks a draft of several tokens in
+        one forward, where they attend to each other's K/V of the current step, not to the kept
+        K/V decoding them one by one gives, so its tokens would not be greedy decoding's."""
+        if self.compressed:
+            raise ValueError(
+                f"prompt-lookup / assisted decoding is not supported with kv_cache_strategy = {self.strategy!r}: "
+                "a draft checked in one forward sees exact core K/V where one-by-one decoding sees the compressed "
+                "ones, so the tokens would differ from greedy decoding's; allowed: kv_cache_strategy = 'per_step'"
+            )
 
     def __repr__(self) -> str:
         return (

@@ -3,7 +3,8 @@
 An exported folder holds: config.json (model_type "grt", auto_map), the remote code
 (`REMOTE_CODE_FILES`: configuration_grt.py, modeling_grt.py and the files it imports),
 model.safetensors (or model-0000i-of-0000N.safetensors + index above `max_shard_size`),
-generation_config.json, GPT-2 tokenizer files and README.md (model card).
+generation_config.json, the tokenizer files (a Hugging Face tokenizer folder's, or GPT-2's
+derived from tiktoken ranks: tokenizer_files.py) and README.md (model card).
 It is written into a temporary sibling folder and renamed into place only when complete,
 so a failure never leaves a partial output folder.
 
@@ -274,9 +275,17 @@ def special_ids(tokenizer, model_args: GRTModelArgs) -> tuple[int | None, int | 
 def write_tokenizer_files_and_generation_config(
     folder: Path, tokenizer, model_args: GRTModelArgs, write_tokenizer: bool = True
 ) -> None:
-    """generation_config.json (bos, eos, pad) and, with `write_tokenizer`, the tokenizer files."""
+    """generation_config.json (bos, eos, pad: a Hugging Face tokenizer folder's own
+    generation_config.json ids where it has them) and, with `write_tokenizer`, the tokenizer files."""
+    from grt_titan.tokenizer import HFTokenizer
+
+    from .tokenizer_files import source_generation_ids
+
     eos_id, bos_id = special_ids(tokenizer, model_args)
-    _write_generation_config(folder, eos_id, bos_id)
+    source_ids = (
+        source_generation_ids(tokenizer.path, model_args.vocab_size) if isinstance(tokenizer, HFTokenizer) else {}
+    )
+    _write_generation_config(folder, eos_id, bos_id, source_ids)
     if write_tokenizer:
         _write_tokenizer(folder, tokenizer, model_args)
 
@@ -289,30 +298,33 @@ def _special_id(tokenizer, name: str, model_args: GRTModelArgs) -> int | None:
     return token_id if token_id is not None and token_id < model_args.vocab_size else None
 
 
-def _write_generation_config(folder: Path, eos_id: int | None, bos_id: int | None = None) -> None:
+def _write_generation_config(
+    folder: Path, eos_id: int | None, bos_id: int | None = None, source_ids: dict | None = None
+) -> None:
+    """bos = eos = pad = the tokenizer's EOS (a missing BOS is the EOS, as HF's GPT-2 writes
+    it), each replaced by the source's `source_ids` (`source_generation_ids`) where given."""
     from transformers import GenerationConfig
 
     bos_id = eos_id if bos_id is None else bos_id
-    GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=eos_id).save_pretrained(str(folder))
+    ids = {"bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": eos_id, **(source_ids or {})}
+    GenerationConfig(**ids).save_pretrained(str(folder))
 
 
 def _write_tokenizer(folder: Path, tokenizer, model_args: GRTModelArgs) -> None:
-    """The export's tokenizer files: a Hugging Face tokenizer folder's own (tokenizer.json,
-    tokenizer_config.json, special_tokens_map.json where present), copied unchanged so that
-    the export's tokenizer identity is the source's; for tiktoken ranks, the GPT-2 files
-    derived from them."""
-    from grt_titan.tokenizer import HF_TOKENIZER_FILES, HFTokenizer
+    """The export's tokenizer files: a Hugging Face tokenizer folder's own (`copy_tokenizer_files`:
+    tokenizer.json, tokenizer_config.json, special tokens, chat templates, where present),
+    copied unchanged so that the export's tokenizer identity and prompts are the source's; for
+    tiktoken ranks, the GPT-2 files derived from them."""
+    from grt_titan.tokenizer import HFTokenizer
 
-    from .tokenizer_files import write_tokenizer_files
+    from .tokenizer_files import copy_tokenizer_files, write_tokenizer_files
 
     if tokenizer.get_vocab_size() > model_args.vocab_size:
         raise ExportError(
             f"the tokenizer has {tokenizer.get_vocab_size()} ids but the model's vocab_size is {model_args.vocab_size}"
         )
     if isinstance(tokenizer, HFTokenizer):
-        for name in HF_TOKENIZER_FILES:
-            if (tokenizer.path / name).is_file():
-                shutil.copyfile(tokenizer.path / name, folder / name)
+        copy_tokenizer_files(tokenizer.path, folder)
         return
     write_tokenizer_files(folder, tokenizer.encoding._mergeable_ranks, model_args.max_seq_len)
 

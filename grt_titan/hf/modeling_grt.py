@@ -76,6 +76,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
+from transformers.generation.configuration_utils import GenerationMode
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 # MoRCache and eval_initial_state stay importable from this module (benchmarks, tests), as
@@ -539,6 +540,17 @@ class GRTForCausalLM(GRTPreTrainedModel, GenerationMixin):
     def _supports_default_dynamic_cache(cls) -> bool:
         # generate() must not build a DynamicCache: forward creates a GRTCache.
         return False
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, *args, **kwargs):
+        """Assisted decoding (prompt lookup, an assistant model) needs the cache before the first
+        forward, which otherwise opens it: open it here, refused unless exact (`per_step`)."""
+        super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, *args, **kwargs)
+        if generation_mode != GenerationMode.ASSISTED_GENERATION or generation_config.use_cache is False:
+            return
+        strategy, routing = model_kwargs.get("kv_cache_strategy"), model_kwargs.get("router_inference")
+        cache, _ = self.model._open_cache(model_kwargs.get(CACHE_FIELD), True, strategy, routing)
+        cache.check_assisted_decoding()
+        model_kwargs[CACHE_FIELD] = cache
 
     def get_input_embeddings(self):
         return self.model.embed_tokens

@@ -1,46 +1,45 @@
 """`grt-titan retrofit`: a pretrained dense Hugging Face model -> a GRT that starts from it.
 
-    grt-titan retrofit SRC --out DIR [--prelude P] [--core A:B] [--coda C] [--recurrences R]
+    grt-titan retrofit SRC --out DIR [--prelude P] [--core A:B] [--coda C] [--recurrences R] [--init INIT]
+    grt-titan retrofit SRC --plan [--data NAME|PATH] [--tokens N] [--plan-json FILE]
 
 SRC is a local folder of a GPT-2, Llama (3.x) or Qwen3 model (config.json, model.safetensors
 or the shards of model.safetensors.index.json, tokenizer files), read by grt_titan/hf/stock.py
 (the one reader of stock models: the architecture, the weights as flat per-layer tensors, and
 the refusals). Here: source layers 0..P-1 become the prelude, A..B-1 the weight-tied core, the
-last C the coda; the layers between are dropped. Embeddings, GPT-2's positions, the final norm
-and the LM head (tied or not) are copied. W_proj and the gate are set so that the first loop
-preserves the source (docs/retrofit.md derives it from eq. 2-5):
+last C the coda; the layers between are dropped (the default split maps every layer). Embeddings,
+GPT-2's positions, the final norm and the LM head (tied or not) are copied. W_proj and the gate,
+the GRT's own parts, are set by `--init` (docs/retrofit.md derives each from eq. 2-5):
 
-    h_0 = h_pre                                  (initial_state = prelude)
-    W_proj = [I, 0]                              -> h_tilde = h_0 = h_pre
-    f_g's output layer: weight 0, bias -B        -> g = sigmoid(-B) ~ 4e-8 (B = 17): 1 - g == 1 in fp32
-    h_1 = g h_0 + (1 - g) core(h_pre) = core(h_pre)
+    every-depth (default)  W_proj = [0, I], gate closed: h_t = core(h_pre) at every step t, so
+                           every depth r >= 1 computes the source (less its dropped layers)
+    first-loop             W_proj = [I, 0], gate closed: h_1 = core(h_pre) (the source at r = 1),
+                           loops 2..R iterate the core on its own output
+    damped                 W_proj = [I, 0], g = 1 - 1/R: each loop adds 1/R of the core's update
 
-so at r = 1 in eval mode (no noise) the GRT computes exactly the source's layers in order:
-its logits equal the source's transformers forward (with every layer mapped) or the source
-without the dropped layers. Loops 2..R begin as plain iteration of the core on its own
-output (W_proj's zero h_pre half and the closed gate are learned from there).
+(the closed gate: f_g's output layer weight 0, bias -B, g = sigmoid(-B) ~ 4e-8 with B = 17, so
+1 - g is 1 to within one fp32 ulp). `--plan` measures candidate splits on a sample of data and
+writes nothing (grt_titan/hf/retrofit_plan.py); the command is grt_titan/hf/retrofit_cli.py.
 
 DIR receives:
 - `model/`: a torchtitan model-only DCP checkpoint (model FQNs at the top level, fp32), what
   `[checkpoint] initial_load_path` loads with `initial_load_model_only = true`; it holds the
-  closed gate (W_proj and f_g's weights are weights, not settings);
+  init's W_proj and gate (weights, not settings);
 - `model_args.json`: the GRT's architecture (GRTModelArgs fields), the TOML's flavor
   (`[model] flavor = "<DIR>/model_args.json"`: a flavor may be such a file); its
   `gate_bias_init` is the flavors' (+4): built from it alone, a GRT starts from scratch;
 - `train.toml`: a training config for it (the source's tokenizer, the recipe of the nearest
-  preset at a continued-training learning rate);
-- `retrofit.json`: where each GRT layer comes from.
+  preset at a continued-training learning rate, a depth curriculum, validation by depth);
+- `retrofit.json`: where each GRT layer comes from, and the init.
 
 Nothing is written unless every check passes (grt_titan/atomic_dir.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ import tomllib
 import torch
 
 from grt_titan.atomic_dir import atomic_directory
-from grt_titan.checkpoint_io import CheckpointError, read_hf_weights, save_checkpoint
+from grt_titan.checkpoint_io import RETROFIT_RECORD, CheckpointError, read_hf_weights, save_checkpoint
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.model import GRTModel
 from grt_titan.model.state_dict_adapter import optional_native_keys
@@ -70,9 +69,19 @@ DEFAULT_RECURRENCES = 4
 # Continued training: the nearest preset's peak learning rate divided by this.
 CONTINUED_LR_DIVISOR = 10.0
 PRESETS = Path(__file__).resolve().parents[2] / "train_configs"
-# The GRT's own parts, which no source layer fills: W_proj and the gate (set by
-# `identity_preserving_init`).
+# The GRT's own parts, which no source layer fills: W_proj and the gate (set by `retrofit_init`).
 GRT_OWN_PARTS = ("recurrence.step.proj.", "recurrence.step.gate.")
+# `--init`: what W_proj and the gate start as (docs/retrofit.md, "Which depths start at the source").
+RETROFIT_INITS = {
+    "every-depth": "W_proj = [0, I], gate closed: every depth r >= 1 is the source",
+    "first-loop": "W_proj = [I, 0], gate closed: r = 1 is the source, loops 2..R iterate the core",
+    "damped": "W_proj = [I, 0], g = 1 - 1/R: each loop adds 1/R of the core's update",
+}
+DEFAULT_INIT = "every-depth"
+# The written TOML's depth curriculum ramps r_max from r_min to R over this share of training.steps.
+CURRICULUM_SHARE = 4
+# ... and its learning-rate warm-up is this share of training.steps (the weights are trained already).
+WARMUP_SHARE = 50
 
 
 class RetrofitError(CheckpointError):
@@ -108,17 +117,18 @@ class LayerPlan:
 
 
 def default_split(num_layers: int) -> tuple[int, tuple[int, int], int]:
-    """(P, (A, B), C): McLeish et al. 2025's shape, prelude = coda = p = max(1, L // 8) first /
-    last layers and a core of 2p layers just before the coda, the middle dropped. TinyLlama's
-    22 layers give their figure 1's (2, 4, 2): prelude 0-1, core 16-19, coda 20-21. A source
-    too small for 4p layers keeps what fits (4 layers: 1, 1:3, 1, every layer mapped)."""
+    """(P, (A, B), C): every source layer kept, a core of 2p layers (p = max(1, L // 8):
+    McLeish et al. 2025's core size) in the middle of the stack, the layers before it the
+    prelude and those after it the coda. At r = 1 the GRT is the whole source (under
+    `--init every-depth` at every r); McLeish's drop-the-middle shape and other cores are
+    measured by `--plan` (docs/retrofit.md, "Choosing the split")."""
     if num_layers < 3:
         raise RetrofitError(
             f"config.json: num_hidden_layers = {num_layers}; a retrofit needs >= 3 layers (prelude, core, coda)"
         )
-    p = max(1, num_layers // 8)
-    n = min(2 * p, num_layers - 2 * p)
-    return p, (num_layers - p - n, num_layers - p), p
+    core = min(2 * max(1, num_layers // 8), num_layers - 2)
+    prelude = (num_layers - core) // 2
+    return prelude, (prelude, prelude + core), num_layers - prelude - core
 
 
 def plan_layers(num_layers: int, prelude: int | None, core: tuple[int, int] | None, coda: int | None) -> LayerPlan:
@@ -158,7 +168,7 @@ def retrofit_args(source: GRTModelArgs, plan: LayerPlan, **grt: Any) -> GRTModel
     """The GRT's args: the source's architecture (`source`, grt_titan/hf/stock.py's reading of
     its config.json), the plan's layer counts and the `[grt]` settings `grt` (num_recurrences,
     ...). The gate's closed bias is not among them: it lives in the checkpoint's weights
-    (`identity_preserving_init`), so the args build a GRT with the flavors' normal gate init."""
+    (`retrofit_init`), so the args build a GRT with the flavors' normal gate init."""
     args = source.replace(
         n_prelude_layers=len(plan.prelude),
         n_core_layers=len(plan.core),
@@ -181,19 +191,29 @@ def native_source_weights(
     return pad_vocab_rows(place_layers(stock_to_flat(hf, source, plan.kept), plan.grt_keys()), args)
 
 
-def identity_preserving_init(model: GRTModel, gate_bias: float = GATE_CLOSED_BIAS) -> None:
-    """W_proj = [I, 0] and a closed gate (f_g's output weights 0, bias -gate_bias): loop 1
-    writes core(h_pre) through (docs/retrofit.md). f_g's first layer keeps its random init, so
-    the output layer's gradient (silu(w_in x) per unit) is nonzero and Adam can open the gate."""
-    step = model.recurrence.step
-    dim = model.model_args.dim
+def retrofit_init(model: GRTModel, init: str = DEFAULT_INIT, gate_bias: float = GATE_CLOSED_BIAS) -> None:
+    """Set W_proj and the gate per `init` (RETROFIT_INITS; docs/retrofit.md derives each).
+
+    every-depth: W_proj = [0, I] makes every step's input h_pre, so each step computes
+    core(h_pre) and the closed gate writes it through: h_t = h_1 at every t. The state noise
+    enters through W_proj's zero half and the gate noise cannot open a gate at -17, so a
+    training forward is the source too. first-loop / damped: W_proj = [I, 0] (h_tilde = h),
+    the gate closed or at g = 1 - 1/R (logit tau * log(R - 1)). f_g's first layer keeps its
+    random init, so its output layer's gradient is nonzero and Adam can move the gate."""
+    if init not in RETROFIT_INITS:
+        raise RetrofitError(f"--init {init!r} is unknown; allowed: {', '.join(RETROFIT_INITS)}")
+    step, args = model.recurrence.step, model.model_args
+    dim, depth = args.dim, args.num_recurrences
     with torch.no_grad():
         if step.proj is not None:
             step.proj.weight.zero_()
-            step.proj.weight[:, :dim].copy_(torch.eye(dim))
+            half = slice(dim, 2 * dim) if init == "every-depth" else slice(0, dim)
+            step.proj.weight[:, half].copy_(torch.eye(dim))
         if step.gate is not None:
             step.gate.w_out.weight.zero_()
-            step.gate.w_out.bias.fill_(-gate_bias)
+            damped = init == "damped" and depth > 1
+            bias = args.gate_temperature * math.log(depth - 1) if damped else -gate_bias
+            step.gate.w_out.bias.fill_(bias)
 
 
 def retrofit_model(
@@ -201,13 +221,16 @@ def retrofit_model(
     plan: LayerPlan | None = None,
     seed: int = 0,
     gate_bias: float = GATE_CLOSED_BIAS,
+    init: str = DEFAULT_INIT,
     **grt: Any,
 ) -> tuple[GRTModel, LayerPlan, dict[str, Any]]:
     """(float32 GRTModel holding the retrofitted source, its layer plan, the source config).
 
-    `plan`: default `plan_layers(L, None, None, None)`. `grt`: `[grt]` settings
-    (num_recurrences, ...). The model is in train mode, as `model_from_state` returns one.
+    `plan`: default `plan_layers(L, None, None, None)`. `init`: RETROFIT_INITS. `grt`: `[grt]`
+    settings (num_recurrences, ...). The model is in train mode, as `model_from_state` returns one.
     """
+    if init not in RETROFIT_INITS:  # before the weights are read
+        raise RetrofitError(f"--init {init!r} is unknown; allowed: {', '.join(RETROFIT_INITS)}")
     src = Path(src)
     config = read_stock_config(src)
     source = source_args(config)
@@ -226,7 +249,7 @@ def retrofit_model(
     own = set(missing) - optional_native_keys(args)  # what the source does not hold: W_proj and the gate
     assert not unexpected and all(k.startswith(GRT_OWN_PARTS) for k in own), (unexpected, sorted(own))
     model.tie_weights()
-    identity_preserving_init(model, gate_bias)
+    retrofit_init(model, init, gate_bias)
     return model, plan, config
 
 
@@ -289,16 +312,19 @@ def _toml_value(value: Any) -> str:
 RECIPE_SECTIONS = ("optimizer", "lr_scheduler", "training", "activation_checkpoint", "compile", "metrics")
 
 
-def training_toml(src: Path, out: Path, args: GRTModelArgs, plan: LayerPlan, config: dict[str, Any]) -> str:
-    """The training TOML of a retrofit in `out` (absolute paths: it runs from any folder)."""
-    preset_path = nearest_preset(args)
-    preset = tomllib.loads(preset_path.read_text())
-    lr = float(f"{preset['optimizer']['lr'] / CONTINUED_LR_DIVISOR:.3g}")
-    seq_len = min(preset["training"]["seq_len"], args.max_seq_len)
-    lines = [
+def _span(layers: tuple[int, ...]) -> str:
+    """Consecutive source layers as "a-b" (a plan's prelude, core and coda are runs)."""
+    if not layers:
+        return "none"
+    return f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else str(layers[0])
+
+
+def _header(src: Path, out: Path, plan: LayerPlan, config: dict[str, Any], init: str) -> list[str]:
+    return [
         f"# Retrofit of {src} ({config['model_type']}, {plan.num_source_layers} layers) into a GRT:",
-        f"#   prelude = source layers {list(plan.prelude)}, core = {list(plan.core)}, coda = {list(plan.coda)}"
-        + (f", dropped {list(plan.dropped)}" if plan.dropped else ""),
+        f"#   prelude = source layers {_span(plan.prelude)}, core = {_span(plan.core)}, coda = {_span(plan.coda)}"
+        + (f", dropped {_span(plan.dropped)}" if plan.dropped else ""),
+        f"#   --init {init}: {RETROFIT_INITS[init]}",
         "# Written by `grt-titan retrofit` (docs/retrofit.md). Train it with:",
         f"#   torchrun --nproc_per_node=2 -m grt_titan.train --job.config_file {out / 'train.toml'}",
         "[job]",
@@ -316,6 +342,12 @@ def training_toml(src: Path, out: Path, args: GRTModelArgs, plan: LayerPlan, con
         "# The source's own tokenizer.",
         f"hf_assets_path = {_toml_value(str(src))}",
         "",
+    ]
+
+
+def _grt_section(args: GRTModelArgs, steps: int) -> list[str]:
+    curriculum = max(1, steps // CURRICULUM_SHARE)
+    return [
         "[grt]",
         f"num_recurrences = {args.num_recurrences}",
         f"min_recurrences = {args.min_recurrences}",
@@ -323,9 +355,17 @@ def training_toml(src: Path, out: Path, args: GRTModelArgs, plan: LayerPlan, con
         f"state_noise_std = {args.state_noise_std!r}",
         f"gate_noise_std = {args.gate_noise_std!r}",
         *([f"vocab_multiple_of = {args.vocab_multiple_of}"] if args.vocab_multiple_of > 1 else []),
-        "# The gate starts closed (loop 1 writes the core's output through) by the checkpoint's f_g",
-        "# bias, not by gate_bias_init: without initial_load_path this trains a GRT from scratch.",
+        "# Depth curriculum (McLeish et al. 2025): the largest sampled depth ramps from min_recurrences to",
+        f"# num_recurrences over the first {curriculum} steps (1/{CURRICULUM_SHARE} of [training] steps); 0 turns it off.",
+        f"depth_curriculum_steps = {curriculum}",
+        "# W_proj and the gate start as --init set them, by the checkpoint's weights, not by",
+        "# gate_bias_init: without initial_load_path this trains a GRT from scratch.",
         "",
+    ]
+
+
+def _checkpoint_section(out: Path) -> list[str]:
+    return [
         "[checkpoint]",
         "enable = true",
         'folder = "checkpoint"',
@@ -340,6 +380,19 @@ def training_toml(src: Path, out: Path, args: GRTModelArgs, plan: LayerPlan, con
         "tensor_parallel_degree = 1",
         "",
     ]
+
+
+def _recipe_value(section: str, key: str, value: Any, lr: float, seq_len: int, steps: int) -> Any:
+    """The preset's `value` of [section] key, or its continued-training replacement."""
+    replaced = {("optimizer", "lr"): lr, ("training", "seq_len"): seq_len}
+    replaced[("lr_scheduler", "warmup_steps")] = max(1, steps // WARMUP_SHARE)
+    return replaced.get((section, key), value)
+
+
+def _recipe_sections(preset_path: Path, preset: dict, src: Path, args: GRTModelArgs, lr: float) -> list[str]:
+    seq_len = min(preset["training"]["seq_len"], args.max_seq_len)
+    steps = preset["training"]["steps"]
+    lines = []
     for section in RECIPE_SECTIONS:
         if section not in preset:
             continue
@@ -349,18 +402,51 @@ def training_toml(src: Path, out: Path, args: GRTModelArgs, plan: LayerPlan, con
                 f"# {preset_path.name}'s recipe (the preset nearest in width); lr = its "
                 f"{preset['optimizer']['lr']!r} / {CONTINUED_LR_DIVISOR:g} for continued training of a pretrained model"
             )
+        if section == "lr_scheduler":
+            lines.append(f"# A short warm-up (1/{WARMUP_SHARE} of [training] steps): the weights are trained already.")
         for key, value in preset[section].items():
-            if section == "optimizer" and key == "lr":
-                value = lr
-            if section == "training" and key == "seq_len":
-                value = seq_len
             if section == "training" and key == "dataset":
                 lines.append(
                     "# grt_default (the embedded corpus) is tokenized with the source's tokenizer on first "
                     f"use; your own corpus: grt-titan prepare ... --tokenizer {src}"
                 )
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{key} = {_toml_value(_recipe_value(section, key, value, lr, seq_len, steps))}")
         lines.append("")
+    return lines
+
+
+def _validation_section(preset: dict, args: GRTModelArgs) -> list[str]:
+    training = preset["training"]
+    seq_len = min(training["seq_len"], args.max_seq_len)
+    validation = preset.get("validation", {})
+    return [
+        "[validation]",
+        "# The training data's val split, scored at every depth r = 0..R and R + 2 ([grt_metrics]",
+        "# validation_depths): how far each depth is from the source as training heals it.",
+        "enable = true",
+        f"dataset = {_toml_value(training['dataset'])}",
+        f"seq_len = {seq_len}",
+        f"local_batch_size = {training['local_batch_size']}",
+        f"freq = {validation.get('freq', 500)}",
+        f"steps = {validation.get('steps', 20)}",
+        "",
+    ]
+
+
+def training_toml(
+    src: Path, out: Path, args: GRTModelArgs, plan: LayerPlan, config: dict[str, Any], init: str = DEFAULT_INIT
+) -> str:
+    """The training TOML of a retrofit in `out` (absolute paths: it runs from any folder)."""
+    preset_path = nearest_preset(args)
+    preset = tomllib.loads(preset_path.read_text())
+    lr = float(f"{preset['optimizer']['lr'] / CONTINUED_LR_DIVISOR:.3g}")
+    lines = [
+        *_header(src, out, plan, config, init),
+        *_grt_section(args, preset["training"]["steps"]),
+        *_checkpoint_section(out),
+        *_recipe_sections(preset_path, preset, src, args, lr),
+        *_validation_section(preset, args),
+    ]
     return "\n".join(lines)
 
 
@@ -373,6 +459,7 @@ def write_retrofit(
     overwrite: bool = False,
     seed: int = 0,
     gate_bias: float = GATE_CLOSED_BIAS,
+    init: str = DEFAULT_INIT,
     **grt: Any,
 ) -> Path:
     """Check everything, then write `out` at once (nothing on any error)."""
@@ -382,7 +469,7 @@ def write_retrofit(
     source = source_args(read_stock_config(src))
     plan = plan_layers(n_dense_layers(source), prelude, core, coda)
     vocab = check_tokenizer(src, source)  # before the weights are read
-    model, plan, config = retrofit_model(src, plan, seed=seed, gate_bias=gate_bias, **grt)
+    model, plan, config = retrofit_model(src, plan, seed=seed, gate_bias=gate_bias, init=init, **grt)
     args = model.model_args
     # Every key of the model's state dict, the tied head's too (torchtitan's load asks for it).
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -397,86 +484,12 @@ def write_retrofit(
         "dropped": list(plan.dropped),
         "tokenizer_vocab_size": vocab,
         "gate_closed_bias": gate_bias,
+        "init": init,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(out, overwrite) as tmp:
         save_checkpoint(tmp / "model", state)
         (tmp / "model_args.json").write_text(json.dumps(fields, indent=2) + "\n")
-        (tmp / "retrofit.json").write_text(json.dumps(record, indent=2) + "\n")
-        (tmp / "train.toml").write_text(training_toml(src, out, args, plan, config))
+        (tmp / RETROFIT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        (tmp / "train.toml").write_text(training_toml(src, out, args, plan, config, init))
     return out
-
-
-# ---- the command ---------------------------------------------------------------------------
-
-
-def _core_range(text: str) -> tuple[int, int]:
-    a, sep, b = text.partition(":")
-    if not sep or not a.strip().lstrip("-").isdigit() or not b.strip().lstrip("-").isdigit():
-        raise argparse.ArgumentTypeError(f"--core {text!r}: expected A:B (source layers A..B-1)")
-    return int(a), int(b)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="grt-titan retrofit",
-        description="Split a pretrained GPT-2 / Llama / Qwen3 Hugging Face folder into a GRT whose first loop is the source.",
-    )
-    p.add_argument("src", help="local Hugging Face model folder (config.json, safetensors, tokenizer.json)")
-    p.add_argument("--out", required=True, help="folder to create: model/, model_args.json, train.toml, retrofit.json")
-    p.add_argument("--prelude", type=int, default=None, help="P: source layers 0..P-1 form the prelude")
-    p.add_argument("--core", type=_core_range, default=None, help="A:B: source layers A..B-1 form the shared core")
-    p.add_argument("--coda", type=int, default=None, help="C: the last C source layers form the coda")
-    p.add_argument(
-        "--recurrences",
-        type=int,
-        default=DEFAULT_RECURRENCES,
-        help=f"R, [grt] num_recurrences (default {DEFAULT_RECURRENCES})",
-    )
-    p.add_argument("--min-recurrences", type=int, default=None, help="r_min, [grt] min_recurrences (default 1)")
-    p.add_argument("--state-noise-std", type=float, default=None, help="[grt] state_noise_std (default 0.1)")
-    p.add_argument("--gate-noise-std", type=float, default=None, help="[grt] gate_noise_std (default 0.1)")
-    p.add_argument(
-        "--vocab-multiple-of",
-        type=int,
-        default=None,
-        help="[grt] vocab_multiple_of: pad the embedding / head rows (zero rows) for even TP shards",
-    )
-    p.add_argument(
-        "--gate-bias",
-        type=float,
-        default=GATE_CLOSED_BIAS,
-        help=f"B: the closed gate's bias -B (default {GATE_CLOSED_BIAS:g})",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the gate's first layer (its only random weights)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
-    try:
-        out = write_retrofit(
-            a.src,
-            a.out,
-            prelude=a.prelude,
-            core=a.core,
-            coda=a.coda,
-            overwrite=a.overwrite,
-            seed=a.seed,
-            gate_bias=a.gate_bias,
-            num_recurrences=a.recurrences,
-            min_recurrences=a.min_recurrences,
-            state_noise_std=a.state_noise_std,
-            gate_noise_std=a.gate_noise_std,
-            vocab_multiple_of=a.vocab_multiple_of,
-        )
-    except (CheckpointError, FileNotFoundError) as e:
-        print(f"grt-titan retrofit: error: {e}", file=sys.stderr)
-        return 1
-    print(f"retrofitted {a.src} -> {out} (train: {out / 'train.toml'})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

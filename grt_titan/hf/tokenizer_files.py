@@ -1,4 +1,6 @@
-"""GPT-2 tokenizer files for an exported model, derived offline from the tiktoken ranks.
+"""The tokenizer files of an exported model: a Hugging Face tokenizer folder's, carried
+unchanged with its chat templates and generation ids (`copy_tokenizer_files`,
+`source_generation_ids`), or GPT-2's, derived offline from tiktoken ranks (the rest).
 
 The training tokenizer (grt_titan/tokenizer.py) is tiktoken over ``gpt2.tiktoken``: a map
 from byte strings to ranks. Hugging Face's GPT-2 tokenizer is the same byte-level BPE
@@ -18,9 +20,59 @@ training tokenizer encodes a literal ``<|endoftext|>`` in text as ordinary text
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+from grt_titan.tokenizer import HF_TOKENIZER_FILES
+
 ENDOFTEXT = "<|endoftext|>"
+
+# What an export carries from a Hugging Face tokenizer folder, where present: the files that
+# define its tokens (its identity hashes them), the slow tokenizers' vocabulary files, and how
+# its users prompt it: the chat template (a `chat_template` key rides in tokenizer_config.json).
+CARRIED_TOKENIZER_FILES = (
+    *HF_TOKENIZER_FILES,
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+CHAT_TEMPLATE_DIR = "additional_chat_templates"  # named templates, <name>.jinja (transformers' layout)
+# The special ids of the source's generation_config.json that generate() stops, starts and pads with.
+GENERATION_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def copy_tokenizer_files(source: Path, out: Path) -> list[str]:
+    """Copy the source folder's `CARRIED_TOKENIZER_FILES` and named chat templates into `out`,
+    byte for byte, so the export tokenizes and prompts as the source; returns their names."""
+    names = [name for name in CARRIED_TOKENIZER_FILES if (source / name).is_file()]
+    names += [f"{CHAT_TEMPLATE_DIR}/{p.name}" for p in sorted((source / CHAT_TEMPLATE_DIR).glob("*.jinja"))]
+    for name in names:
+        (out / name).parent.mkdir(exist_ok=True)
+        shutil.copyfile(source / name, out / name)
+    return names
+
+
+def source_generation_ids(source: Path, vocab_size: int) -> dict[str, int | list[int]]:
+    """`GENERATION_IDS` of the source's generation_config.json whose ids are all below
+    `vocab_size` (an instruct model's EOS may be a list: end of turn besides end of text)."""
+    path = source / "generation_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); allowed: a generation_config.json transformers wrote") from e
+    found = {}
+    for key in GENERATION_IDS:
+        value = config.get(key)
+        ids = value if isinstance(value, list) else [value]
+        if value is not None and ids and all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
+            found[key] = value
+    return found
 
 
 def bytes_to_unicode() -> dict[int, str]:

@@ -53,6 +53,7 @@ from torchtitan.tools.logging import logger
 
 from grt_titan.infra.torch_workarounds import (
     clone_embedding_output,
+    disable_autocast_weight_cache,
     disable_autograd_cache_for_uneven_shards,
     install_rng_state_order_fix,
 )
@@ -111,6 +112,13 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
             )
     if ac_enabled:
         apply_recurrence_ac(model, job_config.activation_checkpoint, recurrence_checkpoint, compile_enabled)
+    if (
+        uses_op_sac(job_config.activation_checkpoint)
+        and model.recurrence is not None
+        and not parallel_dims.fsdp_enabled
+    ):
+        if disable_autocast_weight_cache():  # torchtitan runs bf16 through torch.autocast here
+            logger.info("Op SAC of a weight-tied core under autocast: autocast's weight-cast cache is off")
     if compile_enabled:
         apply_recurrence_compile(model, job_config.compile)
 
@@ -337,6 +345,10 @@ def apply_tp(
 
 
 # ---- activation checkpointing and compile ----------------------------------------------
+
+
+def uses_op_sac(ac_config) -> bool:
+    return ac_config.mode == "selective" and ac_config.selective_ac_option == "op"
 
 
 def apply_recurrence_ac(model: GRTModel, ac_config, recurrence_checkpoint: str, compile_enabled: bool) -> None:

@@ -40,6 +40,20 @@ tests/infra/test_torch_workarounds.py reproduces each defect without the workaro
    attribute '_local_tensor'"). GPT-2 blocks are not affected: adding the learned positions
    makes a fresh tensor. The workaround clones the embedding output (one [B, S/tp, d] copy
    per forward). Remove once compiled regions accept `to_local()` outputs as inputs.
+
+4. Autocast's weight-cast cache under selective op AC with a weight-tied core (torch 2.13,
+   any device). Without FSDP (one device, DDP) torchtitan runs bf16 through `torch.autocast`,
+   whose cache casts each weight once per autocast region. The core's blocks run r times per
+   forward, each call its own checkpointed region: call 1 casts the weights (`_to_copy`),
+   calls 2..r hit the cache and cast nothing, but their recomputation in backward runs after
+   the cache is cleared and casts, and selective AC's replay, which counts every op, stops
+   with "aten._to_copy.default invocation index N encountered during backward but not found
+   in storage" at step 1 (pytorch#193338, open). The workaround turns the cache off for the
+   process (`torch.set_autocast_cache_enabled(False)`, read by every autocast built after it):
+   each call casts its own weights, in forward and in recomputation alike; one bf16 copy of
+   the core's weights per call (r casts instead of 1, small beside its matmuls). Installed
+   by `parallelize_grt` before torchtitan builds its autocast, for a recurrent model with op
+   SAC and without FSDP. Remove once SAC tolerates autocast's cache (pytorch#193338).
 """
 
 from __future__ import annotations
@@ -158,3 +172,10 @@ def _clone_output(module, args, output):
 def clone_embedding_output(embedding: torch.nn.Module) -> None:
     """Make the embedding's output a fresh tensor before compiled blocks see it (workaround 3)."""
     embedding.register_forward_hook(_clone_output)
+
+
+def disable_autocast_weight_cache() -> bool:
+    """Turn autocast's weight-cast cache off for this process (workaround 4); True if it was on."""
+    was_on = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    return was_on

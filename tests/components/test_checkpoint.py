@@ -13,6 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from grt_titan.checkpoint_io import initial_load_line
 from grt_titan.components.checkpoint import (
     CHECKSUM_FILE,
     ChecksumFileSystemWriter,
@@ -21,7 +22,7 @@ from grt_titan.components.checkpoint import (
     verify_checkpoint,
 )
 
-from grt_test_helpers import flip_byte
+from grt_test_helpers import build_model, flip_byte
 
 
 def save(path, checksums: bool = True, seed: int = 0):
@@ -132,3 +133,90 @@ def test_load_stops_when_no_checkpoint_verifies_or_the_chosen_one_does_not(tmp_p
     with pytest.raises(CorruptCheckpointError, match=r"no checkpoint in .* passes its checksums \(steps 4, 2"):
         manager(tmp_path).verified_step(-1)
     assert manager(tmp_path / "none").verified_step(-1) == -1
+
+
+# ---- [checkpoint] initial_load_path --------------------------------------------------------
+
+
+def retrofit_record(folder, **changes):
+    record = {
+        "source": "/models/SmolLM2-135M",
+        "model_type": "llama",
+        "source_layers": 30,
+        "prelude": list(range(12)),
+        "core": list(range(12, 18)),
+        "coda": list(range(18, 30)),
+        "dropped": [],
+        "init": "every-depth",
+        **changes,
+    }
+    record = {k: v for k, v in record.items() if v is not None}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "retrofit.json").write_text(json.dumps(record))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_initial_load_path_loads_with_checkpointing_off_and_saves_nothing(tmp_path, caplog):
+    """torchtitan skips initial_load_path with `[checkpoint] enable = false`; ours loads it (the
+    weights equal the saved ones, not the module's own init), names it, and saves nothing."""
+    from torchtitan.config import Checkpoint
+
+    torch.manual_seed(0)
+    saved = torch.nn.Linear(4, 3)
+    path = tmp_path / "retrofit" / "model"
+    dcp.save(dict(saved.state_dict()), checkpoint_id=str(path))
+    retrofit_record(tmp_path / "retrofit")
+    model = torch.nn.Linear(4, 3)
+    assert not torch.equal(model.weight, saved.weight)
+    config = Checkpoint(enable=False, initial_load_path=str(path))
+    m = GRTCheckpointManager(None, [model], None, None, {}, config, None, str(tmp_path / "run"))
+    with caplog.at_level("INFO"):
+        assert m.load() is True
+    assert torch.equal(model.weight, saved.weight) and torch.equal(model.bias, saved.bias)
+    assert f"Loading the checkpoint from {path}." in caplog.text
+    assert initial_load_line(str(path)) in caplog.text
+    m.save(curr_step=1, last_step=True)
+    assert not (tmp_path / "run").exists()
+    assert GRTCheckpointManager(None, [model], None, None, {}, Checkpoint(), None, str(tmp_path)).load() is False
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_hf_initial_load_path_loads_with_checkpointing_off(tmp_path):
+    """`initial_load_in_hf = true` is respected without checkpointing: torchtitan's HF read
+    (the spec's adapter, `to_hf` -> HuggingFaceStorageReader -> `from_hf`) fills the model."""
+    from safetensors.torch import save_file
+    from torchtitan.config import Checkpoint
+
+    from grt_titan.components.checkpoint import ShardedGRTStateDictAdapter
+
+    saved = build_model("debug", seed=1, vocab_size=512)
+    args = saved.model_args
+    hf = ShardedGRTStateDictAdapter(args, None).to_hf(saved.state_dict())
+    (tmp_path / "hf").mkdir()
+    save_file({k: v.contiguous() for k, v in hf.items()}, str(tmp_path / "hf" / "model.safetensors"))
+    model = build_model("debug", seed=2, vocab_size=512)
+    adapter = ShardedGRTStateDictAdapter(args, None)
+    keys = set(adapter.from_hf_map.values())  # what an HF folder holds (not training-only buffers)
+    assert not torch.equal(model.tok_embeddings.weight, saved.tok_embeddings.weight)
+    config = Checkpoint(enable=False, initial_load_path=str(tmp_path / "hf"), initial_load_in_hf=True)
+    assert GRTCheckpointManager(None, [model], None, None, {}, config, adapter, str(tmp_path)).load()
+    assert all(torch.equal(model.state_dict()[k], saved.state_dict()[k]) for k in keys)
+
+
+def test_start_up_line_names_the_retrofit(tmp_path):
+    path = str(tmp_path / "model")
+    retrofit_record(tmp_path)
+    assert initial_load_line(path) == (
+        f"Retrofit: loaded {path} (/models/SmolLM2-135M, llama, 30 source layers: prelude 0-11, "
+        "core 12-17, coda 18-29, dropped none; init every-depth)"
+    )
+    # A retrofit from before --init: nothing said about the init. Dropped layers as ranges.
+    retrofit_record(tmp_path, init=None, prelude=[0, 1], core=[3], coda=[5], dropped=[2, 4])
+    assert initial_load_line(path) == (
+        f"Retrofit: loaded {path} (/models/SmolLM2-135M, llama, 30 source layers: prelude 0-1, "
+        "core 3, coda 5, dropped 2, 4)"
+    )
+    (tmp_path / "retrofit.json").write_text("{")
+    assert initial_load_line(path).startswith(f"Initial weights: loaded {path} ([checkpoint] initial_load_path; its ")
+    other = str(tmp_path / "run" / "checkpoint" / "step-10")
+    assert initial_load_line(other) == f"Initial weights: loaded {other} ([checkpoint] initial_load_path)"

@@ -137,6 +137,22 @@ def assert_left_padded_rows_generate_alone(model, lengths=(4, 9), n=6, **kwargs)
         assert torch.equal(batched[i, ids.shape[1] :], alone[0, len(p) :]), f"row {i}"
 
 
+def assert_prompt_lookup_is_greedy(model, n: int = 8):
+    """Prompt-lookup decoding after the model's own continuation (drafts it accepts) gives
+    greedy decoding's tokens, and its cache, cropped back after every draft, goes on exactly
+    as recomputing the whole sequence (logits within ATOL). Returns the generate output."""
+    ids = greedy(model, prompt(seq=8), n=12)
+    out = model.generate(
+        ids, max_new_tokens=n, do_sample=False, prompt_lookup_num_tokens=3, return_dict_in_generate=True
+    )
+    assert torch.equal(out.sequences, greedy(model, ids, n=n))
+    with torch.no_grad():
+        step = model(out.sequences[:, -1:], past_key_values=out.cache).logits[:, -1]
+        full = model(out.sequences, use_cache=False).logits[:, -1]
+    assert (step - full).abs().max().item() < ATOL
+    return out
+
+
 @contextlib.contextmanager
 def sharded_state_dict(args, store_dir: Path, make=torch.empty):
     """GRTModel(args)'s state dict as DTensors sharded on dim 0 (the vocabulary of the

@@ -6,6 +6,7 @@ import torch
 from hf_helpers import (
     SMALL_VOCAB,
     assert_left_padded_rows_generate_alone,
+    assert_prompt_lookup_is_greedy,
     cache_class,
     decode_logits,
     greedy,
@@ -107,6 +108,26 @@ def test_sampling(style, hf_models):
     b = hf.generate(ids, max_new_tokens=16, do_sample=True, top_k=50, temperature=0.9)
     assert a.shape == (2, 26) and torch.equal(a, b)
     assert ((a >= 0) & (a < SMALL_VOCAB)).all()
+
+
+def test_prompt_lookup_decoding_equals_greedy(hf_models, monkeypatch):
+    """Assisted decoding checks a draft in one forward and crops the cache back to the tokens
+    it accepts: with the exact (per_step) cache, greedy decoding's tokens."""
+    hf = hf_models["gpt2"]  # its greedy continuation repeats itself: drafts accepted and rejected
+    GRTCache = cache_class(hf)
+    crops = []  # one crop per draft checked
+    crop = GRTCache.crop
+    monkeypatch.setattr(GRTCache, "crop", lambda self, n: crops.append(n) or crop(self, n))
+    out = assert_prompt_lookup_is_greedy(hf, n=8)
+    assert isinstance(out.cache, GRTCache) and out.cache.strategy == "per_step"
+    # Both paths ran: drafts accepted (fewer forwards than tokens) and rejected (cropped).
+    assert len(crops) < 8 and min(crops) < 0
+
+
+def test_prompt_lookup_decoding_is_refused_with_a_compressed_cache(hf_models):
+    hf = hf_models["gpt2"]
+    with pytest.raises(ValueError, match="assisted decoding is not supported with kv_cache_strategy = 'average'"):
+        greedy(hf, prompt(), n=4, prompt_lookup_num_tokens=3, kv_cache_strategy="average")
 
 
 def test_bad_cache_use_is_an_error(hf_models):

@@ -17,7 +17,15 @@ from grt_titan.hf.convert import write_hf_folder
 from grt_titan.model import GRTModel
 
 from grt_test_helpers import MOR_PARTS
-from hf_helpers import ATOL, assert_left_padded_rows_generate_alone, greedy, load_hf, prompt, small_args
+from hf_helpers import (
+    ATOL,
+    assert_left_padded_rows_generate_alone,
+    assert_prompt_lookup_is_greedy,
+    greedy,
+    load_hf,
+    prompt,
+    small_args,
+)
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +110,12 @@ def test_cached_decoding_equals_the_full_forward(mor):
     assert torch.equal(greedy(hf, ids[:, :6], n=10), greedy(hf, ids[:, :6], n=10, use_cache=False))
     # Left padding: padding never enters the core; each row generates what it would alone.
     assert_left_padded_rows_generate_alone(hf, n=6)
+
+
+def test_prompt_lookup_decoding_equals_greedy(mor):
+    """Assisted decoding opens MoR's recursion-wise cache and crops the rejected draft tokens."""
+    out = assert_prompt_lookup_is_greedy(mor[2], n=8)
+    assert type(out.cache).__name__ == "MoRCache"
 
 
 def test_export_import_round_trip(mor, tmp_path):

@@ -1,4 +1,8 @@
-"""The exported tokenizer files tokenize exactly like the training tokenizer (tiktoken)."""
+"""The exported tokenizer files tokenize exactly like the training tokenizer (tiktoken), and an
+export from a Hugging Face tokenizer folder keeps what the source's users had: its chat
+templates and its generation ids."""
+
+import json
 
 import pytest
 
@@ -43,3 +47,60 @@ def test_decode_and_special_tokens(tokenizers):
     # A literal "<|endoftext|>" in text is text (as in training), never the EOS id.
     assert train.eos_id not in hf("x <|endoftext|> y")["input_ids"]
     assert hf.decode([15496, 50256]) == "Hello<|endoftext|>"
+
+
+# An instruct model's ChatML template (SmolLM2's, without its default system prompt) and a
+# second, named one, as transformers saves them beside the tokenizer.
+CHAT_TEMPLATES = {
+    "default": "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    "tool_use": "{% for m in messages %}{{ '[' + m['role'] + '] ' + m['content'] + '\\n' }}{% endfor %}",
+}
+CHAT = [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Hello world"}]
+# The source's generation_config.json: an EOS list (end of turn, end of text), as instruct models ship.
+SOURCE_IDS = {"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 3}
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["jinja_files", "tokenizer_config_key"])
+def chat_export(request, native_models, tmp_path_factory):
+    """(source tokenizer folder, export of the 512-token gpt2 model with it): the templates saved
+    as chat_template.jinja + additional_chat_templates/ or as tokenizer_config.json's key."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
+
+    from grt_titan.hf.convert import write_hf_folder
+
+    words = ["<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "Hello", "world", "Be", "brief", "\n"]
+    words += ["system", "user", "assistant", "[", "]"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    specials = dict(unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    source = tmp_path_factory.mktemp("chat_source")
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, **specials)
+    tok.chat_template = dict(CHAT_TEMPLATES)
+    tok.save_pretrained(str(source), save_jinja_files=request.param)
+    GenerationConfig(**SOURCE_IDS).save_pretrained(str(source))
+    model = native_models["gpt2"]
+    out = tmp_path_factory.mktemp("chat_export") / "grt"
+    write_hf_folder(out, model.state_dict(), model.model_args, tokenizer_path=source)
+    return source, out
+
+
+def test_export_keeps_the_sources_chat_templates(chat_export):
+    from transformers import AutoTokenizer
+
+    source, out = chat_export
+    want, got = (AutoTokenizer.from_pretrained(str(f), trust_remote_code=True) for f in (source, out))
+    for name in (None, "tool_use"):
+        kwargs = dict(tokenize=False, add_generation_prompt=True, chat_template=name)
+        assert got.apply_chat_template(CHAT, **kwargs) == want.apply_chat_template(CHAT, **kwargs)
+    assert got.apply_chat_template(CHAT, tokenize=False).startswith("<|im_start|>system\nBe brief<|im_end|>")
+    for path in source.rglob("*"):  # every tokenizer file of the source, byte for byte
+        if path.is_file() and path.name != "generation_config.json":
+            assert (out / path.relative_to(source)).read_bytes() == path.read_bytes(), path.name
+
+
+def test_export_keeps_the_sources_generation_ids(chat_export):
+    _, out = chat_export
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert {key: generation.get(key) for key in SOURCE_IDS} == SOURCE_IDS

@@ -1,5 +1,6 @@
 """`grt-titan retrofit` (grt_titan/hf/retrofit.py, docs/retrofit.md): a dense GPT-2 / Llama /
-Qwen3 source split into a GRT whose first loop is the source, in float32, offline.
+Qwen3 source split into a GRT that starts as the source (at every depth under the default
+init, at r = 1 under first-loop), in float32, offline.
 
 The sources are tiny models built with transformers' own classes (GQA and llama3 RoPE
 scaling for Llama, qk-norm and an explicit head width for Qwen3, one sharded folder) beside a
@@ -16,12 +17,13 @@ import torch
 from grt_titan.checkpoint_io import load_checkpoint, load_model_args, model_from_state
 from grt_titan.hf.retrofit import (
     GATE_CLOSED_BIAS,
+    RetrofitError,
     default_split,
-    main,
     plan_layers,
     retrofit_model,
     write_retrofit,
 )
+from grt_titan.hf.retrofit_cli import main
 from grt_titan.model.args import GRTModelArgs
 
 from hf_helpers import load_hf  # (tests/hf/conftest.py imports it first: offline environment)
@@ -123,21 +125,51 @@ def _plan(split):
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen3"])
 @pytest.mark.parametrize("split", [ALL_MAPPED, DROPPED], ids=["all_layers", "layer_1_dropped"])
-def test_first_loop_is_the_source(sources, kind, split):
+def test_every_depth_is_the_source(sources, kind, split):
+    """The default init (every-depth): at every depth, past R too, the GRT's logits are the
+    source's transformers forward (with a layer dropped: the source without it), in eval mode
+    and in a training forward with its state and gate noise."""
     folder, source = sources[kind]
     grt, plan, _ = retrofit_model(folder, _plan(split), num_recurrences=4)
-    grt.eval()
     reference = source if not plan.dropped else _without_layers(source, kind, plan.kept)
     tokens = _tokens()
     with torch.no_grad():
         expected = reference(tokens, use_cache=False).logits
-        got = grt(tokens, num_recurrences=1)
-    assert got.shape == expected.shape
-    diff = (got - expected).abs().max().item()
-    assert diff < ATOL, f"{kind} {split}: max |logit diff| {diff:.3g}"
-    # Loop 2 iterates the core on its own output: a different function (no silent no-op).
+        noisy = grt.train()(tokens, num_recurrences=3)
+        diffs = {r: (grt.eval()(tokens, num_recurrences=r) - expected).abs().max().item() for r in (1, 2, 4, 8)}
+    diffs["train r = 3"] = (noisy - expected).abs().max().item()
+    assert all(d < ATOL for d in diffs.values()), f"{kind} {split}: max |logit diff| {diffs}"
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen3"])
+def test_first_loop_is_the_source(sources, kind):
+    """--init first-loop (W_proj = [I, 0]): r = 1 is the source; loop 2 iterates the core on
+    its own output, a different function (no silent no-op)."""
+    folder, source = sources[kind]
+    grt, _, _ = retrofit_model(folder, _plan(ALL_MAPPED), num_recurrences=4, init="first-loop")
+    grt.eval()
+    tokens = _tokens()
     with torch.no_grad():
+        expected = source(tokens, use_cache=False).logits
+        diff = (grt(tokens, num_recurrences=1) - expected).abs().max().item()
+        assert diff < ATOL, f"{kind}: max |logit diff| {diff:.3g}"
         assert (grt(tokens, num_recurrences=2) - expected).abs().max().item() > 1e-3
+
+
+def test_damped_init_by_hand(sources):
+    """--init damped: g = 1 - 1/R everywhere, so one step is (1 - 1/R) h + (1/R) core(h),
+    W_proj = [I, 0] (eq. 2-5 by hand, with the core run alone)."""
+    grt, _, _ = retrofit_model(sources["llama"][0], _plan(ALL_MAPPED), num_recurrences=4, init="damped")
+    grt.eval()
+    with torch.no_grad():
+        h_pre = grt.prelude(grt.embed(_tokens()), grt.freqs_cis)
+        h = h_pre
+        for _ in range(2):
+            h = 0.75 * h + 0.25 * grt.recurrence.step.core(h, grt.freqs_cis, None)
+        got = grt.recurrence(h_pre, grt.freqs_cis, 2).state
+        gate = grt.recurrence.step.gate(h_pre, h_pre, None)
+    assert (gate - 0.75).abs().max().item() < 1e-6
+    assert (got - h).abs().max().item() < 1e-5
 
 
 def test_describes_the_source_exactly(sources):
@@ -164,27 +196,35 @@ def test_padded_vocabulary(sources):
     assert torch.all(logits[..., VOCAB:] == 0)
 
 
-def test_gate_closed_but_trainable(sources):
-    grt, _, _ = retrofit_model(sources["llama"][0], _plan(ALL_MAPPED), num_recurrences=2)
+@pytest.mark.parametrize("init", ["every-depth", "first-loop"])
+def test_gate_closed_but_trainable(sources, init):
+    grt, _, _ = retrofit_model(sources["llama"][0], _plan(ALL_MAPPED), num_recurrences=2, init=init)
     gate = grt.recurrence.step.gate
     assert torch.all(gate.w_out.weight == 0) and torch.all(gate.w_out.bias == -GATE_CLOSED_BIAS)
-    assert torch.sigmoid(torch.tensor(-GATE_CLOSED_BIAS)).item() < 2**-24  # 1 - g == 1 in fp32
+    assert torch.sigmoid(torch.tensor(-GATE_CLOSED_BIAS)).item() < 2**-24  # 1 - g within one fp32 ulp of 1
     proj = grt.recurrence.step.proj.weight
-    assert torch.equal(proj[:, :64], torch.eye(64)) and torch.all(proj[:, 64:] == 0)
+    identity, zero = (proj[:, 64:], proj[:, :64]) if init == "every-depth" else (proj[:, :64], proj[:, 64:])
+    assert torch.equal(identity, torch.eye(64)) and torch.all(zero == 0)
     grt.train()
     logits = grt(_tokens(16), num_recurrences=2)
     logits.float().logsumexp(-1).mean().backward()
-    # Adam moves every weight with a nonzero gradient by about lr: the gate can open.
+    # Adam moves every weight with a nonzero gradient by about lr: the gate can open, and the
+    # zero half of W_proj (h's under every-depth: what lets later loops differ) is learned.
     assert gate.w_out.weight.grad.abs().max().item() > 0
-    assert proj.grad[:, 64:].abs().max().item() > 0  # h_pre's half of W_proj is learned too
+    zero_grad = proj.grad[:, :64] if init == "every-depth" else proj.grad[:, 64:]
+    assert zero_grad.abs().max().item() > 0
 
 
-def test_default_split_follows_mcleish():
-    assert default_split(22) == (2, (16, 20), 2)  # TinyLlama: prelude 0-1, core 16-19, coda 20-21
-    assert default_split(4) == (1, (1, 3), 1)  # every layer of a small source
-    assert default_split(28) == (3, (19, 25), 3)  # Qwen3-0.6B
+def test_default_split_keeps_every_layer():
+    """Every source layer kept, a core of McLeish et al.'s 2p layers (p = L // 8) mid-stack."""
+    assert default_split(4) == (1, (1, 3), 1)
+    assert default_split(30) == (12, (12, 18), 12)  # SmolLM2-135M
+    assert default_split(28) == (11, (11, 17), 11)  # Qwen3-0.6B
     plan = plan_layers(16, None, None, None)
-    assert (plan.prelude, plan.core, plan.coda) == ((0, 1), (10, 11, 12, 13), (14, 15))
+    assert (plan.prelude, plan.core, plan.coda) == (tuple(range(6)), (6, 7, 8, 9), tuple(range(10, 16)))
+    assert plan.dropped == ()
+    with pytest.raises(RetrofitError, match="num_hidden_layers = 2"):
+        default_split(2)
 
 
 @pytest.fixture(scope="module")
@@ -209,13 +249,26 @@ def test_writes_checkpoint_and_toml(sources, written):
         diff = (grt(_tokens(), num_recurrences=1) - source(_tokens(), use_cache=False).logits).abs().max().item()
     assert diff < ATOL
     record = json.loads((written / "retrofit.json").read_text())
-    assert (record["prelude"], record["core"], record["coda"]) == ([0], [1, 2], [3])
+    assert (record["prelude"], record["core"], record["coda"], record["init"]) == ([0], [1, 2], [3], "every-depth")
+
+
+def test_written_toml_heals(written):
+    """The recipe for continued training: a depth curriculum over a quarter of the steps, a short
+    warm-up, validation on the training data's val split at every depth (not torchtitan's c4)."""
+    _, job_config = load_model_args(written / "train.toml")
+    steps = job_config.training.steps
+    assert job_config.grt.depth_curriculum_steps == steps // 4 > 0
+    assert job_config.lr_scheduler.warmup_steps == max(1, steps // 50)
+    assert job_config.validation.enable and job_config.validation.dataset == job_config.training.dataset
+    assert job_config.grt_metrics.validation_depths
+    text = (written / "train.toml").read_text()
+    assert f"over the first {steps // 4} steps" in text and "--init every-depth" in text
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen3"])
 def test_retrofit_exports_to_transformers(sources, kind, tmp_path):
     """The retrofitted GRT's Hugging Face export (modeling_grt.py; qwen3: qk-norm and Qwen3's
-    head width) computes its logits."""
+    head width) computes its logits, under the default init the source's at r = 1, 2, 4 and 8."""
     from grt_titan.hf.convert import write_hf_folder
 
     folder, source = sources[kind]
@@ -224,10 +277,15 @@ def test_retrofit_exports_to_transformers(sources, kind, tmp_path):
     hf = load_hf(out)
     grt.eval()
     tokens = _tokens()
+    # The default init's export is the source (less its dropped layer) at every depth.
+    reference = _without_layers(source, kind, _plan(DROPPED).kept)
     with torch.no_grad():
-        for r in (1, 3):
-            diff = (hf(tokens, num_recurrences=r).logits - grt(tokens, num_recurrences=r)).abs().max().item()
+        expected = reference(tokens, use_cache=False).logits
+        for r in (1, 2, 4, 8):
+            logits = hf(tokens, num_recurrences=r).logits
+            diff = (logits - grt(tokens, num_recurrences=r)).abs().max().item()
             assert diff < 1e-4, f"r = {r}: {diff:.3g}"
+            assert (logits - expected).abs().max().item() < ATOL, f"r = {r}: the export is not the source"
     # import-hf reads it back: the same args (explicit sizes, RoPE scaling, tying) and weights.
     from grt_titan.hf.config_map import model_args_from_hf_config
     from grt_titan.hf.importer import import_hf
@@ -406,3 +464,50 @@ def test_retrofit_trains_exports_and_generates(sources, run_torchrun, tmp_path):
     generated = hf.generate(ids, max_new_tokens=5, do_sample=False, num_recurrences=2)
     assert generated.shape[1] == ids.shape[1] + 5
     assert isinstance(tokenizer.decode(generated[0]), str)
+
+
+# ---- --plan: candidate splits measured, nothing written ----------------------------------------
+
+
+def test_plan_prints_and_writes_json(sources, tmp_path, capsys):
+    """`--plan`: one row per candidate with its loss at r = 1..R, the same numbers in the JSON,
+    nothing else written. Under --init first-loop the default split's r = 1 is the source's
+    loss by hand (its transformers forward on the same sample), and its deeper rows differ."""
+    from grt_titan.hf.retrofit_plan import candidate_splits, sample_batches
+
+    folder, source = sources["llama"]
+    plan_json = tmp_path / "plan.json"
+    args = ["--plan", "--init", "first-loop", "--tokens", "128", "--recurrences", "2"]
+    assert main([str(folder), *args, "--plan-json", str(plan_json), "--prelude", "1", "--core", "2:3"]) == 0
+    printed = capsys.readouterr().out
+    record = json.loads(plan_json.read_text())
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+    rows = {row["name"]: row for row in record["splits"]}
+    assert set(rows) == set(candidate_splits(LAYERS, (1, (2, 3), 1)))
+    for row in rows.values():
+        assert f"| {row['name']} | --prelude {row['prelude']} --core {row['core']} --coda {row['coda']} |" in printed
+        assert len(row["loss"]) == 2
+    assert rows["yours"]["dropped"] == 1 and rows["default"]["dropped"] == 0
+    assert rows["yours"]["stored_params"] < rows["default"]["stored_params"]
+    (batch,) = sample_batches(folder, "grt_default", 128, record["seq_len"])
+    with torch.no_grad():
+        logits = source(batch[:, :-1], use_cache=False).logits
+        expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).item()
+    assert rows["default"]["loss"][0] == pytest.approx(expected, abs=1e-5)
+    assert abs(rows["default"]["loss"][1] - expected) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--core", "0:3"], "--core 0:3 overlaps the prelude"),
+        (["--out", "x"], "--plan writes nothing, so --out x is not used"),
+        (["--tokens", "10"], "--tokens 10 is below one sequence"),
+    ],
+)
+def test_plan_refuses_in_one_line(sources, tmp_path, capsys, monkeypatch, options, message):
+    monkeypatch.chdir(tmp_path)
+    assert main([str(sources["llama"][0]), "--plan", *options]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert list(tmp_path.iterdir()) == []

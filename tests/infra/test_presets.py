@@ -15,7 +15,9 @@ A retrofit preset (train_configs/retrofit_*.toml: `grt-titan retrofit`'s TOML fo
 hold, docs/retrofit.md) reads the source's tokenizer from `[model] hf_assets_path`; CI holds no
 such folder, so its run gets a stand-in tokenizer with the source tokenizer's number of ids
 (the start-up vocabulary check compares it with the flavor's rows) and a prepared dataset of
-its ids. Its weights are not needed: no run here loads the student from a checkpoint.
+its ids. Its weights are not needed: no run here loads the student from a checkpoint (its
+`initial_load_path` is unset, `no_initial_weights_args`: a start would load it even with
+checkpointing off, and CI holds no retrofit).
 
 A distillation preset (`[distill] teacher`) names a teacher CI cannot hold, so its run gets a
 stand-in: grt_medium_distill.toml's dense_medium checkpoint (354.8M parameters) becomes
@@ -51,6 +53,7 @@ from grt_test_helpers import (
     REPO,
     distill_teacher,
     mesh_degrees,
+    no_initial_weights_args,
     parse_config,
     source_tokenizer,
     stand_in_source_tokenizer,
@@ -172,7 +175,7 @@ def preset_runs(request, module_tmp):
     }
 
     def run(path):
-        stand_in = [*stand_in_source_args(path, tmp), *stand_in_teacher_args(path, tmp)]
+        stand_in = [*stand_in_source_args(path, tmp), *no_initial_weights_args(path), *stand_in_teacher_args(path, tmp)]
         proc = launch(
             "grt_titan.train",
             [*preset_args(path, tmp / path.stem), *stand_in],
@@ -230,7 +233,7 @@ def test_qwen3_preset_is_what_retrofit_writes():
     preset = REPO / "train_configs" / "retrofit_qwen3_0_6b.toml"
     shipped = tomli.loads(preset.read_text())
     assert json.loads((REPO / shipped["model"]["flavor"]).read_text()) == json.loads(json.dumps(fields))
-    assert (plan.prelude, plan.core, plan.coda) == ((0, 1, 2), tuple(range(19, 25)), (25, 26, 27))
+    assert (plan.prelude, plan.core, plan.coda) == (tuple(range(11)), tuple(range(11, 17)), tuple(range(17, 28)))
 
     src, out = Path("/src/Qwen3-0.6B"), Path("/out/qwen3")
     written = tomli.loads(training_toml(src, out, args, plan, config))

@@ -97,3 +97,40 @@ def test_uneven_tp_shards_names_only_uneven_parameters(vocab, expected):
         assert uneven_tp_shards(head) == expected
     finally:
         dist.destroy_process_group()
+
+
+def _op_sac_backward_under_autocast(cache: bool) -> str | None:
+    """A tiny GRT with op SAC on its blocks, one bf16-autocast forward at r = 3 and its
+    backward (as torchtitan trains on one device); the error, or None."""
+    import torch
+    from torchtitan.config import ActivationCheckpoint
+
+    from grt_titan.infra.parallelize import apply_recurrence_ac
+    from grt_titan.model import GRTModel, grt_flavors
+
+    torch.manual_seed(0)
+    model = GRTModel(grt_flavors["debug"].replace(vocab_size=256))
+    with torch.no_grad():
+        model.init_weights()
+    apply_recurrence_ac(model, ActivationCheckpoint(mode="selective", selective_ac_option="op"), "block", False)
+    before = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(cache)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(torch.randint(0, 256, (2, 16)), num_recurrences=3)
+        logits.float().mean().backward()
+    except RuntimeError as e:
+        return str(e)
+    finally:
+        torch.set_autocast_cache_enabled(before)
+    return None
+
+
+def test_op_sac_of_a_weight_tied_core_under_autocast():
+    """Workaround 4: with autocast's weight cache, the core's second call casts nothing in
+    forward but casts in its recomputation, and SAC's replay stops; without the cache the
+    same backward runs. `parallelize_grt` turns the cache off for a recurrent model with op
+    SAC and no FSDP (torchtitan's bf16 is autocast there)."""
+    error = _op_sac_backward_under_autocast(cache=True)
+    assert error is not None and "_to_copy" in error and "not found in storage" in error
+    assert _op_sac_backward_under_autocast(cache=False) is None
