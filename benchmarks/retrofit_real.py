@@ -43,6 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.retrofit_bench import depth_losses, run, step_losses, training_flops, val_losses  # noqa: E402
+from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
+
+quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
 
 ARMS = ("source", "every-depth", "first-loop", "damped", "drop-middle", "every-depth+kd", "first-loop+kd")
 
@@ -219,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     out = opts.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if opts.gguf is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("gguf") is None:
+            parser.error("--gguf needs the gguf package to dequantize: pip install gguf==0.19.0")
+        if not opts.gguf.is_file():
+            parser.error(f"--gguf {opts.gguf}: no such file")
     source = opts.source.resolve() if opts.source else stock_from_gguf(opts.gguf.resolve(), out / "stock")
     arms = [a for a in opts.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS]

@@ -261,6 +261,23 @@ def _distill_problems(job_config, args) -> list[str]:
     return problems
 
 
+def _plain_trainer_initial_load_problems(job_config) -> list[str]:
+    """torchtitan's own trainer skips `initial_load_path` with checkpointing off (grt_titan's
+    loads it): refused there rather than a silent start from random weights."""
+    c = job_config.checkpoint
+    if c.enable or not c.initial_load_path:
+        return []
+    from grt_titan.components.trainer import GRTTrainer  # here: torchtitan.train is a large import
+
+    if dist.is_initialized() and GRTTrainer.build_teacher is None:  # not grt_titan.train's trainer
+        return [
+            f"[checkpoint] initial_load_path = {c.initial_load_path!r} is not loaded by torchtitan's own "
+            "-m torchtitan.train with [checkpoint] enable = false (it would train from random weights); "
+            "allowed: python -m grt_titan.train (loads it and saves nothing), or [checkpoint] enable = true"
+        ]
+    return []
+
+
 def _vocab_problems(job_config, args) -> list[str]:
     try:
         vocab = _tokenizer_vocab_size(job_config)
@@ -444,6 +461,7 @@ def check_job_config(job_config, model_args) -> None:
     problems += _distill_problems(job_config, model_args)
     problems += resume_problems(job_config)
     problems += initial_load_problems(job_config)
+    problems += _plain_trainer_initial_load_problems(job_config)
     if problems:
         _raise(problems)
 

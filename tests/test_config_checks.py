@@ -510,6 +510,24 @@ def test_initial_load_path_is_checked_only_when_it_would_be_loaded(tmp_path):
     assert "no such folder" in initial_load_error(initial_load_config(tmp_path, missing))
 
 
+def test_initial_load_without_checkpointing_is_refused_under_torchtitans_own_trainer(tmp_path, monkeypatch):
+    """torchtitan's Trainer (-m torchtitan.train) skips initial_load_path with checkpointing off:
+    refused by name there; grt_titan.train's trainer (its teacher builder installed) loads it."""
+    from grt_titan.components.trainer import GRTTrainer
+    from grt_titan.config_checks import _plain_trainer_initial_load_problems
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    config = initial_load_config(tmp_path, tmp_path / "model")
+    monkeypatch.setattr(GRTTrainer, "build_teacher", None)
+    (problem,) = _plain_trainer_initial_load_problems(config)
+    assert problem.startswith(f"[checkpoint] initial_load_path = {str(tmp_path / 'model')!r} is not loaded by")
+    assert "python -m grt_titan.train" in problem
+    monkeypatch.setattr(GRTTrainer, "build_teacher", object())
+    assert _plain_trainer_initial_load_problems(config) == []
+    monkeypatch.setattr(GRTTrainer, "build_teacher", None)
+    assert _plain_trainer_initial_load_problems(initial_load_config(tmp_path, tmp_path, "--checkpoint.enable")) == []
+
+
 OURO = [
     "--grt.objective",
     "exit_distribution",
