@@ -131,6 +131,9 @@ def test_op_sac_of_a_weight_tied_core_under_autocast():
     forward but casts in its recomputation, and SAC's replay stops; without the cache the
     same backward runs. `parallelize_grt` turns the cache off for a recurrent model with op
     SAC and no FSDP (torchtitan's bf16 is autocast there)."""
+    import torch
+
     error = _op_sac_backward_under_autocast(cache=True)
-    assert error is not None and "_to_copy" in error and "not found in storage" in error
+    if torch.__version__ >= "2.13":  # torch 2.11's SAC replay does not count _to_copy: no defect there
+        assert error is not None and "_to_copy" in error and "not found in storage" in error
     assert _op_sac_backward_under_autocast(cache=False) is None
