@@ -1,6 +1,6 @@
 """Generation latency and memory of a GRT vs its dense isoFLOP twin (paper tables 3 and 4).
 
-Both models are the exported transformers model (grt_titan/hf/modeling_grt.py) with
+Both models are the exported transformers model (grt_titan/hf/remote/modeling_grt.py) with
 random weights (timing and memory do not depend on the values), greedy decoding of
 `--new-tokens` after a `--prompt`-token prefill, per KV-cache strategy:
 
@@ -43,7 +43,7 @@ from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
 quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
 
 from grt_titan.hf.convert import build_hf_config  # noqa: E402
-from grt_titan.hf.modeling_grt import GRTCache, GRTForCausalLM  # noqa: E402
+from grt_titan.hf.remote.modeling_grt import GRTCache, GRTForCausalLM  # noqa: E402
 from grt_titan.model import grt_flavors  # noqa: E402
 from grt_titan.model.args import GRTModelArgs  # noqa: E402
 

@@ -114,7 +114,7 @@ def cheapest_within(rule: dict, target: float) -> int | None:
 
 def export(model, args, folder: Path):
     from grt_titan.hf.convert import write_hf_folder
-    from grt_titan.hf.modeling_grt import GRTForCausalLM
+    from grt_titan.hf.remote.modeling_grt import GRTForCausalLM
 
     if not folder.exists():
         write_hf_folder(folder, model.state_dict(), args, write_tokenizer=False)

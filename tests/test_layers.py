@@ -3,6 +3,8 @@
     leaves  ->  model  ->  io  ->  infra, data, components  ->  (teacher)  ->  config_checks  ->  spec and CLIs
     hf/ and analysis/ use only model, io, data and the leaves; teacher (the distillation
     teacher: read by io and hf's readers, sharded by infra) sits above them.
+    hf/remote/ (the model every Hugging Face export ships) imports nothing of grt_titan: only
+    torch, transformers, the standard library and its siblings.
 
 io is the one-process I/O that every reader of a trained GRT shares: checkpoint_io
 (training TOMLs, checkpoint folders, the latest complete step, resume inspection) and
@@ -11,9 +13,13 @@ importing hf's commands.
 
 Every import counts, at module level or inside a function: an import moved into a
 function to dodge a circle is still a circle here.
+
+And no function of the package is longer than `MAX_FUNCTION_LINES`: a reader holds one on a
+screen (split a longer one into named steps).
 """
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,25 +45,42 @@ LEAVES = {
     "grt_titan.tokenizer",
 }
 IO = {"grt_titan.checkpoint_io", "grt_titan.hf.config_map"}
+# The remote model: copied verbatim into every export, run where grt_titan is not installed.
+REMOTE = "grt_titan.hf.remote"
 ENTRY = {"grt_titan", "grt_titan.spec", "grt_titan.train", "grt_titan.cli"}
 TEACHER = {"grt_titan.teacher"}
 # Which groups each group may import (a group may always import itself).
 ALLOWED = {
+    "remote": set(),
     "leaf": set(),
     "model": {"leaf"},
     "data": {"leaf"},
     "io": {"leaf", "model"},
     "infra": {"leaf", "model"},
     "components": {"leaf", "model", "io", "data"},
-    "hf": {"leaf", "model", "io", "data"},
+    "hf": {"leaf", "model", "io", "data", "remote"},
     "analysis": {"leaf", "model", "io", "data"},
-    "teacher": {"leaf", "model", "io", "data", "infra", "components", "hf"},
+    "teacher": {"leaf", "model", "io", "data", "infra", "components", "hf", "remote"},
     "config_checks": {"leaf", "model", "io", "data", "infra", "components", "teacher"},
-    "entry": {"leaf", "model", "io", "data", "infra", "components", "hf", "analysis", "teacher", "config_checks"},
+    "entry": {
+        "leaf",
+        "model",
+        "io",
+        "data",
+        "infra",
+        "components",
+        "hf",
+        "remote",
+        "analysis",
+        "teacher",
+        "config_checks",
+    },
 }
 
 
 def group(module: str) -> str:
+    if module == REMOTE or module.startswith(REMOTE + "."):
+        return "remote"
     if module in LEAVES:
         return "leaf"
     if module in IO:
@@ -197,4 +220,92 @@ def test_a_forbidden_model_import_is_caught(tmp_path):
     assert sorted(m for m in external_imports(bad) if m.startswith(FORBIDDEN_IN_MODEL)) == [
         "torch.distributed",
         "torchtitan.config.ConfigManager",
+    ]
+
+
+# ---- the remote model: hf/remote/ imports torch, transformers, the standard library and its siblings
+
+REMOTE_DIR = PACKAGE / "hf" / "remote"
+REMOTE_FILES = sorted(p.name for p in REMOTE_DIR.glob("*.py"))
+REMOTE_MAY_IMPORT = {"torch", "transformers"} | set(sys.stdlib_module_names)
+
+
+def remote_problems(path: Path) -> list[str]:
+    """Each import of `path` (at module level or inside a function) that is not torch,
+    transformers, the standard library or a sibling of the same folder (`from .x import`)."""
+    siblings = {p.stem for p in path.parent.glob("*.py")}
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            bad += [a.name for a in node.names if a.name.split(".")[0] not in REMOTE_MAY_IMPORT]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            # one level up is the folder itself; `from . import x` names the sibling x
+            names = [node.module] if node.module else [a.name for a in node.names]
+            if node.level != 1 or any(n.split(".")[0] not in siblings for n in names):
+                bad.append("." * node.level + (node.module or ", ".join(a.name for a in node.names)))
+        elif isinstance(node, ast.ImportFrom) and node.module.split(".")[0] not in REMOTE_MAY_IMPORT:
+            bad.append(node.module)
+    return [f"{path.name}:{name}" for name in bad]
+
+
+def test_the_remote_model_has_its_folder():
+    assert "modeling_grt.py" in REMOTE_FILES and "configuration_grt.py" in REMOTE_FILES, REMOTE_FILES
+
+
+@pytest.mark.parametrize("name", REMOTE_FILES)
+def test_the_remote_model_imports_only_torch_transformers_and_its_siblings(name):
+    assert remote_problems(REMOTE_DIR / name) == []
+
+
+def test_a_grt_titan_import_in_the_remote_model_is_caught(tmp_path):
+    (tmp_path / "sibling_grt.py").write_text("")
+    bad = tmp_path / "bad_grt.py"
+    bad.write_text(
+        "import math\nimport torch.nn.functional as F\nfrom transformers import PretrainedConfig\n"
+        "from .sibling_grt import x\nfrom . import sibling_grt\n\n"
+        "def load():\n    from grt_titan.model.args import GRTModelArgs\n    import grt_titan\n"
+        "    from ..model import args\n    from .missing import y\n    import numpy\n"
+    )
+    assert remote_problems(bad) == [
+        "bad_grt.py:grt_titan.model.args",
+        "bad_grt.py:grt_titan",
+        "bad_grt.py:..model",
+        "bad_grt.py:.missing",
+        "bad_grt.py:numpy",
+    ]
+
+
+# ---- no function longer than a screen ------------------------------------------------------
+
+MAX_FUNCTION_LINES = 100
+
+
+def long_functions(path: Path, root: Path = PACKAGE.parent, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """`file:line name (n lines)` of each function or method of `path` longer than `limit`
+    lines, from its first decorator (or `def`) to its last line, docstring included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            length = node.end_lineno - start + 1
+            if length > limit:
+                found.append(f"{path.relative_to(root)}:{start} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_a_screen():
+    too_long = [entry for path in SOURCES for entry in long_functions(path)]
+    assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n" + "\n".join(
+        too_long
+    )
+
+
+def test_a_long_function_is_caught(tmp_path):
+    body = "\n".join(f"        x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    # A method of MAX_FUNCTION_LINES lines, and one more with its decorator.
+    source = f"class A:\n    def fits(self):\n{body}\n\n    @property\n    def long(self):\n{body}\n"
+    (tmp_path / "bad.py").write_text(source)
+    start = MAX_FUNCTION_LINES + 3
+    assert long_functions(tmp_path / "bad.py", root=tmp_path) == [
+        f"bad.py:{start} long ({MAX_FUNCTION_LINES + 1} lines)"
     ]

@@ -1,9 +1,9 @@
 """Hugging Face export / import of GRT checkpoints, and the `trust_remote_code` model.
 
-- configuration_grt.py, modeling_grt.py and the files it imports (parts_grt.py,
-  layers_grt.py, cache_grt.py, routing_grt.py, exit_grt.py, halting_grt.py): the transformers
-  model (self-contained remote code, copied into every exported folder; docs/hf_export.md,
-  "Remote code").
+- remote/: the transformers model (configuration_grt.py, modeling_grt.py and the files it
+  imports), self-contained remote code copied verbatim into every exported folder; it imports
+  nothing of grt_titan (docs/hf_export.md, "Remote code"). Everything else here is a converter
+  that runs beside grt_titan.
 - convert.py: writing (and verifying) an exported folder. Reading checkpoints and exported
   weights is grt_titan/checkpoint_io.py's (shared with `grt-titan analyze`).
 - config_map.py: the args <-> HF config.json map (read by `grt-titan analyze` too).

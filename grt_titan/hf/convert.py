@@ -1,10 +1,10 @@
 """GRTModelArgs <-> GRTConfig, and writing / reading an exported Hugging Face folder.
 
 An exported folder holds: config.json (model_type "grt", auto_map), the remote code
-(`REMOTE_CODE_FILES`: configuration_grt.py, modeling_grt.py and the files it imports),
-model.safetensors (or model-0000i-of-0000N.safetensors + index above `max_shard_size`),
-generation_config.json, the tokenizer files (a Hugging Face tokenizer folder's, or GPT-2's
-derived from tiktoken ranks: tokenizer_files.py) and README.md (model card).
+(`REMOTE_CODE_FILES`: the files of grt_titan/hf/remote/, configuration_grt.py, modeling_grt.py
+and the files it imports), model.safetensors (or model-0000i-of-0000N.safetensors + index
+above `max_shard_size`), generation_config.json, the tokenizer files (a Hugging Face tokenizer
+folder's, or GPT-2's derived from tiktoken ranks: tokenizer_files.py) and README.md (model card).
 It is written into a temporary sibling folder and renamed into place only when complete,
 so a failure never leaves a partial output folder.
 
@@ -39,20 +39,12 @@ from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, GRTStateDictA
 
 from .config_map import HF_PARTS, hf_config_kwargs
 
-HF_DIR = Path(__file__).resolve().parent
-# The remote code, copied into every export: the model, its configuration and the sibling
-# files modeling_grt.py imports (transformers copies each relatively imported file too;
-# tests/hf/test_hf_copies.py checks that this is exactly that closure).
-REMOTE_CODE_FILES = (
-    "configuration_grt.py",
-    "modeling_grt.py",
-    "parts_grt.py",
-    "layers_grt.py",
-    "cache_grt.py",
-    "routing_grt.py",
-    "exit_grt.py",
-    "halting_grt.py",
-)
+# The remote code, copied verbatim into every export: every file of grt_titan/hf/remote/ but
+# its __init__.py (the model, its configuration and the sibling files modeling_grt.py imports;
+# transformers copies each relatively imported file too, and tests/hf/test_hf_copies.py checks
+# that the folder is exactly that closure).
+REMOTE_DIR = Path(__file__).resolve().parent / "remote"
+REMOTE_CODE_FILES = tuple(sorted(p.name for p in REMOTE_DIR.glob("*.py") if p.name != "__init__.py"))
 AUTO_MAP = {
     "AutoConfig": "configuration_grt.GRTConfig",
     "AutoModelForCausalLM": "modeling_grt.GRTForCausalLM",
@@ -93,7 +85,7 @@ def check_exportable(args: GRTModelArgs) -> None:
 def build_hf_config(args: GRTModelArgs, dtype: str = "float32", eos_id: int | None = None, bos_id: int | None = None):
     """The HF config of `args`; `eos_id` / `bos_id`: the tokenizer's (None: none; a missing BOS
     is the EOS, as HF's GPT-2 writes it)."""
-    from .configuration_grt import GRTConfig
+    from .remote.configuration_grt import GRTConfig
 
     check_exportable(args)
     try:
@@ -243,7 +235,7 @@ def write_hf_folder(
         config = build_hf_config(model_args, dtype, eos_id, bos_id)
         config.to_json_file(str(tmp / "config.json"), use_diff=False)
         for name in REMOTE_CODE_FILES:
-            shutil.copyfile(HF_DIR / name, tmp / name)
+            shutil.copyfile(REMOTE_DIR / name, tmp / name)
         write_tokenizer_files_and_generation_config(tmp, tokenizer, model_args, write_tokenizer)
         card = dict(card or {})
         card.setdefault("dtype", dtype)
@@ -345,8 +337,8 @@ def verify_hf_folder(
     folder: Path, native_state_dict: dict[str, torch.Tensor], model_args: GRTModelArgs, atol: float = 1e-4
 ) -> float:
     """Max |logits difference| between the torchtitan model and the written HF model (fp32)."""
-    from .configuration_grt import GRTConfig
-    from .modeling_grt import GRTForCausalLM
+    from .remote.configuration_grt import GRTConfig
+    from .remote.modeling_grt import GRTForCausalLM
 
     config = GRTConfig.from_json_file(str(folder / "config.json"))
     if model_args.router != "none":  # MoR: compare under the exported model's routing rule

@@ -53,24 +53,18 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
     The snippet runs as printed from the folder that holds the export, with no prompt
     (tests/docs runs it with stdin closed).
     """
-    total = sum(v.numel() for v in hf_state_dict.values())
-    depth = args.eval_depth
-    rows = "\n".join(f"| {name} | {_fmt(n)} |" for name, n in parameter_table(hf_state_dict))
+    lines = _title(args) + _architecture(args, hf_state_dict) + _training(card)
+    lines += _use(args, card.get("folder_name") or "grt_model")
+    return "\n".join(lines)
 
-    def fact(key: str, unknown: str = "unknown") -> str:
-        value = card.get(key)
-        if value is None:
-            return unknown
-        if isinstance(value, float):
-            return f"{value:.4f}"
-        if isinstance(value, int):
-            return f"{value:,}"
-        return str(value)
 
-    recurrent = args.is_recurrent
-    name = card.get("folder_name") or "grt_model"
+# ---- the card's sections, each a list of lines ending with a blank one ---------------------
+
+
+def _title(args: GRTModelArgs) -> list[str]:
+    """The hub's front matter, the title and what the model is."""
     grt = not args.non_grt_parts
-    lines = [
+    return [
         "---",
         "library_name: transformers",
         "tags: [grt, gated-recurrent-transformer, recurrent-depth, torchtitan]",
@@ -86,6 +80,13 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
             "trains it: table 1's recurrent baselines and figure 5's ablation ladder)."
         ),
         "",
+    ]
+
+
+def _architecture(args: GRTModelArgs, hf_state_dict: dict[str, Any]) -> list[str]:
+    """The layout, the recurrence's parts, the default depth and the parameters per part."""
+    depth = args.eval_depth
+    lines = [
         "## Architecture",
         "",
         f"- layout `p + n x R + c`: **{layout(args)}** "
@@ -93,14 +94,14 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         + (f", {args.n_kv_heads} KV heads" if args.n_kv_heads else "")
         + f", vocabulary {args.vocab_size}, context {args.max_seq_len})",
     ]
-    if not grt:
+    if args.non_grt_parts:
         lines.append(
             f"- recurrence parts: injection `{args.injection}`, update `{args.update}`, initial state "
             f"`{args.initial_state}`, step adapter `{args.step_adapter}`, objective `{args.objective}`, "
             f'router `{args.router}` (grt_titan docs/architecture.md, "Methods as parts")'
         )
     lines += [f"- {part.describe(args)}" for part in args.active_parts if part.describe(args)]
-    if recurrent:
+    if args.is_recurrent:
         # Ouro below q = 1 reads every step out: the coda runs once per step.
         coda_runs = depth if args.per_step_readout and args.exit_threshold < 1 else 1
         lines += [
@@ -108,24 +109,49 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
             f"- block executions per token at r = {depth}: "
             f"{args.n_prelude_layers + args.n_core_layers * depth + args.n_coda_layers * coda_runs}",
         ]
-    lines += [
+    total = sum(v.numel() for v in hf_state_dict.values())
+    return lines + [
         f"- stored parameters: **{_fmt(total)}**"
         + (" (LM head tied to the embeddings)" if args.tie_embeddings else ""),
         "",
         "| part | parameters |",
         "|---|---|",
-        rows,
+        "\n".join(f"| {name} | {_fmt(n)} |" for name, n in parameter_table(hf_state_dict)),
         "",
+    ]
+
+
+def _fact(card: dict[str, Any], key: str, unknown: str = "unknown") -> str:
+    """`card[key]` as the card prints it (floats to 4 places, ints with thousands separators)."""
+    value = card.get(key)
+    if value is None:
+        return unknown
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _training(card: dict[str, Any]) -> list[str]:
+    """What the export was trained from: flavor, checkpoint, steps, tokens, validation loss."""
+    return [
         "## Training",
         "",
-        f"- flavor: {fact('flavor')}; config: {fact('config_file')}",
-        f"- checkpoint: {fact('source_checkpoint')}",
-        f"- training steps: {fact('step')}",
-        f"- training tokens: {fact('tokens_seen')} ({card.get('tokens_source') or 'source unknown'})",
-        f"- validation loss: {fact('validation_loss')}"
+        f"- flavor: {_fact(card, 'flavor')}; config: {_fact(card, 'config_file')}",
+        f"- checkpoint: {_fact(card, 'source_checkpoint')}",
+        f"- training steps: {_fact(card, 'step')}",
+        f"- training tokens: {_fact(card, 'tokens_seen')} ({card.get('tokens_source') or 'source unknown'})",
+        f"- validation loss: {_fact(card, 'validation_loss')}"
         + (f" at step {card['validation_step']}" if card.get("validation_step") is not None else ""),
-        f"- exported dtype: {fact('dtype')}; weight files: {', '.join(card.get('weight_files', []))}",
+        f"- exported dtype: {_fact(card, 'dtype')}; weight files: {', '.join(card.get('weight_files', []))}",
         "",
+    ]
+
+
+def _use(args: GRTModelArgs, name: str) -> list[str]:
+    """How to load the folder `name` and generate: the snippet, then the cache and halting options."""
+    return [
         "## Use",
         "",
         f"From the folder that holds `{name}/` (or with its hub id in place of `{name}`). "
@@ -140,25 +166,7 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         f'tok = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)',
         f'model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)',
         'ids = tok("The meaning of life is", return_tensors="pt").input_ids',
-    ]
-    if recurrent:
-        per_token_exit = args.per_step_readout and args.exit_threshold < 1  # Ouro: per_step only, no halting
-        lines += [
-            "# depth per call: 0 = prelude + coda only, < R early exit, "
-            + ("> R extrapolation" if args.extrapolates else "R at most (one module per step)"),
-            f"out = model.generate(ids, max_new_tokens=32, num_recurrences={depth},",
-            '                     kv_cache_strategy="per_step")'
-            + ("" if per_token_exit else "  # or first / last / average"),
-        ]
-        if args.part("router") is None and not per_token_exit:
-            lines += [
-                "# per-token halting: a token stops recurring once its state changes by less than 1%",
-                f'out = model.generate(ids, max_new_tokens=32, num_recurrences={depth}, halting="state",',
-                "                     halting_threshold=0.01, min_recurrences=1)",
-            ]
-    else:
-        lines += ["out = model.generate(ids, max_new_tokens=32)"]
-    lines += [
+        *_generate_lines(args),
         "print(tok.decode(out[0]))",
         "```",
         "",
@@ -169,4 +177,26 @@ def render_model_card(args: GRTModelArgs, hf_state_dict: dict[str, Any], card: d
         "steps) lets each token stop when it has converged. See docs/hf_export.md of grt_titan.",
         "",
     ]
-    return "\n".join(lines)
+
+
+def _generate_lines(args: GRTModelArgs) -> list[str]:
+    """The snippet's generate calls: at the default depth with its cache strategies, and with
+    per-token halting where the model has it."""
+    if not args.is_recurrent:
+        return ["out = model.generate(ids, max_new_tokens=32)"]
+    depth = args.eval_depth
+    per_token_exit = args.per_step_readout and args.exit_threshold < 1  # Ouro: per_step only, no halting
+    lines = [
+        "# depth per call: 0 = prelude + coda only, < R early exit, "
+        + ("> R extrapolation" if args.extrapolates else "R at most (one module per step)"),
+        f"out = model.generate(ids, max_new_tokens=32, num_recurrences={depth},",
+        '                     kv_cache_strategy="per_step")'
+        + ("" if per_token_exit else "  # or first / last / average"),
+    ]
+    if args.part("router") is None and not per_token_exit:
+        lines += [
+            "# per-token halting: a token stops recurring once its state changes by less than 1%",
+            f'out = model.generate(ids, max_new_tokens=32, num_recurrences={depth}, halting="state",',
+            "                     halting_threshold=0.01, min_recurrences=1)",
+        ]
+    return lines

@@ -21,7 +21,7 @@ results and substitutes their K/V at each core block's attention (a pre-hook on 
 readout rules (kl, entropy, argmax) read every step out: step s's coda attends to the other
 tokens' coda K/V of step s (a halted token's: of its last step), and a token's logits are its
 readout at the step it halted; the state rules read out h once after the loop, as the fixed
-depth does. The exported model does the same with its cache (grt_titan/hf/halting_grt.py,
+depth does. The exported model does the same with its cache (grt_titan/hf/remote/halting_grt.py,
 whose copies of the functions below tests/hf/test_hf_copies.py keeps equal);
 tests/hf/test_hf_halting.py holds the two to the same depths and logits.
 """

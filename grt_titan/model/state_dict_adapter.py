@@ -1,6 +1,6 @@
 """Native (torchtitan) <-> Hugging Face parameter names of the GRT: one declarative key map.
 
-The HF names are those of grt_titan/hf/modeling_grt.py (a `trust_remote_code` model):
+The HF names are those of grt_titan/hf/remote/modeling_grt.py (a `trust_remote_code` model):
 
 | native (torchtitan)                          | Hugging Face                                 |
 |----------------------------------------------|----------------------------------------------|

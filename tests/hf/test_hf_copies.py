@@ -1,4 +1,4 @@
-"""The remote code (grt_titan/hf/*_grt.py): its files, and its copies of the training model.
+"""The remote code (grt_titan/hf/remote/): its files, and its copies of the training model.
 
 A function the remote code copies from grt_titan/model (it cannot import grt_titan) is marked
 
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from grt_titan.hf.convert import HF_DIR, REMOTE_CODE_FILES
+from grt_titan.hf.convert import REMOTE_CODE_FILES, REMOTE_DIR
 
-MODEL_DIR = HF_DIR.parent / "model"
+MODEL_DIR = REMOTE_DIR.parents[1] / "model"
 MARKER = re.compile(r"^[ \t]*# Copied from (grt_titan\.model\.[\w.]+)(?: with (.+))?$")
 
 
 def remote_sources() -> dict[str, str]:
-    return {name: (HF_DIR / name).read_text() for name in REMOTE_CODE_FILES}
+    return {name: (REMOTE_DIR / name).read_text() for name in REMOTE_CODE_FILES}
 
 
 def functions(source: str):
@@ -131,7 +131,7 @@ def test_remote_code_files_are_the_models_import_closure():
 
     needed = {"configuration_grt.py", "modeling_grt.py"}
     for name in sorted(needed):
-        needed |= {Path(f).name for f in get_relative_import_files(str(HF_DIR / name))}
+        needed |= {Path(f).name for f in get_relative_import_files(str(REMOTE_DIR / name))}
     assert set(REMOTE_CODE_FILES) == needed
 
 

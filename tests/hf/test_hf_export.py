@@ -11,15 +11,15 @@ import torch
 
 from grt_titan.checkpoint_io import load_checkpoint, save_checkpoint
 from grt_titan.cli import main as cli
-from grt_titan.hf.convert import REMOTE_CODE_FILES, SINGLE_FILE, write_hf_folder
+from grt_titan.hf.convert import REMOTE_CODE_FILES, REMOTE_DIR, SINGLE_FILE, write_hf_folder
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS
 
 from grt_test_helpers import TORCHAO_IMPORT_NOISE
 from hf_helpers import ATOL, decode_logits, load_hf, prompt, seeded_model, small_args
 
-# The remote code: the configuration, the model and the files it imports (exactly those
-# transformers loads: tests/hf/test_hf_copies.py).
-REMOTE_CODE = set(REMOTE_CODE_FILES)
+# The remote code: every file of grt_titan/hf/remote/ but its __init__.py (the configuration,
+# the model and the files it imports: exactly those transformers loads, tests/hf/test_hf_copies.py).
+REMOTE_CODE = {p.name for p in REMOTE_DIR.iterdir() if p.is_file() and p.name != "__init__.py"}
 EXPECTED_FILES = REMOTE_CODE | {
     "config.json",
     "model.safetensors",
@@ -33,8 +33,18 @@ EXPECTED_FILES = REMOTE_CODE | {
 }
 
 
+def test_the_remote_code_is_its_folders_files():
+    """export-hf copies grt_titan/hf/remote/'s file list, which holds the remote code and
+    nothing else (no stray file, no subfolder)."""
+    assert set(REMOTE_CODE_FILES) == REMOTE_CODE and len(REMOTE_CODE_FILES) == len(REMOTE_CODE)
+    assert all(name.endswith("_grt.py") for name in REMOTE_CODE), sorted(REMOTE_CODE)
+    assert not [p.name for p in REMOTE_DIR.iterdir() if p.is_dir() and p.name != "__pycache__"]
+
+
 def test_export_folder(debug_export, debug_checkpoint):
     assert {p.name for p in debug_export.iterdir()} == EXPECTED_FILES
+    for name in REMOTE_CODE:  # verbatim: the folder's bytes
+        assert (debug_export / name).read_bytes() == (REMOTE_DIR / name).read_bytes(), name
     config = json.loads((debug_export / "config.json").read_text())
     assert config["model_type"] == "grt"
     assert config["auto_map"] == {

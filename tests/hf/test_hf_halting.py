@@ -1,4 +1,4 @@
-"""Per-token halting in the Hugging Face model (grt_titan/hf/halting_grt.py; docs/hf_export.md,
+"""Per-token halting in the Hugging Face model (grt_titan/hf/remote/halting_grt.py; docs/hf_export.md,
 "Per-token halting"): each rule by hand on rows whose tokens see only themselves (the readout
 rules' distributions from the fixed-depth forward's step logits), the two threshold limits
 against the fixed-depth forward, cached = uncached decoding under every rule
@@ -305,7 +305,7 @@ def test_the_gate_rule_needs_a_gate(tmp_path):
 
 
 def test_the_export_knows_the_training_models_rules():
-    from grt_titan.hf import halting_grt
+    from grt_titan.hf.remote import halting_grt
 
     assert halting_grt.HALTING_RULES == HALTING_RULES and halting_grt.READOUT_RULES == READOUT_RULES
 

@@ -12,8 +12,8 @@ import torch
 from grt_titan.checkpoint_io import load_checkpoint
 from grt_titan.cli import main as cli
 from grt_titan.hf.config_map import model_args_from_hf_config
-from grt_titan.hf.configuration_grt import GRTConfig
 from grt_titan.hf.convert import write_hf_folder
+from grt_titan.hf.remote.configuration_grt import GRTConfig
 from grt_titan.model import GRTModel
 
 from grt_test_helpers import MOR_PARTS

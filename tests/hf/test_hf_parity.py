@@ -109,7 +109,7 @@ def test_an_old_form_config_json_loads_and_computes_the_same(case, tmp_path):
 
 
 def test_old_and_new_depth_keys_do_not_mix():
-    from grt_titan.hf.configuration_grt import GRTConfig
+    from grt_titan.hf.remote.configuration_grt import GRTConfig
 
     legacy = GRTConfig(num_recurrences=3, train_recurrences=6)  # old form: depth 3, R = 6
     assert (legacy.num_recurrences, legacy.eval_recurrences) == (6, 3)

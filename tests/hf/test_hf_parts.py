@@ -14,8 +14,8 @@ import torch
 from grt_titan.checkpoint_io import load_checkpoint, load_model_args
 from grt_titan.cli import main as cli
 from grt_titan.hf.config_map import HF_PARTS, model_args_from_hf_config
-from grt_titan.hf.configuration_grt import MOR_REQUIRED_PARTS, PART_SETTINGS, RECURRENCE_PARTS, GRTConfig
 from grt_titan.hf.convert import SINGLE_FILE, ExportError, build_hf_config, write_hf_folder
+from grt_titan.hf.remote.configuration_grt import MOR_REQUIRED_PARTS, PART_SETTINGS, RECURRENCE_PARTS, GRTConfig
 from grt_titan.model import grt_flavors
 from grt_titan.model.methods import GRT, METHODS, MOR, MOR_TOKEN_CHOICE
 
@@ -185,7 +185,7 @@ def test_rrt_refuses_depths_without_adapters():
     R = args.num_recurrences
     with pytest.raises(ExportError, match=f"eval_recurrences = {R + 1} is invalid with step_adapter = 'lora'"):
         build_hf_config(args.replace(eval_recurrences=R + 1))
-    from grt_titan.hf.modeling_grt import GRTForCausalLM
+    from grt_titan.hf.remote.modeling_grt import GRTForCausalLM
 
     hf = GRTForCausalLM(build_hf_config(args)).eval()
     with pytest.raises(ValueError, match=f"one adapter per step up to R = {R}"):
@@ -193,7 +193,7 @@ def test_rrt_refuses_depths_without_adapters():
 
 
 def test_random_initial_state_is_grt_titans_table_bit_for_bit():
-    from grt_titan.hf.modeling_grt import eval_initial_state as hf_table
+    from grt_titan.hf.remote.modeling_grt import eval_initial_state as hf_table
     from grt_titan.model.recurrence import eval_initial_state
 
     assert torch.equal(hf_table(7, 64, 32, 0.3), eval_initial_state(7, 64, 32, 0.3))
@@ -215,7 +215,7 @@ def test_every_training_part_has_its_remote_twin():
     """grt_titan/model/parts.py and the remote parts_grt.py list the same parts, by key, choice
     and name, in the same order, but those with a reason above: a new part without its HF twin
     (or its refusal) fails here."""
-    from grt_titan.hf import parts_grt
+    from grt_titan.hf.remote import parts_grt
     from grt_titan.model.parts import PARTS
 
     exported = [p for p in PARTS if p.key not in TRAINING_ONLY_KEYS and (p.key, p.choice) not in NOT_EXPORTED]
@@ -232,9 +232,9 @@ def test_every_row_has_the_same_parts_in_its_export(row):
     """Row by row of the table of methods: the remote parts of the exported config (and of the
     config.json it writes) are the training args' parts, and the HF model holds exactly their
     modules (`model.<module_name>`)."""
-    from grt_titan.hf.modeling_grt import GRTModel as HFModel
-    from grt_titan.hf.parts_grt import PARTS as REMOTE_PARTS
-    from grt_titan.hf.parts_grt import active_parts
+    from grt_titan.hf.remote.modeling_grt import GRTModel as HFModel
+    from grt_titan.hf.remote.parts_grt import PARTS as REMOTE_PARTS
+    from grt_titan.hf.remote.parts_grt import active_parts
 
     args = small_args("gpt2").replace(**row.parts)
     training = [p for p in args.active_parts if p.key not in TRAINING_ONLY_KEYS]
@@ -257,7 +257,7 @@ def test_a_model_built_from_a_config_gets_each_parts_init():
     Kaiming-uniform, B = 0: every adapter a no-op). transformers 5 skips remote code's modules
     that hold no parameters of their own, so each init runs on the module holding its weights;
     before, the bias stayed 0 and the factors were uninitialised memory."""
-    from grt_titan.hf.modeling_grt import GRTForCausalLM
+    from grt_titan.hf.remote.modeling_grt import GRTForCausalLM
 
     args = grt_flavors["debug"].replace(step_adapter="lora", lora_rank=4)
     state = GRTForCausalLM(build_hf_config(args)).state_dict()
