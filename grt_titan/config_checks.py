@@ -278,6 +278,22 @@ def _plain_trainer_initial_load_problems(job_config) -> list[str]:
     return []
 
 
+def _plain_trainer_fault_tolerance_problems(job_config) -> list[str]:
+    """torchtitan's own trainer ignores `[fault_tolerance]`: refused there rather than a run
+    that trains unprotected while its config says it is protected."""
+    ft = getattr(job_config, "fault_tolerance", None)
+    if ft is None or not ft.enable:
+        return []
+    from grt_titan.components.trainer import GRTTrainer  # here: torchtitan.train is a large import
+
+    if dist.is_initialized() and GRTTrainer.build_teacher is None:  # not grt_titan.train's trainer
+        return [
+            "[fault_tolerance] enable = true is ignored by torchtitan's own -m torchtitan.train (it would train "
+            "without torchft's quorum); allowed: python -m grt_titan.train, or [fault_tolerance] enable = false"
+        ]
+    return []
+
+
 def _vocab_problems(job_config, args) -> list[str]:
     try:
         vocab = _tokenizer_vocab_size(job_config)
@@ -462,6 +478,7 @@ def check_job_config(job_config, model_args) -> None:
     problems += resume_problems(job_config)
     problems += initial_load_problems(job_config)
     problems += _plain_trainer_initial_load_problems(job_config)
+    problems += _plain_trainer_fault_tolerance_problems(job_config)
     if problems:
         _raise(problems)
 

@@ -11,6 +11,8 @@ by `GRTModelArgs.update_from_config`, with the key named in the error.
 from dataclasses import dataclass, field
 from typing import Literal
 
+from torchtitan.components.ft.config import FaultTolerance as FTSemiSyncConfig
+
 from grt_titan.data.config import DataConfig
 from grt_titan.model.args import (
     BlockStyle,
@@ -286,6 +288,23 @@ class GRTModelDefaults:
 
 
 @dataclass
+class FaultToleranceConfig(FTSemiSyncConfig):
+    """torchtitan's `[fault_tolerance]` (with torchft's DiLoCo keys, torchtitan's
+    components/ft/config) and where the lighthouse is (docs/reliability.md, "Fault tolerance")."""
+
+    lighthouse: str = ""
+    """The torchft lighthouse, `http://host:29510`; empty: torchft's TORCHFT_LIGHTHOUSE variable."""
+
+    lighthouse_timeout_seconds: float = 60.0
+    """How long a replica group waits at start-up for the lighthouse to answer before it stops."""
+
+    quorum_retries: int = 20
+    """Quorum requests a group retries while the lighthouse is unreachable (a lighthouse
+    restart) before it stops; torchft's own default, 0, stops every group at the first miss.
+    TORCHFT_QUORUM_RETRIES, when set, wins."""
+
+
+@dataclass
 class JobConfig:
     model: GRTModelDefaults = field(default_factory=GRTModelDefaults)
     grt: GRTSection = field(default_factory=GRTSection)
@@ -295,3 +314,4 @@ class JobConfig:
     loss_spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
     grt_metrics: GRTMetricsConfig = field(default_factory=GRTMetricsConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)

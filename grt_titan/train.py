@@ -56,6 +56,25 @@ def quiet_other_ranks() -> None:
         handler.setLevel(max(handler.level, logging.WARNING))
 
 
+def trainer_for(config, trainer_class: type | None = None) -> type:
+    """GRTTrainer, or its fault-tolerant form when `[fault_tolerance] enable` is set
+    (grt_titan/components/fault_tolerance.py); a given class must match the config."""
+    from grt_titan.components.trainer import GRTTrainer
+
+    if not getattr(config.fault_tolerance, "enable", False):
+        return trainer_class or GRTTrainer
+    from grt_titan.components.fault_tolerance import GRTFaultTolerantTrainer
+
+    if trainer_class is None:
+        return GRTFaultTolerantTrainer
+    if not issubclass(trainer_class, GRTFaultTolerantTrainer):
+        raise ValueError(
+            f"[fault_tolerance] enable = true, but the trainer {trainer_class.__name__} does not join torchft's "
+            "quorum; allowed: a subclass of grt_titan.components.fault_tolerance.GRTFaultTolerantTrainer"
+        )
+    return trainer_class
+
+
 def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
     """torchtitan.train.main (0.2.2) with `GRTTrainer` (or a subclass) and the arguments
     `argv`, by default this process's command line as it is now. torchtitan's main parses
@@ -83,7 +102,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     config = ConfigManager().parse_args(sys.argv[1:] if argv is None else list(argv))
     trainer = None
     try:
-        trainer = (trainer_class or GRTTrainer)(config)
+        trainer = trainer_for(config, trainer_class)(config)
         if config.comm.mode == "local_tensor":  # torchtitan: the model is not initialised there
             logger.info("Local tensor mode enabled - skipping training execution")
             return

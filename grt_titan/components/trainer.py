@@ -45,19 +45,23 @@ class GRTTrainer(Trainer):
             # torchtitan keeps its adapter only with checkpointing on; ours loads an HF
             # initial_load_path with it off too. Built as torchtitan builds it.
             sd_adapter = self.train_spec.state_dict_adapter(self.model_args, job_config.model.hf_assets_path)
-        self.checkpointer = GRTCheckpointManager(
+        self.checkpointer = self.build_checkpointer(c, sd_adapter)
+        self.loss_spike = build_loss_spike_monitor(self, job_config)
+        self.distiller = self._build_distiller(job_config)
+
+    def build_checkpointer(self, checkpoint_config, sd_adapter, ft_manager=None) -> GRTCheckpointManager:
+        return GRTCheckpointManager(
             dataloader=self.dataloader,
             model_parts=self.model_parts,
             optimizers=self.optimizers,
             lr_schedulers=self.lr_schedulers,
             states={"train_state": self},
-            checkpoint_config=c,
+            checkpoint_config=checkpoint_config,
             sd_adapter=sd_adapter,
-            base_folder=job_config.job.dump_folder,
-            checksums=getattr(job_config.checkpoint, "checksums", True),
+            base_folder=self.job_config.job.dump_folder,
+            ft_manager=ft_manager,
+            checksums=getattr(checkpoint_config, "checksums", True),
         )
-        self.loss_spike = build_loss_spike_monitor(self, job_config)
-        self.distiller = self._build_distiller(job_config)
 
     def _build_distiller(self, job_config) -> Distiller | None:
         config = getattr(job_config, "distill", None)

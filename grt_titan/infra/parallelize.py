@@ -70,6 +70,15 @@ def grt_stacks(model: GRTModel) -> list[nn.Module]:
     return stacks
 
 
+def noise_rank(job_config) -> int:
+    """This rank's index among all training ranks. Under `[fault_tolerance]` every replica
+    group numbers its ranks from 0, so the group's offset keeps groups' noise independent."""
+    ft = getattr(job_config, "fault_tolerance", None)
+    if ft is None or not ft.enable:
+        return dist.get_rank()
+    return ft.replica_id * dist.get_world_size() + dist.get_rank()
+
+
 def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) -> GRTModel:
     """The spec's parallelize_fn."""
     grt_config = getattr(job_config, "grt", None)
@@ -81,7 +90,7 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
     assert recurrence_checkpoint in get_args(RecurrenceCheckpoint), "checked at start-up"
     if model.recurrence is not None and dist.is_initialized():
         # Noise of training forward t from (depth_seed, t, rank): exact resume, independent ranks.
-        model.recurrence.noise_rank = dist.get_rank()
+        model.recurrence.noise_rank = noise_rank(job_config)
     if model.exit_gate is not None:
         log_per_step_logits(model.model_args, job_config, parallel_dims.fsdp_enabled)
 

@@ -227,6 +227,10 @@ def _pip_problem(args: list[str]) -> str | None:
     return None
 
 
+# `torchft_lighthouse --help` of torchft 0.2.0 (a Rust binary: no parser to import).
+LIGHTHOUSE_FLAGS = {"--min_replicas", "--bind", "--join_timeout_ms", "--quorum_tick_ms", "--heartbeat_timeout_ms"}
+
+
 def command_problems(cmd: list[str]) -> list[str]:
     """What is wrong with one simple command: repository paths that do not exist, flags or
     TOML keys its program does not know. Programs the docs have no business naming fail."""
@@ -299,12 +303,16 @@ def command_problems(cmd: list[str]) -> list[str]:
             problem = f"{prog}: bash -n: {syntax.stderr.strip()}"
         elif unknown:
             problem = f"{prog} has no option(s) {unknown} (it declares {sorted(declared)})"
+    elif prog == "torchft_lighthouse":  # torchft's lighthouse (the [ft] extra): its `--help` flags
+        unknown = [a.split("=")[0] for a in args if a.startswith("--") and a.split("=")[0] not in LIGHTHOUSE_FLAGS]
+        if unknown or "--min_replicas" not in args:
+            problem = f"torchft_lighthouse: unknown {unknown} or no --min_replicas (it has {sorted(LIGHTHOUSE_FLAGS)})"
     elif prog.startswith("--"):  # a fragment of trainer options
         problem = job_config_problem(["--job.config_file", "train_configs/grt_debug.toml", *cmd])
     else:
         problem = (
             f"unknown program {prog!r} (tests/docs/docs_helpers.py knows how to check: torchrun, "
-            "python, pytest, pip, grt-titan, repository .sh scripts, trainer options)"
+            "python, pytest, pip, grt-titan, torchft_lighthouse, repository .sh scripts, trainer options)"
         )
     if problem:
         problems.append(problem)

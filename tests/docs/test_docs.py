@@ -94,6 +94,7 @@ def test_every_block_is_marked_and_names_only_what_exists(tmp_path, monkeypatch)
             "has no option(s) ['--devices']",
         ),
         ("<!-- docs-test: check -->\n```python\nfrom transformers import AutoTokenizer\ntok = (\n```\n", "syntax"),
+        ("<!-- docs-test: check -->\n```bash\ntorchft_lighthouse --bind [::]:29510\n```\n", "no --min_replicas"),
         ("<!-- docs-test: check -->\n```bash\ncurl https://example.com\n```\n", "unknown program 'curl'"),
         (
             "<!-- docs-test: check -->\n```bash\nbenchmarks/gpu/bundle.sh --pythn 3.12\n```\n",

@@ -29,9 +29,10 @@ on the preset's mesh (FSDP x TP for the Qwen3 one: the TP shards loaded, then FS
 loads it under the fake backend and runs a distilled step; the test checks the teacher's log
 line (its source, parameters and layout) and that the KD term was logged, never its value.
 
-A preset equal to another but for what the other adds (`STARTED_AS`: the Qwen3 retrofit and
-the same with its source as teacher; a test holds them equal) is started through that other
-one: one run starts both students at their layout.
+A preset equal to another but for what one of them adds (`STARTED_AS`: the Qwen3 retrofit and
+the same with its source as teacher; grt_large and the same in fault-tolerant replica groups,
+whose quorum needs a lighthouse the fake backend cannot stand in for; a test holds each pair
+equal) is started through the other one: one run starts both at their layout.
 """
 
 import dataclasses
@@ -160,7 +161,7 @@ def stand_in_source_args(path: Path, tmp: Path) -> list[str]:
 # A preset started through its twin: the two TOMLs are equal but for what the twin adds
 # (test_qwen3_distill_preset_is_the_retrofit_preset_with_a_teacher; both run a microbatch of 1
 # here), so the twin's run starts this preset's student at this preset's layout, plus a teacher.
-STARTED_AS = {"retrofit_qwen3_0_6b": "retrofit_qwen3_0_6b_distill"}
+STARTED_AS = {"retrofit_qwen3_0_6b": "retrofit_qwen3_0_6b_distill", "grt_large_ft": "grt_large"}
 
 
 @pytest.fixture(scope="module")
@@ -275,6 +276,26 @@ def test_qwen3_distill_preset_is_the_retrofit_preset_with_a_teacher():
         toml["job"].pop("description")
         toml["job"].pop("dump_folder", None)
     assert distill == retrofit
+
+
+def test_fault_tolerant_large_preset_is_grt_large_in_replica_groups():
+    """grt_large_ft is grt_large with a [fault_tolerance] section, its own dump folder and the
+    microbatch that splits the global batch over 2 groups x 8 GPUs; nothing else differs. Each
+    group runs grt_large's layout, started by grt_large's run (STARTED_AS)."""
+    large, ft = (
+        tomli.loads((REPO / "train_configs" / f"{name}.toml").read_text()) for name in ("grt_large", "grt_large_ft")
+    )
+    section = ft.pop("fault_tolerance")
+    assert (section["enable"], section["group_size"], section["process_group"]) == (True, 2, "nccl")
+    assert ft["job"].pop("dump_folder") == "./outputs/grt_large_ft"
+    groups_x_gpus = section["group_size"] * intended_world_size(REPO / "train_configs" / "grt_large_ft.toml")
+    assert ft["training"]["global_batch_size"] % (ft["training"]["local_batch_size"] * groups_x_gpus) == 0
+    for toml in (large, ft):
+        toml["job"].pop("description")
+        toml["job"].pop("dump_folder", None)
+        toml["training"].pop("local_batch_size")
+        toml["validation"].pop("local_batch_size")
+    assert ft == large
 
 
 @pytest.mark.slow

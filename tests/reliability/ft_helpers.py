@@ -1,0 +1,149 @@
+"""A torchft lighthouse and replica groups as processes a test starts, kills and restarts.
+
+Each replica group is one CPU rank (gloo) running tests/reliability/ft_worker.py, its own
+rendezvous store and dump folder; the groups find each other through the lighthouse.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grt_test_helpers import ANSI, REPO, SHORT_DEBUG_RUN, STEP_LINE, torchrun_command
+from tests.launcher import free_port, job_env, rank_environment
+
+FT_LINE = re.compile(r"FT step=(\d+) committed=(\d+) live=(\d+) weights=(\w+) sent=(\d+)")
+HEALED_LINE = re.compile(r"FT healed bytes=(\d+)")
+# A small, fast job: the debug GRT at batch 2 x 64 tokens, every step logged.
+FT_RUN = [*SHORT_DEBUG_RUN, "--training.local_batch_size", "2", "--metrics.no-enable-tensorboard"]
+
+
+def lighthouse_binary() -> str:
+    path = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
+    assert os.path.exists(path), "torchft_lighthouse is installed with torchft (pip install -e '.[ft]')"
+    return path
+
+
+@dataclass
+class Lighthouse:
+    port: int
+    log: Path
+    join_timeout_ms: int = 3000
+    proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Lighthouse:
+        command = [lighthouse_binary(), "--min_replicas", "1", "--bind", f"[::]:{self.port}"]
+        command += ["--join_timeout_ms", str(self.join_timeout_ms)]
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "a") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
+class Group:
+    """One replica group: a process and its log (appended to across restarts)."""
+
+    replica_id: int
+    group_size: int
+    folder: Path
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    nproc: int = 1  # ranks in the group: one process, or torchrun's (rank 0's output)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.folder / f"group{self.replica_id}.log"
+
+    def start(self, lighthouse: Lighthouse) -> Group:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        args = [
+            *self.args,
+            "--job.dump_folder",
+            str(self.folder / "dump"),
+            "--fault_tolerance.enable",
+            "--fault_tolerance.replica_id",
+            str(self.replica_id),
+            "--fault_tolerance.group_size",
+            str(self.group_size),
+            "--fault_tolerance.lighthouse",
+            lighthouse.address,
+        ]
+        if self.nproc == 1:
+            command = [sys.executable, "-m", "tests.reliability.ft_worker", *args]
+            env = job_env({**rank_environment(0, 1, free_port()), **self.env})
+        else:
+            command = torchrun_command(self.nproc, args, module="tests.reliability.ft_worker")
+            env = job_env(self.env)
+        with open(self.log, "a") as out:
+            self.proc = subprocess.Popen(
+                command,
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def steps(self) -> list[tuple[int, int, int, str]]:
+        """(step, committed, live groups, weights digest) of every step line, in order."""
+        return [(int(s), int(c), int(n), w) for s, c, n, w, _ in FT_LINE.findall(self.text())]
+
+    def sent_bytes(self) -> dict[int, int]:
+        """Bytes this group all-reduced in each step (the last line per step)."""
+        return {int(s): int(b) for s, _, _, _, b in FT_LINE.findall(self.text())}
+
+    def losses(self) -> dict[int, float]:
+        """torchtitan's logged loss per step."""
+        return {int(s): float(loss) for s, loss, _ in STEP_LINE.findall(ANSI.sub("", self.text()))}
+
+    def healed_bytes(self) -> list[int]:
+        return [int(b) for b in HEALED_LINE.findall(self.text())]
+
+    def last_step(self) -> int:
+        steps = self.steps()
+        return steps[-1][0] if steps else 0
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+
+def wait_until(condition, timeout: float, what: str, groups: list[Group]) -> float:
+    """Poll `condition()` until true; return the time it took. On timeout, fail with the logs' tails."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            tails = "\n".join(f"--- group {g.replica_id}\n{g.text()[-3000:]}" for g in groups)
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
+def digests_by_step(group: Group) -> dict[int, str]:
+    """The weights digest after each step (the last line per step: a restarted group repeats)."""
+    return {step: weights for step, _, _, weights in group.steps()}

@@ -1,0 +1,260 @@
+"""Fault tolerance through torchft (docs/reliability.md, "Fault tolerance"): a lighthouse and
+two replica groups of one CPU rank each (gloo), killed, restarted and semi-synchronous.
+
+One scripted run gives the four fault cases their evidence (a module fixture): both groups
+start; group 1 is killed (SIGKILL) after its step 4; group 0 commits steps alone; group 1 is
+restarted and heals from group 0; the lighthouse is killed and restarted; both finish. Each
+step line carries a digest of the group's weights (tests/reliability/ft_worker.py), so
+"identical weights" is compared bit for bit. With the FT path bypassed (no quorum, no
+gradient average) the groups' digests differ from step 1 and every test here fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+from ft_helpers import FT_RUN, Group, Lighthouse, digests_by_step, wait_until
+
+from grt_test_helpers import DEBUG_TOML, one_process, parse_config
+from tests.launcher import free_port
+
+# The jobs need torchft's lighthouse (the [ft] extra, in [test]); the config checks do not.
+needs_torchft = pytest.mark.skipif(importlib.util.find_spec("torchft") is None, reason="needs the [ft] extra")
+
+
+def ft_job(test):
+    """A test that runs replica groups: slow, and needs torchft."""
+    return pytest.mark.slow(needs_torchft(test))
+
+
+STEPS = 30
+KILL_AFTER = 4  # group 1 is killed once it has logged this step
+ALONE_STEPS = 3  # group 0 commits this many steps alone before group 1 restarts
+PACE = {"FT_STEP_SLEEP": "0.3"}  # seconds between steps: room to kill and restart mid-run
+
+
+@pytest.fixture(scope="module")
+def faults(module_tmp):
+    root = module_tmp("fault_tolerance")
+    lighthouse = Lighthouse(free_port(), root / "lighthouse.log").start()
+    args = [*FT_RUN, "--training.steps", str(STEPS), "--checkpoint.enable", "--checkpoint.interval", "1000"]
+    groups = [Group(i, 2, root / f"group{i}", args, PACE).start(lighthouse) for i in range(2)]
+    g0, g1 = groups
+    events = {}
+    try:
+        wait_until(lambda: g1.last_step() >= KILL_AFTER, 300, f"group 1's step {KILL_AFTER}", groups)
+        g1.kill()
+        events["killed_at"], events["killed_step"] = time.monotonic(), g0.last_step()
+        alone = lambda: [s for s, _, live, _ in g0.steps() if s > events["killed_step"] and live == 1]  # noqa: E731
+        events["first_alone_after_s"] = wait_until(lambda: len(alone()) >= 1, 120, "group 0 alone", groups)
+        wait_until(lambda: len(alone()) >= ALONE_STEPS, 120, "group 0's steps alone", groups)
+        lines_before = len(g1.steps())
+        g1.start(lighthouse)
+        events["heal_s"] = wait_until(lambda: len(g1.steps()) > lines_before, 300, "group 1 back", groups)
+        events["healed_step"] = g1.steps()[lines_before][0]
+        wait_until(lambda: g1.last_step() >= events["healed_step"] + 2, 120, "group 1's steps", groups)
+        lighthouse.stop()
+        events["lighthouse_down_step"] = max(g0.last_step(), g1.last_step())
+        time.sleep(1.0)
+        lighthouse.start()
+        events["returncodes"] = [g.wait(timeout=300) for g in groups]
+    finally:
+        for g in groups:
+            if g.proc.poll() is None:
+                g.kill()
+        lighthouse.stop()
+    return groups, events, root
+
+
+def _tails(groups) -> str:
+    return "\n".join(f"--- group {g.replica_id}\n{g.text()[-4000:]}" for g in groups)
+
+
+@ft_job
+def test_groups_hold_identical_weights_after_every_committed_step(faults):
+    """(a) Before any fault, each committed step leaves both groups with the same weights:
+    the data is split across groups and the gradients averaged through torchft."""
+    (g0, g1), events, _ = faults
+    before = [s for s in range(1, events["killed_step"] + 1)]
+    d0, d1 = digests_by_step(g0), digests_by_step(g1)
+    assert len(before) >= KILL_AFTER - 1
+    assert all(d0[s] == d1[s] for s in before), (d0, d1)
+    assert all(live == 2 for s, _, live, _ in g0.steps() if s in before[1:])
+    assert len({d0[s] for s in before}) == len(before)  # the weights move every step
+
+
+@ft_job
+def test_the_live_group_keeps_committing_when_the_other_dies(faults):
+    """(b) SIGKILL of group 1: group 0 commits its next steps alone within the quorum timeout;
+    a step a dead group kept from committing is said in the log."""
+    (g0, _), events, _ = faults
+    assert events["first_alone_after_s"] < 60, events  # torchft's quorum timeout
+    alone = [(s, c) for s, c, live, _ in g0.steps() if s > events["killed_step"] and live == 1]
+    assert len(alone) >= ALONE_STEPS
+    assert all(c >= 1 for _, c in alone)
+    uncommitted = g0.text().count("was not committed")
+    committed = [c for _, c, _, _ in g0.steps()]
+    assert committed[-1] == STEPS - uncommitted, (committed[-1], uncommitted)
+
+
+@ft_job
+def test_a_restarted_group_heals_from_the_live_group(faults):
+    """(c) The restarted group fetches group 0's weights, optimizer state and step (torchft's
+    checkpoint transport) and holds group 0's weights from its first step on."""
+    (g0, g1), events, _ = faults
+    healed = events["healed_step"]
+    assert healed > events["killed_step"] + ALONE_STEPS - 1, events  # continues the numbering
+    assert "healing required" in g1.text()
+    d0, d1 = digests_by_step(g0), digests_by_step(g1)
+    # A group that heals mid-step continues at its source's step: its own step is not logged.
+    common = [s for s in d1 if s >= healed and s in d0]
+    assert len(common) >= 3 and all(d0[s] == d1[s] for s in common), _tails([g0, g1])
+    assert "healed from a live replica group" in g1.text()
+
+
+@ft_job
+def test_both_groups_survive_a_lighthouse_restart(faults):
+    """(d) The lighthouse killed and restarted: the groups retry their quorum and finish."""
+    groups, events, _ = faults
+    assert events["returncodes"] == [0, 0], _tails(groups)
+    down = events["lighthouse_down_step"]
+    for g in groups:
+        assert g.last_step() == STEPS and [s for s, _, _, _ in g.steps() if s > down + 1], _tails(groups)
+    d0, d1 = (digests_by_step(g) for g in groups)
+    assert d0[STEPS] == d1[STEPS]
+
+
+@ft_job
+def test_each_groups_last_checkpoint_exports_to_identical_weights(faults, tmp_path):
+    """Every group checkpoints in its own folder; the last steps export to the same weights."""
+    from grt_titan.cli import main as cli
+
+    _, _, root = faults
+    config = tmp_path / "grt_debug_seq64.toml"
+    config.write_text(DEBUG_TOML.read_text().replace("seq_len = 128", "seq_len = 64"))
+    weights = []
+    for i in range(2):
+        step = root / f"group{i}" / "dump" / "checkpoint" / f"replica_{i}" / f"step-{STEPS}"
+        assert step.is_dir(), sorted(p.name for p in step.parent.glob("*"))
+        out = tmp_path / f"export{i}"
+        assert cli(["export-hf", "--checkpoint", str(step), "--config", str(config), "--out", str(out)]) == 0
+        weights.append((out / "model.safetensors").read_bytes())
+    assert weights[0] == weights[1]
+
+
+@ft_job
+@pytest.mark.parametrize("method", ["diloco", "local_sgd"])
+def test_semi_synchronous_groups_agree_after_each_sync(method, tmp_path):
+    """DiLoCo / local SGD: groups step on their own data between syncs (different weights)
+    and hold the same weights after every sync (torchft's outer step / average)."""
+    lighthouse = Lighthouse(free_port(), tmp_path / "lighthouse.log").start()
+    args = [*FT_RUN, "--training.steps", "6", "--fault_tolerance.semi_sync_method", method]
+    groups = [Group(i, 2, tmp_path / f"group{i}", [*args, "--fault_tolerance.sync_steps", "3"]) for i in range(2)]
+    try:
+        for g in groups:
+            g.start(lighthouse)
+        assert [g.wait(timeout=300) for g in groups] == [0, 0], _tails(groups)
+    finally:
+        lighthouse.stop()
+    d0, d1 = (digests_by_step(g) for g in groups)
+    assert [s for s in d0 if d0[s] == d1[s]] == [3, 6], (d0, d1)
+
+
+@ft_job
+def test_fsdp_inside_each_group(tmp_path):
+    """The layout users run: FSDP over each group's ranks (here 2 x 2 gloo ranks), gradients
+    averaged across groups by FSDP's all-reduce hook through torchft. Both groups' rank-0
+    shards stay identical, and the logged loss is the mean over groups (torchtitan's FT
+    trainer logs the sum), about ln(vocabulary) = 10.8 at the start, not twice that."""
+    lighthouse = Lighthouse(free_port(), tmp_path / "lighthouse.log").start()
+    args = [*FT_RUN, "--training.steps", "3"]
+    groups = [Group(i, 2, tmp_path / f"group{i}", args, nproc=2) for i in range(2)]
+    try:
+        for g in groups:
+            g.start(lighthouse)
+        assert [g.wait(timeout=300) for g in groups] == [0, 0], _tails(groups)
+    finally:
+        lighthouse.stop()
+    d0, d1 = (digests_by_step(g) for g in groups)
+    assert sorted(d0) == [1, 2, 3] and d0 == d1, (d0, d1)
+    assert "Applied FSDP to the GRT" in groups[0].text()
+    losses = groups[0].losses()
+    assert sorted(losses) == [1, 2, 3] and all(9.0 < loss < 11.5 for loss in losses.values()), losses
+
+
+@ft_job
+def test_no_lighthouse_stops_in_one_line_naming_it(tmp_path):
+    """Fault tolerance on, nothing at the lighthouse's address: the job stops after the
+    configured wait with one line naming the address, before building anything."""
+    address = f"http://127.0.0.1:{free_port()}"
+    args = [*FT_RUN, "--job.dump_folder", str(tmp_path), "--fault_tolerance.enable"]
+    args += ["--fault_tolerance.group_size", "2", "--fault_tolerance.lighthouse", address]
+    args += ["--fault_tolerance.lighthouse_timeout_seconds", "2"]
+    start = time.monotonic()
+    proc = one_process(args, timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"no torchft lighthouse answered at {address} within 2 s" in output, output[-3000:]
+    assert "Building" not in output and time.monotonic() - start < 60
+
+
+def test_without_torchft_the_run_names_the_extra(monkeypatch):
+    from grt_titan.components import fault_tolerance
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchft" else real(name, *a))
+    config = parse_config("--fault_tolerance.enable", "--fault_tolerance.group_size", "2")
+    with pytest.raises(fault_tolerance.FaultToleranceError, match=r'pip install -e "\.\[ft\]"'):
+        fault_tolerance.check_can_run(config)
+
+
+def test_bad_fault_tolerance_keys_are_named():
+    from grt_titan.components.fault_tolerance import config_problems
+
+    config = parse_config(
+        "--fault_tolerance.enable",
+        "--fault_tolerance.group_size",
+        "2",
+        "--fault_tolerance.replica_id",
+        "2",
+        "--fault_tolerance.semi_sync_method",
+        "sgd",
+        "--parallelism.data_parallel_replicate_degree",
+        "2",
+        "--fault_tolerance.num_fragments",
+        "2",
+    )
+    problems = config_problems(config)
+    assert any(p.startswith("[fault_tolerance] replica_id = 2: allowed 0..1") for p in problems), problems
+    assert any(p.startswith("[fault_tolerance] semi_sync_method = 'sgd'") for p in problems), problems
+    assert any(p.startswith("[parallelism] data_parallel_replicate_degree = 2") for p in problems), problems
+    assert any(p.startswith("[fault_tolerance] num_fragments = 2") for p in problems), problems
+
+
+def test_torchtitans_own_trainer_refuses_fault_tolerance(monkeypatch):
+    """-m torchtitan.train ignores [fault_tolerance]: refused by name; grt_titan.train runs it."""
+    import torch
+
+    from grt_titan.components.trainer import GRTTrainer
+    from grt_titan.config_checks import _plain_trainer_fault_tolerance_problems
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    config = parse_config("--fault_tolerance.enable", "--fault_tolerance.group_size", "2")
+    monkeypatch.setattr(GRTTrainer, "build_teacher", None)
+    (problem,) = _plain_trainer_fault_tolerance_problems(config)
+    assert problem.startswith("[fault_tolerance] enable = true is ignored by torchtitan's own -m torchtitan.train")
+    monkeypatch.setattr(GRTTrainer, "build_teacher", object())
+    assert _plain_trainer_fault_tolerance_problems(config) == []
+
+
+def test_a_trainer_class_that_does_not_join_the_quorum_is_refused():
+    from grt_titan.components.trainer import GRTTrainer
+    from grt_titan.train import trainer_for
+
+    config = parse_config("--fault_tolerance.enable", "--fault_tolerance.group_size", "2")
+    with pytest.raises(ValueError, match="does not join torchft's quorum"):
+        trainer_for(config, GRTTrainer)
+    assert trainer_for(config).__name__ == "GRTFaultTolerantTrainer"
+    assert trainer_for(parse_config()) is GRTTrainer
