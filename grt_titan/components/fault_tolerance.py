@@ -10,8 +10,9 @@ grt_titan adds:
   so a run never trains unprotected while its config says it is protected;
 - the cross-group gradient average for layouts without FSDP (FTTrainer averages through
   FSDP's all-reduce hook only: with one rank per group it would not average at all);
-- a line for every step a failed group kept from committing, and the live-group count as a
-  metric.
+- the current learning rate for a healing group (FTTrainer serves the first step's), the
+  mean loss over groups on the console (FTTrainer logs their sum), one checkpoint folder per
+  group, the live-group count as a metric and a line for each heal and uncommitted step.
 """
 
 from __future__ import annotations
@@ -48,11 +49,6 @@ BUCKET_ELEMENTS = 1 << 24
 
 class FaultToleranceError(RuntimeError):
     """`[fault_tolerance] enable = true` cannot be honoured: the run stops before training."""
-
-
-def fault_tolerance_enabled(job_config) -> bool:
-    section = getattr(job_config, "fault_tolerance", None)
-    return bool(section is not None and section.enable)
 
 
 def config_problems(job_config) -> list[str]:

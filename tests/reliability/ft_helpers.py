@@ -1,11 +1,13 @@
 """A torchft lighthouse and replica groups as processes a test starts, kills and restarts.
 
-Each replica group is one CPU rank (gloo) running tests/reliability/ft_worker.py, its own
-rendezvous store and dump folder; the groups find each other through the lighthouse.
+Each replica group is one process (or a torchrun of several gloo ranks) running
+tests/reliability/ft_worker.py with its own rendezvous store and dump folder; the groups find
+each other through the lighthouse.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -104,7 +106,11 @@ class Group:
         return self
 
     def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
+        """SIGKILL the group: the process and every process under it (torchrun starts its
+        ranks in sessions of their own, so killing its process group would orphan them)."""
+        for pid in [*descendants(self.proc.pid), self.proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait()
 
     def text(self) -> str:
@@ -131,6 +137,21 @@ class Group:
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def wait_until(condition, timeout: float, what: str, groups: list[Group]) -> float:
