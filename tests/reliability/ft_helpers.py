@@ -38,6 +38,7 @@ class Lighthouse:
     port: int
     log: Path
     join_timeout_ms: int = 3000
+    min_replicas: int = 1  # groups a quorum needs
     proc: subprocess.Popen | None = None
 
     @property
@@ -45,7 +46,7 @@ class Lighthouse:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Lighthouse:
-        command = [lighthouse_binary(), "--min_replicas", "1", "--bind", f"[::]:{self.port}"]
+        command = [lighthouse_binary(), "--min_replicas", str(self.min_replicas), "--bind", f"[::]:{self.port}"]
         command += ["--join_timeout_ms", str(self.join_timeout_ms)]
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "a") as out:
