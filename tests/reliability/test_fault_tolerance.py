@@ -43,10 +43,12 @@ def faults(module_tmp):
     # alone waits for the heartbeat timeout (5 s) either way.
     lighthouse = Lighthouse(free_port(), root / "lighthouse.log", join_timeout_ms=10_000).start()
     args = [*FT_RUN, "--training.steps", str(STEPS), "--checkpoint.enable", "--checkpoint.interval", "1000"]
-    groups = [Group(i, 2, root / f"group{i}", args, PACE).start(lighthouse) for i in range(2)]
+    groups = [Group(i, 2, root / f"group{i}", args, PACE) for i in range(2)]
     g0, g1 = groups
     events = {}
     try:
+        for g in groups:
+            g.start(lighthouse)
         wait_until(lambda: g1.last_step() >= KILL_AFTER, 300, f"group 1's step {KILL_AFTER}", groups)
         g1.kill()
         events["killed_at"], events["killed_step"] = time.monotonic(), g0.last_step()
@@ -63,9 +65,9 @@ def faults(module_tmp):
         time.sleep(1.0)
         lighthouse.start()
         events["returncodes"] = [g.wait(timeout=300) for g in groups]
-    finally:
+    finally:  # no process outlives the fixture, whatever failed
         for g in groups:
-            if g.proc.poll() is None:
+            if g.proc is not None and g.proc.poll() is None:
                 g.kill()
         lighthouse.stop()
     return groups, events, root
