@@ -39,26 +39,31 @@ class Run:
         return self.path.resolve().name
 
 
-def last_scalar(tb_root: Path, tag: str) -> tuple[int, float] | None:
-    """(step, value) of `tag` at the largest step over every event file under `tb_root`
-    (ties: the latest written); None if no event file holds it."""
+def scalar_events(tb_root: Path, *tags: str) -> dict[str, dict[Path, list[tuple[int, float, float]]]]:
+    """Per tag, (step, wall time, value) of its every event per event folder under `tb_root`
+    (in path order); folders without the tag are left out. Each file is read once."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    folders = sorted({p.parent for p in tb_root.rglob("events.out.tfevents.*")})
-    best = None
-    for folder in folders:
+    found: dict[str, dict[Path, list[tuple[int, float, float]]]] = {tag: {} for tag in tags}
+    for folder in sorted({p.parent for p in tb_root.rglob("events.out.tfevents.*")}):
         # Every scalar (0 = no sampling), one of anything else (images of the validator).
         acc = EventAccumulator(
             str(folder), size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1, "audio": 1}
         )
         acc.Reload()
-        if tag not in acc.Tags()["scalars"]:
-            continue
-        for event in acc.Scalars(tag):
-            key = (event.step, event.wall_time)
-            if best is None or key > best[0]:
-                best = (key, event.value)
-    return None if best is None else (best[0][0], best[1])
+        for tag in set(tags) & set(acc.Tags()["scalars"]):
+            found[tag][folder] = [(event.step, event.wall_time, event.value) for event in acc.Scalars(tag)]
+    return found
+
+
+def last_scalar(tb_root: Path, tag: str) -> tuple[int, float] | None:
+    """(step, value) of `tag` at the largest step over every event file under `tb_root`
+    (ties: the latest written); None if no event file holds it."""
+    events = [event for folder in scalar_events(tb_root, tag)[tag].values() for event in folder]
+    if not events:
+        return None
+    step, _, value = max(events, key=lambda event: event[:2])
+    return step, value
 
 
 def find_run_dirs(paths: list[str | Path], allow_bare: bool = False) -> list[Path]:

@@ -16,6 +16,9 @@ the sample standard deviation and n of their last validation losses. Columns:
 | GFLOPs/token | forward FLOPs per token at the eval depth, the args' own formula (eq. 1 for GRT) at the training seq_len |
 | params | stored parameters of the model built on the meta device (a tied weight once) |
 | val loss | last `validation_metrics/loss` (mean +- std over seeds), its step, n |
+
+Runs trained with `[fault_tolerance]` get a second table below: each replica group's live
+groups by step and its steps not committed (grt_titan/analysis/live_groups.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grt_titan.analysis import live_groups
 from grt_titan.analysis.runs import Run, find_run_dirs, load_run
 from grt_titan.atomic_dir import atomic_write_text
 from grt_titan.model.args import CONFIGURABLE_FIELDS, GRTModelArgs
@@ -305,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"grt-titan table: {run.path}: validation loss n/a: {run.missing}", file=sys.stderr)
         rows = build_rows(runs)
         print(markdown(rows), end="")
+        histories = [history for run in runs for history in live_groups.group_histories(run)]
+        if histories:
+            print("\nFault tolerance: replica groups live at each logged step\n")
+            print(live_groups.markdown(histories), end="")
         if args.csv:
             atomic_write_text(args.csv, csv_text(rows))
             print(f"wrote {args.csv}", file=sys.stderr)

@@ -296,3 +296,39 @@ def test_rows_of_one_method_show_the_settings_they_differ_in(module_tmp, runs, t
     assert by_run["poisson_m3"]["method"] == "Heavy-tail Poisson"
     assert by_run["poisson_m3"]["settings"] == "backprop_recurrences=None, depth_mean=3.0"
     assert by_run["grt_tau2"]["settings"] == f"training_steps={steps}"
+
+
+def test_fault_tolerant_runs_show_live_groups_by_step(runs, tmp_path, capsys):
+    """A run with [fault_tolerance]: its replica group's events (tb/<stamp>/replica_<id>/), the
+    group killed after step 6 and healed at step 10 (a new start, its counter from 0 again),
+    read back as spans of live groups and the steps not committed over both starts. A run
+    without fault tolerance adds no section."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from grt_titan.analysis import live_groups
+
+    ft = ["--fault_tolerance.enable", "--fault_tolerance.group_size", "3", "--fault_tolerance.replica_id", "1"]
+    run = make_run(tmp_path, "ft_run", "debug", {12: 6.0}, extra=[*ft, "--metrics.log_freq", "1"])
+    starts = {  # stamp: [(step, live groups, uncommitted so far)]
+        "20260101-0000": [(1, 3, 0), (2, 3, 0), (3, 2, 1), (4, 2, 1), (5, 2, 1), (6, 3, 1)],
+        "20260101-0100": [(10, 3, 0), (11, 3, 1), (12, 3, 1)],
+    }
+    for stamp, steps in starts.items():
+        writer = SummaryWriter(str(run / "tb" / stamp / "replica_1"))
+        for step, live, uncommitted in steps:
+            writer.add_scalar(live_groups.LIVE_TAG, live, step)
+            writer.add_scalar(live_groups.UNCOMMITTED_TAG, uncommitted, step)
+        writer.close()
+
+    (history,) = live_groups.group_histories(load_run(run))
+    assert (history.replica_id, history.group_size, history.uncommitted) == (1, 3, 2)
+    assert history.spans == "3 at 1-2, 2 at 3-5, 3 at 6, 3 at 10-12"
+    assert live_groups.live_spans([(10, 2), (20, 2), (40, 2)], 10) == "2 at 10-20, 2 at 40"
+    assert live_groups.group_histories(load_run(runs["dense"])) == []
+
+    assert cli_main(["table", str(runs["dense"]), str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "Fault tolerance: replica groups live at each logged step" in out
+    assert "| ft_run | 1 | 3 | 3 at 1-2, 2 at 3-5, 3 at 6, 3 at 10-12 | 2 |" in out
+    assert cli_main(["table", str(runs["dense"])]) == 0
+    assert "Fault tolerance" not in capsys.readouterr().out

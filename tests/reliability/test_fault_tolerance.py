@@ -43,6 +43,7 @@ def faults(module_tmp):
     # alone waits for the heartbeat timeout (5 s) either way.
     lighthouse = Lighthouse(free_port(), root / "lighthouse.log", join_timeout_ms=10_000).start()
     args = [*FT_RUN, "--training.steps", str(STEPS), "--checkpoint.enable", "--checkpoint.interval", "1000"]
+    args += ["--metrics.enable-tensorboard"]  # the live groups, read back by `grt-titan table`
     groups = [Group(i, 2, root / f"group{i}", args, PACE) for i in range(2)]
     g0, g1 = groups
     events = {}
@@ -149,6 +150,30 @@ def test_each_groups_last_checkpoint_exports_to_identical_weights(faults, tmp_pa
         assert cli(["export-hf", "--checkpoint", str(step), "--config", str(config), "--out", str(out)]) == 0
         weights.append((out / "model.safetensors").read_bytes())
     assert weights[0] == weights[1]
+
+
+@ft_job
+def test_the_table_shows_live_groups_by_step(faults, capsys):
+    """`grt-titan table` on both groups' runs: group 0 was alone after group 1's death;
+    group 1's history breaks where it was down and resumes at its healed step; the steps
+    not committed are the ones each group's log names."""
+    from grt_titan.analysis import live_groups
+    from grt_titan.cli import main as cli
+
+    (g0, g1), events, root = faults
+    assert cli(["table", str(root / "group0" / "dump"), str(root / "group1" / "dump")]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| dump |")]
+    assert len(rows) == 2 and "Fault tolerance: replica groups live" in out, out
+    # The log's live count per step (the last line of a step a restarted group repeats).
+    live = [sorted({s: n for s, _, n, _ in g.steps()}.items()) for g in (g0, g1)]
+    spans = [live_groups.live_spans(history, 1) for history in live]
+    for g, row, span in zip((g0, g1), rows, spans):
+        uncommitted = g.text().count("was not committed")
+        assert row == f"| dump | {g.replica_id} | 2 | {span} | {uncommitted} |", (row, span)
+    assert "1 at" in spans[0], spans  # group 0 alone
+    first, later = spans[1].split(", ")[0], spans[1].split(", ")[1:]
+    assert first.startswith("2 at 1-") and any(s.endswith(f"-{STEPS}") for s in later), spans
 
 
 @ft_job
