@@ -39,7 +39,7 @@ LONGEST_FIRST = {
     "infra/test_parallel_parity.py": 165,
     "docs/test_docs.py": 150,
     "infra/test_method_parity.py": 85,
-    "reliability/test_fault_tolerance.py": 120,
+    "reliability/test_fault_tolerance.py": 150,
     "reliability/test_rank_failure.py": 90,
     "infra/test_float8.py": 45,
     "hf/test_retrofit.py": 60,

@@ -67,6 +67,15 @@ _CHECKSUM_INDEX = MetadataIndex("__grt_titan_checksums__")  # travels in the wri
 _CHUNK = 16 << 20
 
 
+def checkpoint_subfolder(job_config) -> str:
+    """The run's checkpoint folder below its dump folder: `[checkpoint] folder`, and under
+    fault tolerance each replica group's own `replica_<id>` in it (components/fault_tolerance.py):
+    its checkpoints, and the files kept beside them (the loss-spike log)."""
+    ft = getattr(job_config, "fault_tolerance", None)
+    folder = job_config.checkpoint.folder
+    return os.path.join(folder, f"replica_{ft.replica_id}") if ft is not None and ft.enable else folder
+
+
 class CorruptCheckpointError(RuntimeError):
     """No complete checkpoint (or not the one asked for) passes its checksums."""
 

@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.experiments.ft.train import FTTrainer
 from torchtitan.tools.logging import logger
 
+from grt_titan.components.checkpoint import checkpoint_subfolder
 from grt_titan.components.trainer import GRTTrainer
 
 FT_INSTALL_HINT = 'pip install -e ".[ft]"'
@@ -240,10 +241,9 @@ class GRTFaultTolerantTrainer(GRTTrainer, FTTrainer):
         `<checkpoint.folder>/replica_<id>`: a whole-job restart needs no shared file system,
         and each group's last checkpoint exports. (torchtitan saves the model from the
         quorum's first group only, and each group's data position every step.)"""
-        ft = self.job_config.fault_tolerance
         config = dataclasses.replace(
             checkpoint_config,
-            folder=os.path.join(checkpoint_config.folder, f"replica_{ft.replica_id}"),
+            folder=checkpoint_subfolder(self.job_config),
             enable_ft_dataloader_checkpoints=False,
         )
         # torchtitan's CheckpointManager, built by FTTrainer and replaced by ours, gave torchft

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
+from grt_titan.components.checkpoint import checkpoint_subfolder
 from grt_titan.fake_backend import is_fake_backend
 
 LOG_NAME = "loss_spikes.json"
@@ -77,8 +78,11 @@ class LossSpikeMonitor:
 
     def __init__(self, trainer, config):
         self.trainer, self.config = trainer, config
-        ckpt = trainer.job_config.checkpoint
-        self.log_path = os.path.join(trainer.job_config.job.dump_folder, ckpt.folder, LOG_NAME)
+        # Beside the checkpoints (a replica group's own under fault tolerance): the restart
+        # that resumes from them reads it.
+        self.log_path = os.path.join(
+            trainer.job_config.job.dump_folder, checkpoint_subfolder(trainer.job_config), LOG_NAME
+        )
         self.history: deque[float] = deque(maxlen=config.window)
         self.saved_history = True  # False while loading a checkpoint that has none
         self._losses: list[torch.Tensor] = []

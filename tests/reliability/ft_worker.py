@@ -8,7 +8,7 @@ and, once per heal, `FT healed bytes=<tensor bytes of the state received from a 
 (benchmarks/ft_bench.py reports both).
 
 `FT_STEP_SLEEP` (seconds, default 0) paces the steps so a test can kill and restart groups
-mid-run. Usage: python -m tests.reliability.ft_worker <torchtitan CLI args>
+mid-run; `FT_SPIKE_STEP=k` multiplies the loss of step k by 50 (a planted loss spike). Usage: python -m tests.reliability.ft_worker <torchtitan CLI args>
 """
 
 import hashlib
@@ -40,6 +40,7 @@ def reporting_trainer() -> type:
     from grt_titan.components.fault_tolerance import GRTFaultTolerantTrainer
 
     pause = float(os.environ.get("FT_STEP_SLEEP", "0"))
+    spike_step = int(os.environ.get("FT_SPIKE_STEP", "0"))
 
     class ReportingTrainer(GRTFaultTolerantTrainer):
         def __init__(self, job_config):
@@ -58,6 +59,13 @@ def reporting_trainer() -> type:
                 return state
 
             manager.allreduce, manager._checkpoint_transport.recv_checkpoint = counted_allreduce, counted_receive
+            loss_fn = self.loss_fn
+
+            def planted_spike(*args, **kwargs):
+                loss = loss_fn(*args, **kwargs)
+                return loss * 50 if self.step == spike_step else loss
+
+            self.loss_fn = planted_spike
 
         def train_step(self, data_iterator):
             result = super().train_step(data_iterator)

@@ -4,15 +4,17 @@ two replica groups (gloo), killed, restarted, and semi-synchronous.
 One scripted run of two one-rank groups gives the four fault cases their evidence (a module
 fixture): both start; group 1 is killed (SIGKILL) after its step 4; group 0 commits steps
 alone; group 1 is restarted and heals from group 0; the lighthouse is killed and restarted;
-both finish. Each step line carries a digest of (rank 0's shard of) the weights
-(tests/reliability/ft_worker.py), so "identical weights" is compared bit for bit. Short runs
-cover FSDP inside each group (2 x 2 ranks), the synchronous gradient average of one-rank
-groups (grt_titan's), DiLoCo and local SGD.
+both finish. Its one-rank groups average their gradients through grt_titan's path (FSDP's
+hook does it with several ranks). Each step line carries a digest of (rank 0's shard of) the
+weights (tests/reliability/ft_worker.py), so "identical weights" is compared bit for bit.
+Short runs cover FSDP inside each group (2 x 2 ranks), DiLoCo, local SGD and a loss spike in
+one group.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import time
 
 import pytest
@@ -177,18 +179,53 @@ def test_the_table_shows_live_groups_by_step(faults, capsys):
 
 
 @ft_job
-@pytest.mark.parametrize("method", ["synchronous", "diloco", "local_sgd"])
-def test_one_rank_groups_agree_at_every_step_or_every_sync(method, tmp_path):
-    """Groups of one rank (no FSDP: grt_titan averages the gradients through torchft):
-    synchronous groups hold the same weights after every step; under DiLoCo and local SGD they
-    step on their own data between syncs (different weights) and agree after every sync
-    (torchft's outer step, or its weight average)."""
+def test_a_loss_spike_in_one_group_rewinds_it_while_the_other_steps_on(tmp_path):
+    """[loss_spike] under fault tolerance: group 1's planted spike at step 5 stops it before
+    its gradients are averaged (to group 0, a group that failed in the step: its step 5 is
+    not committed, so no group steps on the spike). Restarted (as torchrun --max-restarts
+    restarts it), group 1 reads the spike from its own checkpoint folder, skips the batches,
+    heals from group 0, and both finish with the same weights."""
+    lighthouse = Lighthouse(free_port(), tmp_path / "lighthouse.log", join_timeout_ms=10_000).start()
+    steps = 12
+    args = [*FT_RUN, "--training.steps", str(steps), "--checkpoint.enable", "--checkpoint.interval", "2"]
+    args += ["--loss_spike.enable", "--loss_spike.window", "2", "--loss_spike.max_rewinds", "1"]
+    groups = [Group(0, 2, tmp_path / "group0", args, PACE), Group(1, 2, tmp_path / "group1", args, PACE)]
+    g0, g1 = groups
+    try:
+        g0.start(lighthouse)
+        g1.env = {**PACE, "FT_SPIKE_STEP": "5"}
+        g1.start(lighthouse)
+        spiked = g1.wait(timeout=300)
+        g1.env = PACE
+        g1.start(lighthouse)
+        returncodes = [g.wait(timeout=300) for g in groups]
+    finally:
+        for g in groups:
+            if g.proc is not None and g.proc.poll() is None:
+                g.kill()
+        lighthouse.stop()
+    assert spiked != 0 and "step 5: training loss" in g1.text() and "is a spike" in g1.text(), _tails(groups)
+    log = json.loads((tmp_path / "group1" / "dump" / "checkpoint" / "replica_1" / "loss_spikes.json").read_text())
+    assert [r["step"] for r in log["rewinds"]] == [5], log
+    assert "Loss-spike rewinds recorded in" in g1.text()
+    assert returncodes == [0, 0], _tails(groups)
+    committed = {s: c for s, c, _, _ in g0.steps()}
+    assert committed[5] == committed[4], committed  # the spike's step committed nowhere
+    d0, d1 = digests_by_step(g0), digests_by_step(g1)
+    assert d0[steps] == d1[steps], (d0, d1)
+
+
+@ft_job
+@pytest.mark.parametrize("method", ["diloco", "local_sgd"])
+def test_one_rank_groups_agree_at_every_sync(method, tmp_path):
+    """Groups of one rank under DiLoCo and local SGD step on their own data between syncs
+    (different weights) and agree after every sync (torchft's outer step, or its weight
+    average). (Synchronous one-rank groups, grt_titan's gradient average: the scripted run.)"""
     # No fault here: every quorum has both groups, however far apart their start-ups are
     # (on a loaded CI machine, more than any join timeout).
     lighthouse = Lighthouse(free_port(), tmp_path / "lighthouse.log", min_replicas=2).start()
     args = [*FT_RUN, "--training.steps", "6"]
-    if method != "synchronous":
-        args += ["--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", "3"]
+    args += ["--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", "3"]
     groups = [Group(i, 2, tmp_path / f"group{i}", args) for i in range(2)]
     try:
         for g in groups:
@@ -198,7 +235,7 @@ def test_one_rank_groups_agree_at_every_step_or_every_sync(method, tmp_path):
         lighthouse.stop()
     d0, d1 = (digests_by_step(g) for g in groups)
     agreed = [s for s in d0 if d0[s] == d1[s]]
-    assert agreed == ([1, 2, 3, 4, 5, 6] if method == "synchronous" else [3, 6]), (d0, d1)
+    assert agreed == [3, 6], (d0, d1)
 
 
 @ft_job
