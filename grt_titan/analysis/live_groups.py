@@ -87,10 +87,15 @@ def live_spans(live: list[tuple[int, int]], freq: int | None) -> str:
     return ", ".join(f"{count} at {first}" + (f"-{last}" if last != first else "") for count, first, last in spans)
 
 
+def fault_tolerance_config(run: Run) -> dict | None:
+    """The run's `[fault_tolerance]` settings, None without its job config in the record."""
+    return (run.record.get("job_config") or {}).get("fault_tolerance")
+
+
 def group_histories(run: Run) -> list[GroupHistory]:
     """One history per replica group whose events are in the run's TensorBoard folder."""
     tb = run.path / run.record.get("tb_folder", "tb")
-    fault_tolerance = (run.record.get("job_config") or {}).get("fault_tolerance")
+    fault_tolerance = fault_tolerance_config(run)
     if not tb.is_dir() or (fault_tolerance is not None and not fault_tolerance.get("enable")):
         return []
     events = scalar_events(tb, LIVE_TAG, UNCOMMITTED_TAG)

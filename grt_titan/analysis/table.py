@@ -299,6 +299,23 @@ def _configs_for(run_dirs: list[str], configs: list[str]) -> list[str | None]:
     ]
 
 
+def print_live_groups(runs: list[Run]) -> None:
+    """The fault-tolerance section below the table, for the runs trained with it."""
+    histories = []
+    for run in runs:
+        found = live_groups.group_histories(run)
+        if not found and (live_groups.fault_tolerance_config(run) or {}).get("enable"):
+            print(
+                f"grt-titan table: {run.path}: trained with [fault_tolerance] but no "
+                f"{live_groups.LIVE_TAG!r} events (train with [metrics] enable_tensorboard = true)",
+                file=sys.stderr,
+            )
+        histories += found
+    if histories:
+        print("\nFault tolerance: replica groups live at each logged step\n")
+        print(live_groups.markdown(histories), end="")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -309,10 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"grt-titan table: {run.path}: validation loss n/a: {run.missing}", file=sys.stderr)
         rows = build_rows(runs)
         print(markdown(rows), end="")
-        histories = [history for run in runs for history in live_groups.group_histories(run)]
-        if histories:
-            print("\nFault tolerance: replica groups live at each logged step\n")
-            print(live_groups.markdown(histories), end="")
+        print_live_groups(runs)
         if args.csv:
             atomic_write_text(args.csv, csv_text(rows))
             print(f"wrote {args.csv}", file=sys.stderr)

@@ -332,3 +332,9 @@ def test_fault_tolerant_runs_show_live_groups_by_step(runs, tmp_path, capsys):
     assert "| ft_run | 1 | 3 | 3 at 1-2, 2 at 3-5, 3 at 6, 3 at 10-12 | 2 |" in out
     assert cli_main(["table", str(runs["dense"])]) == 0
     assert "Fault tolerance" not in capsys.readouterr().out
+    # Trained with fault tolerance but without TensorBoard: said, not silently left out.
+    quiet = make_run(tmp_path, "ft_no_tb", "debug", {}, extra=ft)
+    assert cli_main(["table", str(quiet)]) == 0
+    out, err = capsys.readouterr()
+    assert "Fault tolerance" not in out
+    assert f"{quiet}: trained with [fault_tolerance] but no 'fault_tolerance/live_groups' events" in err
