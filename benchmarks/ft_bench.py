@@ -19,7 +19,6 @@ counts (an fp32 pseudo-gradient per parameter, as measured at debug size).
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import statistics
 import sys
@@ -29,20 +28,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "reliability")]
 
-from ft_helpers import FT_RUN, Group, Lighthouse, wait_until  # noqa: E402
+from ft_helpers import FT_RUN, Group, Lighthouse, no_process_left, run_to_the_end, wait_until  # noqa: E402
 
-from grt_test_helpers import ANSI  # noqa: E402
 from tests.launcher import free_port  # noqa: E402
-
-LOSS = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.]+)")
 
 
 def faults(out: Path, steps: int) -> None:
     lighthouse = Lighthouse(free_port(), out / "lighthouse.log").start()
     args = [*FT_RUN, "--training.steps", str(steps)]
-    groups = [Group(i, 2, out / f"group{i}", args, {"FT_STEP_SLEEP": "0.3"}).start(lighthouse) for i in range(2)]
+    groups = [Group(i, 2, out / f"group{i}", args, {"FT_STEP_SLEEP": "0.3"}) for i in range(2)]
     g0, g1 = groups
-    try:
+    with no_process_left(lighthouse, groups):
+        for g in groups:
+            g.start(lighthouse)
         wait_until(lambda: g1.last_step() >= 4, 300, "group 1's step 4", groups)
         g1.kill()
         killed_step = g0.last_step()
@@ -60,11 +58,6 @@ def faults(out: Path, steps: int) -> None:
         wait_until(lambda: g0.last_step() > down_step + 1, 300, "steps after the lighthouse restart", groups)
         back_after = time.monotonic() - down_at
         codes = [g.wait(timeout=300) for g in groups]
-    finally:
-        for g in groups:
-            if g.proc.poll() is None:
-                g.kill()
-        lighthouse.stop()
     uncommitted = [g.text().count("was not committed") for g in groups]
     print("| fault | measured |\n|---|---|")
     print(f"| none | identical weights after steps 1..{killed_step} (both groups) |")
@@ -78,22 +71,13 @@ def faults(out: Path, steps: int) -> None:
     print(f"logs in {out}")
 
 
-def losses(group: Group) -> dict[int, float]:
-    return {int(s): float(v) for s, v in LOSS.findall(ANSI.sub("", group.text()))}
-
-
 def run_pair(out: Path, config: str, steps: int, extra: list[str]) -> list[Group]:
     lighthouse = Lighthouse(free_port(), out / "lighthouse.log").start()
     args = [config if a == "train_configs/grt_debug.toml" else a for a in FT_RUN]
     args += ["--training.steps", str(steps), *extra]
     groups = [Group(i, 2, out / f"group{i}", args) for i in range(2)]
-    try:
-        for g in groups:
-            g.start(lighthouse)
-        codes = [g.wait(timeout=1800) for g in groups]
-        assert codes == [0, 0], f"exit codes {codes}; logs in {out}"
-    finally:
-        lighthouse.stop()
+    codes = run_to_the_end(lighthouse, groups, timeout=1800)
+    assert codes == [0, 0], f"exit codes {codes}; logs in {out}"
     return groups
 
 
@@ -116,7 +100,7 @@ def diloco(out: Path, steps: int, sync_steps: int) -> None:
         last = range(steps - 9, steps + 1)
 
         def mean_loss(groups):
-            return statistics.mean(losses(g)[s] for g in groups for s in last)
+            return statistics.mean(losses[s] for losses in map(Group.losses, groups) for s in last)
 
         params = sum(p.numel() for p in build_meta_model(grt_flavors[flavor]).parameters())
         print(

@@ -39,8 +39,13 @@ class GroupHistory:
         return live_spans(self.live, log_freq(self.run))
 
 
+def config_section(run: Run, name: str) -> dict | None:
+    """A section of the run's job config (`fault_tolerance`), None without it in the record."""
+    return (run.record.get("job_config") or {}).get(name)
+
+
 def log_freq(run: Run) -> int | None:
-    return ((run.record.get("job_config") or {}).get("metrics") or {}).get("log_freq")
+    return (config_section(run, "metrics") or {}).get("log_freq")
 
 
 def replica_id(folder: Path, tb_root: Path) -> int | None:
@@ -87,15 +92,10 @@ def live_spans(live: list[tuple[int, int]], freq: int | None) -> str:
     return ", ".join(f"{count} at {first}" + (f"-{last}" if last != first else "") for count, first, last in spans)
 
 
-def fault_tolerance_config(run: Run) -> dict | None:
-    """The run's `[fault_tolerance]` settings, None without its job config in the record."""
-    return (run.record.get("job_config") or {}).get("fault_tolerance")
-
-
 def group_histories(run: Run) -> list[GroupHistory]:
     """One history per replica group whose events are in the run's TensorBoard folder."""
     tb = run.path / run.record.get("tb_folder", "tb")
-    fault_tolerance = fault_tolerance_config(run)
+    fault_tolerance = config_section(run, "fault_tolerance")
     if not tb.is_dir() or (fault_tolerance is not None and not fault_tolerance.get("enable")):
         return []
     events = scalar_events(tb, LIVE_TAG, UNCOMMITTED_TAG)

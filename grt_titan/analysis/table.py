@@ -304,7 +304,7 @@ def print_live_groups(runs: list[Run]) -> None:
     histories = []
     for run in runs:
         found = live_groups.group_histories(run)
-        if not found and (live_groups.fault_tolerance_config(run) or {}).get("enable"):
+        if not found and (live_groups.config_section(run, "fault_tolerance") or {}).get("enable"):
             print(
                 f"grt-titan table: {run.path}: trained with [fault_tolerance] but no "
                 f"{live_groups.LIVE_TAG!r} events (train with [metrics] enable_tensorboard = true)",

@@ -17,7 +17,6 @@ grt_titan adds:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 import logging
@@ -27,12 +26,14 @@ import time
 from urllib.parse import urlparse
 
 import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.distributed.distributed_c10d import ReduceOp
 from torch.distributed.tensor import DTensor
 from torchtitan.experiments.ft.train import FTTrainer
 from torchtitan.tools.logging import logger
 
 from grt_titan.components.checkpoint import checkpoint_subfolder
+from grt_titan.components.metrics import rewriting_log
 from grt_titan.components.trainer import GRTTrainer
 
 FT_INSTALL_HINT = 'pip install -e ".[ft]"'
@@ -154,31 +155,18 @@ def average_gradients(manager, grads: list[torch.Tensor], bucket_elements: int =
                 bucket.append(group[start])
                 size += group[start].numel()
                 start += 1
-            flat = torch.cat([g.reshape(-1) for g in bucket])
+            flat = _flatten_dense_tensors(bucket)
             pending.append((manager.allreduce(flat), flat, bucket))
     for work, flat, bucket in pending:
         work.wait()
-        offset = 0
-        for grad in bucket:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+        for grad, averaged in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            grad.copy_(averaged)
 
 
-@contextlib.contextmanager
-def _quiet_dataloader_warning():
+def _not_the_dataloader_warning(record: logging.LogRecord) -> bool:
     """torchtitan warns that groups may retrain data when per-step data checkpoints are off;
     here each group's full checkpoint holds its data position (docs/reliability.md)."""
-
-    class _Drop(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return "enable_ft_dataloader_checkpoints is False" not in record.getMessage()
-
-    drop = _Drop()
-    logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(drop)
+    return "enable_ft_dataloader_checkpoints is False" not in record.getMessage()
 
 
 class LiveGroups:
@@ -252,7 +240,7 @@ class GRTFaultTolerantTrainer(GRTTrainer, FTTrainer):
         manager = self.ft_manager.manager
         manager._load_state_dict_fns.pop(TORCHTITAN_STATE_KEY, None)
         manager._user_state_dicts.pop(TORCHTITAN_STATE_KEY, None)
-        with _quiet_dataloader_warning():
+        with rewriting_log(_not_the_dataloader_warning):
             return super().build_checkpointer(config, sd_adapter, ft_manager=self.ft_manager)
 
     def train_step(self, data_iterator):

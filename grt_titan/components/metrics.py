@@ -131,7 +131,7 @@ class _RecordFilter(logging.Filter):
 
 
 @contextmanager
-def _rewriting_log(rewrite: Callable[[logging.LogRecord], bool] | None):
+def rewriting_log(rewrite: Callable[[logging.LogRecord], bool] | None):
     """While active, torchtitan's log records pass through `rewrite` (False drops one)."""
     if rewrite is None:
         yield
@@ -312,7 +312,7 @@ class GRTMetricsProcessor(MetricsProcessor):
         sourced = [(source, source.metrics()) for source in self.metric_sources]
         for _, metrics in sourced:
             extra_metrics.update(metrics)
-        with _rewriting_log(_mfu_replaced_by(self.mfu_text) if self.mfu_text is not None else None):
+        with rewriting_log(_mfu_replaced_by(self.mfu_text) if self.mfu_text is not None else None):
             super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
         if grt:
             logger.info(console_line(grt))

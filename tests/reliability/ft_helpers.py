@@ -155,13 +155,37 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+@contextlib.contextmanager
+def no_process_left(lighthouse: Lighthouse, groups: list[Group]):
+    """Whatever fails inside the block, no group (nor the lighthouse) outlives it."""
+    try:
+        yield
+    finally:
+        for g in groups:
+            if g.proc is not None and g.proc.poll() is None:
+                g.kill()
+        lighthouse.stop()
+
+
+def run_to_the_end(lighthouse: Lighthouse, groups: list[Group], timeout: float = 300) -> list[int]:
+    """Start every group, wait for each; their exit codes."""
+    with no_process_left(lighthouse, groups):
+        for g in groups:
+            g.start(lighthouse)
+        return [g.wait(timeout=timeout) for g in groups]
+
+
+def tails(groups: list[Group], chars: int = 4000) -> str:
+    """The end of each group's log, for a failure message."""
+    return "\n".join(f"--- group {g.replica_id}\n{g.text()[-chars:]}" for g in groups)
+
+
 def wait_until(condition, timeout: float, what: str, groups: list[Group]) -> float:
     """Poll `condition()` until true; return the time it took. On timeout, fail with the logs' tails."""
     start = time.monotonic()
     while not condition():
         if time.monotonic() - start > timeout:
-            tails = "\n".join(f"--- group {g.replica_id}\n{g.text()[-3000:]}" for g in groups)
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails(groups, 3000)}")
         time.sleep(0.2)
     return time.monotonic() - start
 

@@ -18,7 +18,7 @@ import json
 import time
 
 import pytest
-from ft_helpers import FT_RUN, Group, Lighthouse, digests_by_step, wait_until
+from ft_helpers import FT_RUN, Group, Lighthouse, digests_by_step, no_process_left, run_to_the_end, tails, wait_until
 
 from grt_test_helpers import DEBUG_TOML, parse_config
 from tests.launcher import free_port
@@ -49,7 +49,7 @@ def faults(module_tmp):
     groups = [Group(i, 2, root / f"group{i}", args, PACE) for i in range(2)]
     g0, g1 = groups
     events = {}
-    try:
+    with no_process_left(lighthouse, groups):
         for g in groups:
             g.start(lighthouse)
         wait_until(lambda: g1.last_step() >= KILL_AFTER, 300, f"group 1's step {KILL_AFTER}", groups)
@@ -68,16 +68,7 @@ def faults(module_tmp):
         time.sleep(1.0)
         lighthouse.start()
         events["returncodes"] = [g.wait(timeout=300) for g in groups]
-    finally:  # no process outlives the fixture, whatever failed
-        for g in groups:
-            if g.proc is not None and g.proc.poll() is None:
-                g.kill()
-        lighthouse.stop()
     return groups, events, root
-
-
-def _tails(groups) -> str:
-    return "\n".join(f"--- group {g.replica_id}\n{g.text()[-4000:]}" for g in groups)
 
 
 @ft_job
@@ -120,7 +111,7 @@ def test_a_restarted_group_heals_from_the_live_group(faults):
     d0, d1 = digests_by_step(g0), digests_by_step(g1)
     # A group that heals mid-step continues at its source's step: its own step is not logged.
     common = [s for s in d1 if s >= healed and s in d0]
-    assert len(common) >= 3 and all(d0[s] == d1[s] for s in common), _tails([g0, g1])
+    assert len(common) >= 3 and all(d0[s] == d1[s] for s in common), tails([g0, g1])
     assert "healed from a live replica group" in g1.text()
 
 
@@ -128,10 +119,10 @@ def test_a_restarted_group_heals_from_the_live_group(faults):
 def test_both_groups_survive_a_lighthouse_restart(faults):
     """(d) The lighthouse killed and restarted: the groups retry their quorum and finish."""
     groups, events, _ = faults
-    assert events["returncodes"] == [0, 0], _tails(groups)
+    assert events["returncodes"] == [0, 0], tails(groups)
     down = events["lighthouse_down_step"]
     for g in groups:
-        assert g.last_step() == STEPS and [s for s, _, _, _ in g.steps() if s > down + 1], _tails(groups)
+        assert g.last_step() == STEPS and [s for s, _, _, _ in g.steps() if s > down + 1], tails(groups)
     d0, d1 = (digests_by_step(g) for g in groups)
     assert d0[STEPS] == d1[STEPS]
 
@@ -191,7 +182,7 @@ def test_a_loss_spike_in_one_group_rewinds_it_while_the_other_steps_on(tmp_path)
     args += ["--loss_spike.enable", "--loss_spike.window", "2", "--loss_spike.max_rewinds", "1"]
     groups = [Group(0, 2, tmp_path / "group0", args, PACE), Group(1, 2, tmp_path / "group1", args, PACE)]
     g0, g1 = groups
-    try:
+    with no_process_left(lighthouse, groups):
         g0.start(lighthouse)
         g1.env = {**PACE, "FT_SPIKE_STEP": "5"}
         g1.start(lighthouse)
@@ -199,16 +190,11 @@ def test_a_loss_spike_in_one_group_rewinds_it_while_the_other_steps_on(tmp_path)
         g1.env = PACE
         g1.start(lighthouse)
         returncodes = [g.wait(timeout=300) for g in groups]
-    finally:
-        for g in groups:
-            if g.proc is not None and g.proc.poll() is None:
-                g.kill()
-        lighthouse.stop()
-    assert spiked != 0 and "step 5: training loss" in g1.text() and "is a spike" in g1.text(), _tails(groups)
+    assert spiked != 0 and "step 5: training loss" in g1.text() and "is a spike" in g1.text(), tails(groups)
     log = json.loads((tmp_path / "group1" / "dump" / "checkpoint" / "replica_1" / "loss_spikes.json").read_text())
     assert [r["step"] for r in log["rewinds"]] == [5], log
     assert "Loss-spike rewinds recorded in" in g1.text()
-    assert returncodes == [0, 0], _tails(groups)
+    assert returncodes == [0, 0], tails(groups)
     committed = {s: c for s, c, _, _ in g0.steps()}
     assert committed[5] == committed[4], committed  # the spike's step committed nowhere
     d0, d1 = digests_by_step(g0), digests_by_step(g1)
@@ -227,12 +213,7 @@ def test_one_rank_groups_agree_at_every_sync(method, tmp_path):
     args = [*FT_RUN, "--training.steps", "6"]
     args += ["--fault_tolerance.semi_sync_method", method, "--fault_tolerance.sync_steps", "3"]
     groups = [Group(i, 2, tmp_path / f"group{i}", args) for i in range(2)]
-    try:
-        for g in groups:
-            g.start(lighthouse)
-        assert [g.wait(timeout=300) for g in groups] == [0, 0], _tails(groups)
-    finally:
-        lighthouse.stop()
+    assert run_to_the_end(lighthouse, groups) == [0, 0], tails(groups)
     d0, d1 = (digests_by_step(g) for g in groups)
     agreed = [s for s in d0 if d0[s] == d1[s]]
     assert agreed == [3, 6], (d0, d1)
@@ -247,12 +228,7 @@ def test_fsdp_inside_each_group(tmp_path):
     lighthouse = Lighthouse(free_port(), tmp_path / "lighthouse.log", min_replicas=2).start()
     args = [*FT_RUN, "--training.steps", "3"]
     groups = [Group(i, 2, tmp_path / f"group{i}", args, nproc=2) for i in range(2)]
-    try:
-        for g in groups:
-            g.start(lighthouse)
-        assert [g.wait(timeout=300) for g in groups] == [0, 0], _tails(groups)
-    finally:
-        lighthouse.stop()
+    assert run_to_the_end(lighthouse, groups) == [0, 0], tails(groups)
     d0, d1 = (digests_by_step(g) for g in groups)
     assert sorted(d0) == [1, 2, 3] and d0 == d1, (d0, d1)
     assert "Applied FSDP to the GRT" in groups[0].text()
