@@ -33,7 +33,7 @@ from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
 from grt_titan.fake_backend import is_fake_backend
 from grt_titan.field_checks import field_problems
-from grt_titan.job_config import FLOAT8_CONVERTER
+from grt_titan.job_config import FLOAT8_CONVERTER, fault_tolerance_enabled
 from grt_titan.model.flavors import flavor_from_file
 from grt_titan.model.model import build_meta_model
 from grt_titan.model.part import JobSettings
@@ -281,8 +281,7 @@ def _plain_trainer_initial_load_problems(job_config) -> list[str]:
 def _plain_trainer_fault_tolerance_problems(job_config) -> list[str]:
     """torchtitan's own trainer ignores `[fault_tolerance]`: refused there rather than a run
     that trains unprotected while its config says it is protected."""
-    ft = getattr(job_config, "fault_tolerance", None)
-    if ft is None or not ft.enable:
+    if not fault_tolerance_enabled(job_config):
         return []
     from grt_titan.components.trainer import GRTTrainer  # here: torchtitan.train is a large import
 

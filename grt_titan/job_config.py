@@ -304,6 +304,12 @@ class FaultToleranceConfig(FTSemiSyncConfig):
     TORCHFT_QUORUM_RETRIES, when set, wins."""
 
 
+def fault_tolerance_enabled(job_config) -> bool:
+    """`[fault_tolerance] enable`: False for a config without the section (a test's stand-in)."""
+    ft = getattr(job_config, "fault_tolerance", None)
+    return ft is not None and bool(ft.enable)
+
+
 @dataclass
 class JobConfig:
     model: GRTModelDefaults = field(default_factory=GRTModelDefaults)

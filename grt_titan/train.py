@@ -60,8 +60,9 @@ def trainer_for(config, trainer_class: type | None = None) -> type:
     """GRTTrainer, or its fault-tolerant form when `[fault_tolerance] enable` is set
     (grt_titan/components/fault_tolerance.py); a given class must match the config."""
     from grt_titan.components.trainer import GRTTrainer
+    from grt_titan.job_config import fault_tolerance_enabled
 
-    if not getattr(config.fault_tolerance, "enable", False):
+    if not fault_tolerance_enabled(config):
         return trainer_class or GRTTrainer
     from grt_titan.components.fault_tolerance import GRTFaultTolerantTrainer
 

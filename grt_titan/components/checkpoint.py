@@ -58,6 +58,7 @@ from grt_titan.checkpoint_io import (
     initial_load_applies,
     initial_load_line,
 )
+from grt_titan.job_config import fault_tolerance_enabled
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
 
@@ -71,9 +72,10 @@ def checkpoint_subfolder(job_config) -> str:
     """The run's checkpoint folder below its dump folder: `[checkpoint] folder`, and under
     fault tolerance each replica group's own `replica_<id>` in it (components/fault_tolerance.py):
     its checkpoints, and the files kept beside them (the loss-spike log)."""
-    ft = getattr(job_config, "fault_tolerance", None)
     folder = job_config.checkpoint.folder
-    return os.path.join(folder, f"replica_{ft.replica_id}") if ft is not None and ft.enable else folder
+    if not fault_tolerance_enabled(job_config):
+        return folder
+    return os.path.join(folder, f"replica_{job_config.fault_tolerance.replica_id}")
 
 
 class CorruptCheckpointError(RuntimeError):

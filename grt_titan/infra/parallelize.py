@@ -57,7 +57,7 @@ from grt_titan.infra.torch_workarounds import (
     disable_autograd_cache_for_uneven_shards,
     install_rng_state_order_fix,
 )
-from grt_titan.job_config import FLOAT8_CONVERTER, RecurrenceCheckpoint
+from grt_titan.job_config import FLOAT8_CONVERTER, RecurrenceCheckpoint, fault_tolerance_enabled
 from grt_titan.model import GRTModel
 
 
@@ -73,10 +73,9 @@ def grt_stacks(model: GRTModel) -> list[nn.Module]:
 def noise_rank(job_config) -> int:
     """This rank's index among all training ranks. Under `[fault_tolerance]` every replica
     group numbers its ranks from 0, so the group's offset keeps groups' noise independent."""
-    ft = getattr(job_config, "fault_tolerance", None)
-    if ft is None or not ft.enable:
+    if not fault_tolerance_enabled(job_config):
         return dist.get_rank()
-    return ft.replica_id * dist.get_world_size() + dist.get_rank()
+    return job_config.fault_tolerance.replica_id * dist.get_world_size() + dist.get_rank()
 
 
 def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) -> GRTModel:
