@@ -81,6 +81,9 @@ def run_pair(out: Path, config: str, steps: int, extra: list[str]) -> list[Group
     return groups
 
 
+LOSS_STEPS = 10  # the diloco part compares the mean loss of the last this many steps
+
+
 def diloco(out: Path, steps: int, sync_steps: int) -> None:
     from grt_titan.model.flavors import grt_flavors
     from grt_titan.model.model import build_meta_model
@@ -97,7 +100,7 @@ def diloco(out: Path, steps: int, sync_steps: int) -> None:
         sync = run_pair(out / f"sync{i}", config, steps, [])
         semi_groups = run_pair(out / f"diloco{i}", config, steps, semi)
         per_sync = [b for s, b in semi_groups[0].sent_bytes().items() if s % sync_steps == 0]
-        last = range(steps - 9, steps + 1)
+        last = range(steps - LOSS_STEPS + 1, steps + 1)
 
         def mean_loss(groups):
             return statistics.mean(losses[s] for losses in map(Group.losses, groups) for s in last)
@@ -119,6 +122,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40, help="steps per run")
     p.add_argument("--sync-steps", type=int, default=5, help="DiLoCo's H")
     args = p.parse_args()
+    if "diloco" in args.parts and args.steps < LOSS_STEPS:
+        p.error(
+            f"--steps {args.steps}: the diloco part averages the last {LOSS_STEPS} steps' losses; allowed >= {LOSS_STEPS}"
+        )
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
