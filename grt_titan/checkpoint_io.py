@@ -20,11 +20,15 @@ check of a resume, and the checkpoint manager takes its steps from here.
   `latest_step_folder` picks it for export-hf and analyze.
 - `resume_problems`: a resume whose checkpoint holds only the model weights (reported at
   start-up by grt_titan.config_checks).
-- `initial_load_applies` / `initial_load_problems` / `initial_load_line`: when a start loads
-  `[checkpoint] initial_load_path` (GRTCheckpointManager: with checkpointing off too), a path
+- `initial_load_source` / `initial_load_applies` / `initial_load_problems` / `initial_load_line`:
+  what a start loads (`[checkpoint] initial_load_path`, or with `initial_load_in_hf` and no
+  path the safetensors of `[model] hf_assets_path`, as torchtitan), when it loads them
+  (GRTCheckpointManager: with checkpointing off too), a path
   there that is not a checkpoint (reported at start-up), and the start-up line naming what was
   loaded (a `grt-titan retrofit`'s source and layers, from its `retrofit.json`).
-- `load_model_args`: the GRTModelArgs of a training TOML (flavor + `[grt]` overrides).
+- `parse_job_config` / `load_model_args` / `OverridesParser`: the JobConfig and GRTModelArgs
+  (flavor + `[grt]` overrides) of a training TOML or a run record (`grt_run.json`), with the
+  training command line's overrides, as export-hf, import-hf and analyze take them.
 - `load_checkpoint`: a torchtitan step folder. torchtitan 0.2.2 saves
   `<dump_folder>/<checkpoint.folder>/step-N/` with DCP; its model states are flattened to
   the top level in every save (`_flattened_model_states_sd`): the keys are the model FQNs,
@@ -39,6 +43,7 @@ check of a resume, and the checkpoint manager takes its steps from here.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -59,6 +64,7 @@ from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.flavors import flavor_from_file, grt_flavors
 from grt_titan.model.model import GRTModel, build_meta_model
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter, optional_native_keys
+from grt_titan.run_record import RECORD_FORMAT
 
 METADATA_FILE = ".metadata"  # DCP's commit: written last, so a folder with it is complete
 SINGLE_FILE = "model.safetensors"
@@ -166,8 +172,22 @@ INITIAL_LOAD_KEY = "[checkpoint] initial_load_path"
 RETROFIT_RECORD = "retrofit.json"
 
 
+HF_ASSETS_KEY = "[model] hf_assets_path"
+
+
+def initial_load_source(checkpoint_config, hf_assets_path: str | None) -> tuple[str | None, str]:
+    """What a fresh start loads, and the key that names it: `[checkpoint] initial_load_path`,
+    or, with `initial_load_in_hf` and no such path, torchtitan's fallback: the safetensors of
+    `[model] hf_assets_path` (CheckpointManager.load). (None, "") when neither applies."""
+    if checkpoint_config.initial_load_path:
+        return checkpoint_config.initial_load_path, INITIAL_LOAD_KEY
+    if checkpoint_config.initial_load_in_hf:
+        return hf_assets_path or "", HF_ASSETS_KEY
+    return None, ""
+
+
 def initial_load_applies(path: str | None, enable: bool, folder: str | None, load_step: int) -> bool:
-    """Whether a start loads `[checkpoint] initial_load_path` (GRTCheckpointManager.load).
+    """Whether a start loads `path`, what `initial_load_source` names (GRTCheckpointManager.load).
 
     torchtitan loads it when checkpointing is on and the run's checkpoint `folder` does not
     exist, and otherwise ignores it: with checkpointing off, and with a folder that holds no
@@ -175,7 +195,7 @@ def initial_load_applies(path: str | None, enable: bool, folder: str | None, loa
     cases too. A folder with a complete step (or an explicit `load_step`) is a resume, which
     loads the run's own checkpoint and not this path, as torchtitan does.
     """
-    if not path:
+    if path is None:
         return False
     if not enable or folder is None or not os.path.exists(folder):
         return True
@@ -206,9 +226,10 @@ def initial_load_problems(job_config) -> list[str]:
     false`), a model-only checkpoint; and the HF load's own rules (torchtitan's asserts)."""
     c = job_config.checkpoint
     folder = os.path.join(job_config.job.dump_folder, c.folder)
-    if not initial_load_applies(c.initial_load_path, c.enable, folder, c.load_step):
+    path, key = initial_load_source(c, job_config.model.hf_assets_path)
+    if not initial_load_applies(path, c.enable, folder, c.load_step):
         return []
-    path, problems = c.initial_load_path, []
+    problems = []
     if c.initial_load_in_hf and not c.initial_load_model_only:
         problems.append(
             "[checkpoint] initial_load_in_hf = true loads the model weights only; allowed: "
@@ -231,15 +252,18 @@ def initial_load_problems(job_config) -> list[str]:
         )
         missing = METADATA_FILE
     allowed = f"allowed: {kind}, or no initial_load_path (random weights)"
-    if not os.path.isdir(path):
-        problems.append(f"{INITIAL_LOAD_KEY} = {path!r}: no such folder; {allowed}")
-    elif not (_hf_weight_files(path) if c.initial_load_in_hf else os.path.isfile(os.path.join(path, METADATA_FILE))):
-        problems.append(
-            f"{INITIAL_LOAD_KEY} = {path!r}: not a checkpoint (no {missing} in it{_initial_load_hint(path)}); {allowed}"
+    if key == HF_ASSETS_KEY:  # no initial_load_path: torchtitan reads the safetensors of hf_assets_path
+        key = f"[checkpoint] initial_load_in_hf = true with no initial_load_path reads {HF_ASSETS_KEY}"
+        allowed = (
+            f"allowed: {kind} as initial_load_path or hf_assets_path, or initial_load_in_hf = false (random weights)"
         )
+    if not os.path.isdir(path):
+        problems.append(f"{key} = {path!r}: no such folder; {allowed}")
+    elif not (_hf_weight_files(path) if c.initial_load_in_hf else os.path.isfile(os.path.join(path, METADATA_FILE))):
+        problems.append(f"{key} = {path!r}: not a checkpoint (no {missing} in it{_initial_load_hint(path)}); {allowed}")
     elif not c.initial_load_model_only and not c.initial_load_in_hf and saved_states(path) == set():
         problems.append(
-            f"[checkpoint] initial_load_model_only = false: {INITIAL_LOAD_KEY} = {path!r} holds only "
+            f"[checkpoint] initial_load_model_only = false: {key} = {path!r} holds only "
             f"the model weights (no {', '.join(RESUME_STATES)}); allowed: initial_load_model_only = true"
         )
     return problems
@@ -256,13 +280,14 @@ def _layer_ranges(layers: list[int]) -> str:
     return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "none"
 
 
-def initial_load_line(path: str) -> str:
-    """The start-up line naming what `[checkpoint] initial_load_path` loaded: the retrofit
-    (from the `retrofit.json` beside it: source, model type, which source layers became
-    prelude / core / coda / dropped, the init when recorded), or else the path."""
+def initial_load_line(path: str, key: str = INITIAL_LOAD_KEY) -> str:
+    """The start-up line naming what `[checkpoint] initial_load_path` (or the `key` that named
+    the weights) loaded: the retrofit (from the `retrofit.json` beside it: source, model type,
+    which source layers became prelude / core / coda / dropped, the init when recorded), or
+    else the path."""
     record_file = Path(path).parent / RETROFIT_RECORD
     if not record_file.is_file():
-        return f"Initial weights: loaded {path} ({INITIAL_LOAD_KEY})"
+        return f"Initial weights: loaded {path} ({key})"
     try:
         r = json.loads(record_file.read_text())
         layers = ", ".join(f"{part} {_layer_ranges(r[part])}" for part in ("prelude", "core", "coda", "dropped"))
@@ -276,15 +301,84 @@ def initial_load_line(path: str) -> str:
 # ---- args ------------------------------------------------------------------------------
 
 
-def load_model_args(config_file: str | Path):
-    """(GRTModelArgs after `[grt]` overrides, torchtitan JobConfig) of a training TOML."""
+# `[grt]` keys that shape training over its steps, not the trained model: dropped where a trained
+# model is read (`load_model_args`).
+TRAINING_SCHEDULE_KEYS = ("depth_curriculum_steps", "depth_curriculum_shape")
+_OVERRIDE = re.compile(r"--[A-Za-z_][\w-]*\.[\w.-]+(=.*)?")
+_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)(e-?\d+)?")
+
+
+class OverridesParser(argparse.ArgumentParser):
+    """The parser of a command that reads a training config (export-hf, import-hf, analyze):
+    after its own arguments it takes the training command line's overrides (`--section.key
+    value`, `--section.key=value`, a flag alone such as `--checkpoint.no-enable`), as the run
+    took them, into `namespace.overrides` for torchtitan's parser. Any other argument it does
+    not know is refused, as argparse refuses it."""
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, rest = self.parse_known_args(args, namespace)
+        overrides: list[str] = []
+        for i, arg in enumerate(rest):
+            is_value = overrides and "=" not in overrides[-1] and (not arg.startswith("-") or _NUMBER.fullmatch(arg))
+            if _OVERRIDE.fullmatch(arg) or is_value:
+                overrides.append(arg)
+            else:
+                self.error(f"unrecognized arguments: {' '.join(rest[i:])}")
+        namespace.overrides = overrides
+        return namespace
+
+
+class _RecordedConfigManager(ConfigManager):
+    """torchtitan's ConfigManager reading a run record's resolved `job_config` where it would
+    read the TOML (`_maybe_load_toml`, the one method replaced; torchtitan 0.2.2): the values
+    the run started with, its command-line overrides included."""
+
+    def __init__(self, values: dict[str, Any]):
+        super().__init__()
+        self._values = values
+
+    def _maybe_load_toml(self, args: list[str]) -> dict[str, Any]:
+        return self._values
+
+
+def _recorded_job_config(record_file: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(record_file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{record_file}: cannot be read as a run record: {e}") from e
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT or "job_config" not in record:
+        raise CheckpointError(
+            f"{record_file}: not a run record with its job config (a run's <dump_folder>/grt_run.json); "
+            "allowed: that file, or the training TOML"
+        )
+    return record["job_config"]
+
+
+def parse_job_config(config_file: str | Path, overrides: tuple[str, ...] | list[str] = ()):
+    """torchtitan's JobConfig of a training TOML, or of a run record (`<dump_folder>/grt_run.json`:
+    the config the run started with, its command-line overrides included), with `overrides`
+    on top as the training command line takes them."""
     config_file = Path(config_file)
     if not config_file.is_file():
         raise CheckpointError(f"config file {config_file} does not exist")
+    with_overrides = f" with {' '.join(overrides)}" if overrides else ""
     try:
-        job_config = ConfigManager().parse_args(["--job.config_file", str(config_file)])
+        if config_file.suffix == ".json":
+            return _RecordedConfigManager(_recorded_job_config(config_file)).parse_args(list(overrides))
+        return ConfigManager().parse_args(["--job.config_file", str(config_file), *overrides])
     except (ValueError, TypeError, KeyError, SystemExit) as e:
-        raise CheckpointError(f"{config_file}: cannot parse as a torchtitan config: {e}") from e
+        raise CheckpointError(f"{config_file}: cannot parse as a torchtitan config{with_overrides}: {e}") from e
+
+
+def load_model_args(
+    config_file: str | Path, overrides: tuple[str, ...] | list[str] = (), *, training_schedule: bool = False
+):
+    """(GRTModelArgs after `[grt]` overrides, torchtitan JobConfig) of a training TOML or run
+    record (`parse_job_config`). Keys that only shape training over its steps (the depth
+    curriculum) are dropped unless `training_schedule`: a trained model is read the same
+    whatever schedule trained it (a dense model's TOML may keep a curriculum a command line
+    turned off)."""
+    job_config = parse_job_config(config_file, overrides)
     if job_config.model.name != "grt":
         raise CheckpointError(f"{config_file}: [model] name = {job_config.model.name!r}, expected 'grt'")
     flavor = job_config.model.flavor
@@ -296,10 +390,22 @@ def load_model_args(config_file: str | Path):
         raise CheckpointError(f"{config_file}: flavor {flavor!r} unknown; allowed: {sorted(grt_flavors)}")
     args = file_args or dataclasses.replace(grt_flavors[flavor])
     try:
-        args.update_from_config(job_config)
+        args.update_from_config(_not_a_start(job_config, training_schedule))
     except ValueError as e:
         raise CheckpointError(str(e)) from e
     return args, job_config
+
+
+def _not_a_start(job_config, training_schedule: bool):
+    """A copy of `job_config` for reading a trained model's args (the returned config is the
+    run's, unchanged): no checkpoint to resume or initial weights to load, so the start-up
+    checks of what a start would load do not look at the run's folder (a run record names it,
+    with checkpointing on); and, unless `training_schedule`, no TRAINING_SCHEDULE_KEYS."""
+    copy = dataclasses.replace(job_config, checkpoint=dataclasses.replace(job_config.checkpoint))
+    copy.checkpoint.enable, copy.checkpoint.initial_load_path, copy.checkpoint.initial_load_in_hf = False, None, False
+    if not training_schedule and getattr(job_config, "grt", None) is not None:
+        copy.grt = dataclasses.replace(job_config.grt, **dict.fromkeys(TRAINING_SCHEDULE_KEYS))
+    return copy
 
 
 # ---- weights ----------------------------------------------------------------------------

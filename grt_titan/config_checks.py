@@ -28,7 +28,7 @@ import torchtitan.components.quantization  # noqa: F401  registers the float8 an
 from torch import nn
 from torchtitan.protocols.model_converter import _registry_model_converter_cls
 
-from grt_titan.checkpoint_io import initial_load_problems, resume_problems
+from grt_titan.checkpoint_io import initial_load_problems, initial_load_source, resume_problems
 from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
 from grt_titan.fake_backend import is_fake_backend
@@ -265,13 +265,14 @@ def _plain_trainer_initial_load_problems(job_config) -> list[str]:
     """torchtitan's own trainer skips `initial_load_path` with checkpointing off (grt_titan's
     loads it): refused there rather than a silent start from random weights."""
     c = job_config.checkpoint
-    if c.enable or not c.initial_load_path:
+    path, key = initial_load_source(c, job_config.model.hf_assets_path)
+    if c.enable or path is None:
         return []
     from grt_titan.components.trainer import GRTTrainer  # here: torchtitan.train is a large import
 
     if dist.is_initialized() and GRTTrainer.build_teacher is None:  # not grt_titan.train's trainer
         return [
-            f"[checkpoint] initial_load_path = {c.initial_load_path!r} is not loaded by torchtitan's own "
+            f"{key} = {path!r} is not loaded by torchtitan's own "
             "-m torchtitan.train with [checkpoint] enable = false (it would train from random weights); "
             "allowed: python -m grt_titan.train (loads it and saves nothing), or [checkpoint] enable = true"
         ]

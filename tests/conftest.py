@@ -25,7 +25,8 @@ if str(REPO) not in sys.path:
 TESTS = Path(__file__).resolve().parent
 
 # The modules that take longest, with roughly what each takes in a full run on CI's 2 cores
-# (its shared fixture's setup included; `--durations=0` of such a run gives them). CI runs
+# (its shared fixture's setup included; `--durations=0` of such a run gives them, and
+# `python tests/budget.py LOG` sums them by area: tests/README.md, "Budget"). CI runs
 # `-n 2 --dist loadscope --no-loadscope-reorder`: each worker takes the next whole module in
 # collection order whenever it is nearly done with its own, so collection puts these first,
 # longest first, and every other module after them in its usual order. The run then ends on
@@ -34,39 +35,36 @@ TESTS = Path(__file__).resolve().parent
 # one-test training modules for the end.) The seconds only order; tests/test_schedule.py
 # checks that each module exists.
 LONGEST_FIRST = {
-    "infra/test_presets.py": 190,
-    "infra/test_tp_compile_ac.py": 120,
-    "infra/test_parallel_parity.py": 165,
-    "docs/test_docs.py": 150,
-    "infra/test_method_parity.py": 85,
-    "reliability/test_fault_tolerance.py": 150,
+    "infra/test_parallel_parity.py": 170,
+    "docs/test_docs.py": 140,
+    "reliability/test_fault_tolerance.py": 135,
+    "infra/test_presets.py": 95,
     "reliability/test_rank_failure.py": 90,
-    "infra/test_float8.py": 45,
-    "hf/test_retrofit.py": 60,
-    "components/test_distill.py": 50,
-    "components/test_observability_e2e.py": 35,
-    "infra/test_golden_losses.py": 50,
-    "reliability/test_resume.py": 50,
-    "infra/test_ouro_parallel.py": 45,
-    "infra/test_torch_workarounds.py": 40,
-    "reliability/test_method_resume.py": 40,
-    "infra/test_activation_checkpoint.py": 40,
-    "reliability/test_startup_errors.py": 40,
-    "hf/test_hf_torchtitan_checkpoint.py": 40,
-    "infra/test_compile.py": 35,
-    "benchmarks/test_gpu_suite.py": 35,
-    "hf/test_hf_parts.py": 35,
-    "reliability/test_spike_and_corruption.py": 30,
-    "infra/test_paper_configs.py": 30,
-    "reliability/test_layouts.py": 30,
-    "reliability/test_initial_load.py": 25,
-    "components/test_validate.py": 25,
-    "model/test_exit_distribution.py": 25,
-    "test_config_checks.py": 25,
-    "hf/test_hf_ouro.py": 20,
-    "hf/test_hf_export.py": 20,
-    "infra/test_parallel_matrix.py": 20,
-    "hf/test_hf_vocab_padding.py": 20,
+    "benchmarks/test_gpu_suite.py": 70,
+    "infra/test_method_parity.py": 70,
+    "infra/test_tp_compile_ac.py": 65,
+    "reliability/test_startup_errors.py": 62,
+    "test_config_checks.py": 60,
+    "hf/test_hf_export.py": 45,
+    "infra/test_ouro_parallel.py": 46,
+    "infra/test_float8.py": 46,
+    "infra/test_golden_losses.py": 42,
+    "infra/test_torch_workarounds.py": 38,
+    "reliability/test_spike_and_corruption.py": 37,
+    "reliability/test_method_resume.py": 35,
+    "components/test_observability_e2e.py": 33,
+    "reliability/test_resume.py": 30,
+    "infra/test_paper_configs.py": 29,
+    "hf/test_hf_torchtitan_checkpoint.py": 28,
+    "reliability/test_layouts.py": 24,
+    "test_teacher.py": 24,
+    "test_launcher.py": 22,
+    "components/test_distill.py": 20,
+    "hf/test_hf_parts.py": 18,
+    "reliability/test_nonfinite.py": 17,
+    "reliability/test_initial_load.py": 17,
+    "infra/test_compile.py": 17,
+    "hf/test_retrofit.py": 15,
 }
 
 

@@ -1,6 +1,7 @@
 """A job for tests/test_launcher.py: prints what it was started with, then exits.
 
 python -m tests.launch_probe [--sleep S] [--exit N] [--fail-rank R] [ARGS...]
+python -m tests.launch_probe --torch-logs | --end-of-training-sleep
 """
 
 import json
@@ -19,6 +20,18 @@ if __name__ == "__main__":
         print(
             json.dumps(
                 {"recompiles_log_level": logging.DEBUG if logs.log_state.is_artifact_enabled("recompiles") else None}
+            )
+        )
+        sys.exit(0)
+    if args[:1] == ["--end-of-training-sleep"]:  # what torchtitan.train sleeps with
+        import torchtitan.train
+
+        print(
+            json.dumps(
+                {
+                    "sleeps": torchtitan.train.time.sleep is time.sleep,
+                    "clock": torchtitan.train.time.perf_counter is time.perf_counter,
+                }
             )
         )
         sys.exit(0)

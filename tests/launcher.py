@@ -195,8 +195,33 @@ def _run_ranks(nproc: int, module: str) -> int:
     return 1 if failed else 0
 
 
+class _TimeWithoutSleep:
+    """torchtitan.train's `time` module, less its one `time.sleep`: see _skip_end_of_training_wait."""
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        pass
+
+
+def _skip_end_of_training_wait() -> None:
+    """torchtitan 0.2.2's Trainer.train ends with `time.sleep(2)` on rank 0 "for other ranks to
+    complete" (torchtitan/train.py:707-709, its only sleep), then logs "Training completed". Every
+    rank here is waited for by _run_ranks (a job ends when its last rank does), so the jobs this
+    launcher forks skip it: 2 s of idle wall time per training job, about 150 jobs per CI run.
+    What a job computes, logs and saves is unchanged; a user's run and torchrun's jobs
+    (restarts, the docs' commands) keep the sleep. It can go if torchtitan
+    drops the sleep or makes it configurable."""
+    import torchtitan.train
+
+    torchtitan.train.time = _TimeWithoutSleep()
+
+
 def _run_job(module: str, args: list[str], nproc: int) -> int:
     sys.argv = [module, *args]  # as `python -m MODULE ARGS` sets it
+    _skip_end_of_training_wait()
     if nproc:
         return _run_ranks(nproc, module)
     return _run_module_as_main(module)

@@ -10,6 +10,7 @@ entry point: tests/reliability/test_startup_errors.py.
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 import torch
@@ -493,6 +494,34 @@ def test_initial_load_settings_torchtitan_asserts_are_named(tmp_path):
         "invalid job config: [checkpoint] initial_load_in_hf = true loads the model weights only; allowed: "
         "initial_load_model_only = true with it, or initial_load_in_hf = false"
     )
+
+
+def test_initial_load_in_hf_without_a_path_reads_hf_assets_path_or_is_refused(tmp_path):
+    """`initial_load_in_hf` with no initial_load_path reads `[model] hf_assets_path`'s
+    safetensors (torchtitan's fallback, which it skips with checkpointing off; grt_titan loads
+    it then too: tests/hf/test_hf_torchtitan_checkpoint.py), so that folder is checked at
+    start-up, with checkpointing on or off, and refused by its key."""
+    tiktoken = REPO / "grt_titan" / "assets" / "gpt2.tiktoken"
+    no_weights = tmp_path / "tokenizer_only"
+    no_weights.mkdir()
+    shutil.copy(tiktoken, no_weights)
+    key = "[checkpoint] initial_load_in_hf = true with no initial_load_path reads [model] hf_assets_path"
+    allowed = (
+        "allowed: a Hugging Face folder holding *.safetensors ([checkpoint] initial_load_in_hf = true) as "
+        "initial_load_path or hf_assets_path, or initial_load_in_hf = false (random weights)"
+    )
+    for overrides in ([], ["--checkpoint.enable"]):
+        config = parse_config(
+            "--job.dump_folder", str(tmp_path / "run"), "--model.hf_assets_path", str(no_weights),
+            "--checkpoint.initial_load_in_hf", *overrides,
+        )  # fmt: skip
+        assert initial_load_error(config) == (
+            f"invalid job config: {key} = {str(no_weights)!r}: not a checkpoint (no *.safetensors in it); {allowed}"
+        )
+    (no_weights / "model.safetensors").write_bytes(b"")  # a folder with weights: nothing to refuse
+    start_up(parse_config("--model.hf_assets_path", str(no_weights), "--checkpoint.initial_load_in_hf"))
+    # Without initial_load_in_hf, hf_assets_path is the tokenizer's and no weights are read.
+    start_up(parse_config("--model.hf_assets_path", str(tiktoken)))
 
 
 @NO_PROCESS_GROUP

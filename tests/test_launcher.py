@@ -104,3 +104,18 @@ def test_a_job_sets_torch_logs(client):
     assert line["recompiles_log_level"] == 10  # logging.DEBUG: the recompiles artifact is on
     proc = client.run("tests.launch_probe", ["--torch-logs"], job_env(), timeout=60)
     assert probe_lines(proc)[0]["recompiles_log_level"] != 10
+
+
+def test_a_job_skips_torchtitans_end_of_training_sleep(client):
+    """Served and fresh-interpreter jobs alike run torchtitan.train without its closing 2 s
+    sleep (launcher._skip_end_of_training_wait), and with the rest of its `time`."""
+    for proc in (
+        client.run("tests.launch_probe", ["--end-of-training-sleep"], job_env(), timeout=60),
+        launch(
+            "tests.launch_probe",
+            ["--end-of-training-sleep"],
+            {**job_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"},
+            timeout=120,
+        ),
+    ):
+        assert probe_lines(proc) == [{"sleeps": False, "clock": True}], proc.stdout + proc.stderr

@@ -14,3 +14,34 @@ def test_the_collection_starts_with_the_longest_modules(request):
     ranked = [name for name in order if name in LONGEST_FIRST]
     assert ranked == sorted(ranked, key=lambda name: -LONGEST_FIRST[name])
     assert order[: len(ranked)] == ranked
+
+
+def test_every_test_folder_has_a_budget_within_the_suites():
+    """tests/budget.py: each folder of test modules is an area with a budget, and the areas'
+    budgets fit the suite's."""
+    from tests.budget import BUDGET_S, SUITE_BUDGET_S, area_of
+
+    areas = {area_of(path.relative_to(TESTS).as_posix()) for path in TESTS.rglob("test_*.py")}
+    assert areas == set(BUDGET_S), areas ^ set(BUDGET_S)
+    assert sum(BUDGET_S.values()) <= SUITE_BUDGET_S
+
+
+def test_budget_charges_each_area_its_tests_seconds(tmp_path, capsys):
+    from tests.budget import BUDGET_S, main
+
+    log = tmp_path / "durations.log"
+    log.write_text(
+        "============ slowest durations ============\n"
+        "120.50s setup    tests/infra/test_presets.py::test_preset_starts_at_its_layout[dense_debug]\n"
+        "3.25s call     tests/infra/test_presets.py::test_preset_starts_at_its_layout[dense_debug]\n"
+        "0.01s teardown tests/test_launcher.py::test_a_timeout_kills_the_job\n"
+        f"{BUDGET_S['docs'] + 1}.00s call     tests/docs/test_docs.py::test_documented_commands_run\n"
+    )
+    assert main([str(log)]) == 1  # docs is over its budget
+    lines = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert lines["infra"][:2] == ["124", str(BUDGET_S["infra"])]
+    assert lines["top"][0] == "0" and lines["docs"][-1] == "over"
+    log.write_text(log.read_text().replace(f"{BUDGET_S['docs'] + 1}.00s", "1.00s"))
+    assert main([str(log)]) == 0
+    log.write_text("no durations here\n")
+    assert main([str(log)]) == 1

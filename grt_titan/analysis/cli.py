@@ -16,11 +16,12 @@ import sys
 
 from grt_titan.analysis.diagnostics import best_against_fixed_depth
 from grt_titan.analysis.report import DEFAULT_PROMPTS, JSON_NAME, NOT_ASKED, PLOTS
+from grt_titan.checkpoint_io import OverridesParser
 from grt_titan.model.halting import HALTING_RULES
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OverridesParser(
         prog="grt-titan analyze",
         description="Per-recurrence-step diagnostics of a trained GRT (paper figures 3, 8-11) "
         "and per-token halting's quality-compute curves.",
@@ -30,7 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint step folder (or its checkpoint/ parent: latest step) "
         "with --config, or an exported Hugging Face folder",
     )
-    p.add_argument("--config", help="training TOML (flavor, [grt] overrides, tokenizer, dataset)")
+    p.add_argument(
+        "--config",
+        help="training TOML (flavor, [grt] overrides, tokenizer, dataset; the run's command-line overrides may "
+        "follow the other options), or a run's grt_run.json",
+    )
     p.add_argument(
         "--data",
         help="prepared dataset folder (`grt-titan prepare`) or 'grt_default'; "
@@ -74,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        loaded = load_model(args.model, args.config, device=device)
+        if args.overrides and args.config is None:
+            raise ValueError(f"{' '.join(args.overrides)}: overrides of a training config need --config")
+        loaded = load_model(args.model, args.config, device=device, overrides=args.overrides)
         job_config = loaded.job_config
         data_cfg = data_config(job_config) if job_config is not None else DataConfig()
         dataset_name, dataset_path = args.data, None

@@ -47,8 +47,14 @@ def is_hf_export(path: Path) -> bool:
         return False
 
 
-def load_model(path: str | Path, config_file: str | Path | None = None, device: str = "cpu") -> LoadedModel:
-    """The model at `path` (HF export folder, or checkpoint step folder with `config_file`).
+def load_model(
+    path: str | Path,
+    config_file: str | Path | None = None,
+    device: str = "cpu",
+    overrides: tuple[str, ...] | list[str] = (),
+) -> LoadedModel:
+    """The model at `path` (HF export folder, or checkpoint step folder with `config_file`: a
+    training TOML with the run's command-line `overrides`, or its run record).
 
     Raises:
         ValueError / FileNotFoundError: with the path and what was expected.
@@ -59,7 +65,7 @@ def load_model(path: str | Path, config_file: str | Path | None = None, device: 
     job_config = None
     cfg_args = None
     if config_file is not None:
-        cfg_args, job_config = load_model_args(config_file)
+        cfg_args, job_config = load_model_args(config_file, overrides)
 
     if is_hf_export(path):
         args = model_args_from_hf_config(json.loads((path / "config.json").read_text()))

@@ -107,7 +107,7 @@ def load_run(run_dir: str | Path, config_file: str | Path | None = None) -> Run:
     """
     path = Path(run_dir)
     if config_file is not None and path.is_dir() and not (path / RECORD_NAME).exists():
-        args, job_config = load_model_args(config_file)
+        args, job_config = load_model_args(config_file, training_schedule=True)
         record = build_run_record(job_config, args)
         source = str(config_file)
     else:

@@ -52,11 +52,11 @@ from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import GarbageCollection
 
 from grt_titan.checkpoint_io import (
-    INITIAL_LOAD_KEY,
     METADATA_FILE,
     checkpoint_steps,
     initial_load_applies,
     initial_load_line,
+    initial_load_source,
 )
 from grt_titan.job_config import fault_tolerance_enabled
 from grt_titan.model.args import GRTModelArgs
@@ -269,7 +269,7 @@ class GRTCheckpointManager(CheckpointManager):
     @torch.no_grad()
     def load(self, step: int = -1) -> bool:
         folder = self.folder if self.enable else None
-        if initial_load_applies(getattr(self, "initial_load_path", None), self.enable, folder, step):
+        if initial_load_applies(self.initial_load_source()[0], self.enable, folder, step):
             return self.load_initial()
         if self.enable and self.checksums and os.path.isdir(self.folder):
             step = self.verified_step(step)
@@ -281,21 +281,21 @@ class GRTCheckpointManager(CheckpointManager):
         `initial_load_in_hf_quantized`, through `_states_to_load` and `dcp_load`), also when
         torchtitan would skip it: checkpointing off, or a folder with no complete step. The
         start-up check (`initial_load_problems`) has made sure the path is a checkpoint."""
-        path = self.initial_load_path
+        path, key = self.initial_load_source()
         if not self.enable:
             logger.info(
-                f"[checkpoint] enable = false: loading {INITIAL_LOAD_KEY} {path} all the same "
+                f"[checkpoint] enable = false: loading {key} {path} all the same "
                 "(torchtitan would skip it); this run saves no checkpoint"
             )
         elif os.path.isdir(self.folder):
             logger.warning(
                 f"Checkpoint folder {self.folder} holds no complete checkpoint to resume from; "
-                f"loading {INITIAL_LOAD_KEY} {path} instead of starting from random weights."
+                f"loading {key} {path} instead of starting from random weights."
             )
         if self.enable_ft_dataloader_checkpoints:
             self._ft_load()
-        if self.initial_load_in_hf:  # torchtitan's lines from here on
-            logger.info(f"loading from HF safetensors from --checkpoint.initial_load_path: {path}")
+        if self.initial_load_in_hf:  # torchtitan's lines from here on (naming the key that gave the path)
+            logger.info(f"loading from HF safetensors from {key}: {path}")
         logger.info(f"Loading the checkpoint from {path}.")
         begin = time.monotonic()
         states = self._states_to_load(self.initial_load_model_only)
@@ -307,8 +307,14 @@ class GRTCheckpointManager(CheckpointManager):
         )
         GarbageCollection.collect("GC collection for checkpoint loading.")
         logger.info(f"Finished loading the checkpoint in {time.monotonic() - begin:.2f} seconds.")
-        logger.info(initial_load_line(path))
+        logger.info(initial_load_line(path, key))
         return True
+
+    def initial_load_source(self) -> tuple[str | None, str]:
+        """`initial_load_source` of this manager's settings: its initial_load_path, or the
+        adapter's hf_assets_path under `initial_load_in_hf` (torchtitan's fallback)."""
+        hf_assets_path = getattr(getattr(self, "sd_adapter", None), "hf_assets_path", None)
+        return initial_load_source(self, hf_assets_path) if hasattr(self, "initial_load_path") else (None, "")
 
     def verified_step(self, step: int) -> int:
         """`step` (an explicit `load_step`) if it verifies, else raise; for -1 the newest

@@ -25,6 +25,13 @@ from torchtitan.train import Trainer
 from grt_titan.components.checkpoint import GRTCheckpointManager
 from grt_titan.components.distill import Distiller, log_start
 from grt_titan.components.loss_spike import build_loss_spike_monitor
+from grt_titan.components.metrics import rewriting_log
+
+CHECKPOINTING_LINE = "Checkpointing active."  # how torchtitan's CheckpointManager starts its start-up line
+
+
+def _not_the_checkpointing_line(record) -> bool:
+    return not (isinstance(record.msg, str) and record.msg.startswith(CHECKPOINTING_LINE))
 
 
 class GRTTrainer(Trainer):
@@ -34,9 +41,12 @@ class GRTTrainer(Trainer):
     build_teacher: ClassVar[Callable[[Any, Any], nn.Module] | None] = None
 
     def __init__(self, job_config):
-        super().__init__(job_config)
-        # torchtitan builds its CheckpointManager inline; rebuild it as ours with the same
-        # arguments (the first one only started its purge thread, closed here).
+        # torchtitan builds its CheckpointManager inline; it is rebuilt as ours below with the
+        # same arguments (the first one only started its purge thread, closed here). Its
+        # "Checkpointing active" line is dropped: ours says it once, with our folder (a
+        # fault-tolerant group's own replica_<id>), and two read as two checkpointers.
+        with rewriting_log(_not_the_checkpointing_line):
+            super().__init__(job_config)
         plain = self.checkpointer
         plain.close()
         sd_adapter = getattr(plain, "sd_adapter", None)

@@ -23,7 +23,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grt_titan.checkpoint_io import CheckpointError, latest_step_folder, load_checkpoint, load_model_args
+from grt_titan.checkpoint_io import (
+    CheckpointError,
+    OverridesParser,
+    latest_step_folder,
+    load_checkpoint,
+    load_model_args,
+)
 from grt_titan.tokenizer import resolve_tokenizer_source
 
 from .convert import DEFAULT_MAX_SHARD_SIZE, ExportError, check_exportable, write_hf_folder
@@ -121,14 +127,16 @@ def export_checkpoint(
     overwrite: bool = False,
     verify: bool = True,
     fmt: str = "auto",
+    overrides: tuple[str, ...] | list[str] = (),
 ) -> Path:
     """Export `checkpoint` (a step folder, or a checkpoint folder: its latest step), trained
-    with `config_file`, to the HF folder `out` (parent folders are created); `fmt`: `--format`."""
+    with `config_file` (a TOML with the run's command-line `overrides`, or the run's record),
+    to the HF folder `out` (parent folders are created); `fmt`: `--format`."""
     checkpoint = latest_step_folder(Path(checkpoint))
     out = Path(out)
     if out.exists() and not overwrite:  # fail before the (slow) checkpoint read
         raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
-    args, job_config = load_model_args(config_file)
+    args, job_config = load_model_args(config_file, overrides)
     fmt = resolve_format(args, fmt)  # before the (slow) checkpoint read
     if fmt == "grt":
         check_exportable(args)
@@ -178,7 +186,7 @@ def portable_path(path: str | Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OverridesParser(
         prog="grt-titan export-hf",
         description="Export a torchtitan GRT checkpoint to a Hugging Face folder (AutoModelForCausalLM: "
         "with trust_remote_code=True for a recurrent model; a dense one as stock GPT-2 / Llama / Qwen3).",
@@ -188,7 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="checkpoint step folder, e.g. <dump>/checkpoint/step-N, or <dump>/checkpoint (latest step)",
     )
-    p.add_argument("--config", required=True, help="the training TOML (flavor and [grt] overrides)")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="the training TOML (flavor and [grt] overrides; the run's command-line overrides may follow "
+        "the other options), or the run's <dump_folder>/grt_run.json (its config as it started)",
+    )
     p.add_argument("--out", required=True, help="output folder (created; must not exist)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
     p.add_argument(
@@ -245,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite,
             verify=not args.no_verify,
             fmt=args.format,
+            overrides=args.overrides,
         )
     except (CheckpointError, FileNotFoundError) as e:
         print(f"grt-titan export-hf: error: {e}", file=sys.stderr)

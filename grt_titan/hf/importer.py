@@ -27,6 +27,7 @@ from pathlib import Path
 from grt_titan.atomic_dir import atomic_directory
 from grt_titan.checkpoint_io import (
     CheckpointError,
+    OverridesParser,
     load_model_args,
     model_from_state,
     native_state_from_hf,
@@ -66,8 +67,10 @@ ARCHITECTURE_FIELDS = (
 )
 
 
-def _check_against_config(hf_args: GRTModelArgs, config_file: str | Path, stock: bool = False) -> GRTModelArgs:
-    cfg_args, _ = load_model_args(config_file)
+def _check_against_config(
+    hf_args: GRTModelArgs, config_file: str | Path, stock: bool = False, overrides: tuple[str, ...] | list[str] = ()
+) -> GRTModelArgs:
+    cfg_args, _ = load_model_args(config_file, overrides)
     fields = list(ARCHITECTURE_FIELDS)
     if stock:  # a stock config.json gives the MLP and head widths and the tying, not how the args spell them
         spellings = ("multiple_of", "ffn_dim_multiplier", "ffn_dim", "tie_word_embeddings", "attention_head_dim")
@@ -85,7 +88,11 @@ def _check_against_config(hf_args: GRTModelArgs, config_file: str | Path, stock:
 
 
 def import_hf(
-    hf_dir: str | Path, out: str | Path, config_file: str | Path | None = None, overwrite: bool = False
+    hf_dir: str | Path,
+    out: str | Path,
+    config_file: str | Path | None = None,
+    overwrite: bool = False,
+    overrides: tuple[str, ...] | list[str] = (),
 ) -> Path:
     """Convert the HF folder `hf_dir` into a torchtitan DCP checkpoint folder `out`."""
     hf_dir, out = Path(hf_dir), Path(out)
@@ -100,7 +107,7 @@ def import_hf(
     stock = is_stock_config(config)
     args = dense_args_from_stock_config(config) if stock else model_args_from_hf_config(config)
     if config_file is not None:
-        args = _check_against_config(args, config_file, stock)
+        args = _check_against_config(args, config_file, stock, overrides)
     if stock:
         model = model_from_state(stock_to_native_state_dict(read_hf_weights(hf_dir), args), args)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}  # fp32, as native_state_from_hf
@@ -113,7 +120,7 @@ def import_hf(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OverridesParser(
         prog="grt-titan import-hf",
         description="Convert an exported GRT Hugging Face folder (or a stock GPT-2 / Llama / Qwen3 one, as a dense "
         "model) back to a torchtitan checkpoint.",
@@ -123,7 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="checkpoint folder to create, e.g. <dump>/checkpoint/step-0")
     p.add_argument(
-        "--config", default=None, help="training TOML to check the model against (flavor and [grt] overrides)"
+        "--config",
+        default=None,
+        help="training TOML to check the model against (flavor and [grt] overrides; the run's command-line "
+        "overrides may follow the other options), or a run's grt_run.json",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     return p
@@ -132,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        out = import_hf(args.hf_dir, args.out, args.config, overwrite=args.overwrite)
+        if args.overrides and args.config is None:
+            raise CheckpointError(f"{' '.join(args.overrides)}: overrides of a training config need --config")
+        out = import_hf(args.hf_dir, args.out, args.config, overwrite=args.overwrite, overrides=args.overrides)
     except (CheckpointError, FileNotFoundError) as e:
         print(f"grt-titan import-hf: error: {e}", file=sys.stderr)
         return 1

@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--tokens", type=int, default=DEFAULT_TOKENS, help=f"tokens of the sample (default {DEFAULT_TOKENS})"
     )
+    plan.add_argument(
+        "--heal-steps",
+        type=int,
+        default=0,
+        help="train each candidate this many steps (one sequence each, of the data's train split) and score it again",
+    )
     plan.add_argument("--plan-json", default=None, help="also write the table as JSON to this file")
     return p
 
@@ -104,7 +110,16 @@ def _plan(a: argparse.Namespace) -> None:
         source = source_args(read_stock_config(Path(a.src)))
         plan = plan_layers(n_dense_layers(source), a.prelude, a.core, a.coda)
         given = (len(plan.prelude), (plan.core[0], plan.core[-1] + 1), len(plan.coda))
-    run_plan(a.src, given, data=a.data, tokens=a.tokens, init=a.init, plan_json=a.plan_json, **_grt_options(a))
+    run_plan(
+        a.src,
+        given,
+        data=a.data,
+        tokens=a.tokens,
+        init=a.init,
+        plan_json=a.plan_json,
+        heal_steps=a.heal_steps,
+        **_grt_options(a),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             raise RetrofitError("--out is required (the folder to create), unless --plan measures splits")
         if a.plan_json is not None:
             raise RetrofitError(f"--plan-json {a.plan_json} is written by --plan only; add --plan")
+        if a.heal_steps:
+            raise RetrofitError(f"--heal-steps {a.heal_steps} heals --plan's candidates only; add --plan")
         out = write_retrofit(
             a.src,
             a.out,

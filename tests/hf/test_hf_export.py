@@ -426,3 +426,49 @@ def test_mixture_of_recursions_is_exported():
     args, _ = load_model_args(REPO / "train_configs" / "paper" / "small_mor.toml")
     config = build_hf_config(args)
     assert (config.router, config.router_inference, config.num_recurrences) == ("expert_choice", "threshold", 10)
+
+
+@pytest.mark.slow
+def test_a_run_trained_with_overrides_exports_with_them_or_its_record(tmp_path, capsys):
+    """A run trained with command-line overrides (`--grt.num_recurrences 3`: the exported R,
+    and a depth curriculum) exports with the same overrides after export-hf's own options, or
+    from the config its run record holds; the TOML alone describes another model. Keys that
+    only shape training are not checked at export: a dense model's curriculum in its TOML,
+    which a training command line turned off, exports (benchmarks/retrofit_real.py's source arm)."""
+    from grt_titan.checkpoint_io import CheckpointError, load_model_args
+
+    from grt_test_helpers import DEBUG_TOML, step_losses, torchrun
+
+    overrides = ["--grt.num_recurrences", "3", "--grt.depth_curriculum_steps", "2"]
+    run = tmp_path / "run"
+    train = [
+        *("--job.config_file", str(DEBUG_TOML), "--job.dump_folder", str(run), "--training.steps", "2"),
+        *overrides,
+    ]
+    train += ["--training.seq_len", "32", "--metrics.log_freq", "1", "--validation.no-enable"]
+    train += ["--checkpoint.enable", "--checkpoint.interval", "2"]
+    proc = torchrun(1, [*train, "--parallelism.data_parallel_shard_degree", "1"], tmp_path)
+    assert proc.returncode == 0 and sorted(step_losses(proc.stdout + proc.stderr)) == [1, 2], proc.stderr[-3000:]
+    checkpoint = run / "checkpoint" / "step-2"
+
+    def export(name: str, *config: str) -> dict:
+        argv = ["export-hf", "--checkpoint", str(checkpoint), "--out", str(tmp_path / name), *config]
+        assert cli(argv) == 0, capsys.readouterr().err
+        return json.loads((tmp_path / name / "config.json").read_text())
+
+    with_overrides = export("overrides", "--config", str(DEBUG_TOML), *overrides)
+    recorded = export("record", "--config", str(run / "grt_run.json"))
+    assert with_overrides["num_recurrences"] == recorded["num_recurrences"] == 3
+    assert with_overrides == recorded
+    assert export("toml_alone", "--config", str(DEBUG_TOML))["num_recurrences"] == 4
+    # A misspelt override is named by torchtitan's parser, a stray argument by export-hf's.
+    assert cli(["export-hf", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "x"), "--config", str(DEBUG_TOML), "--grt.num_recurence", "3"]) == 1  # fmt: skip
+    assert "num_recurence" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["export-hf", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "y"), "--config", str(DEBUG_TOML), "--dtypes", "x"])  # fmt: skip
+    assert "unrecognized arguments: --dtypes x" in capsys.readouterr().err
+    # The curriculum is a training schedule: dropped where a trained model is read.
+    dense = ["--model.flavor", "dense_debug", "--grt.depth_curriculum_steps", "5000"]
+    assert not load_model_args(DEBUG_TOML, dense)[0].is_recurrent
+    with pytest.raises(CheckpointError, match="no depth to ramp"):
+        load_model_args(DEBUG_TOML, dense, training_schedule=True)

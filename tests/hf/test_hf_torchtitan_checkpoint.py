@@ -1,23 +1,31 @@
 """torchtitan's own HF checkpointing through the spec's state-dict adapter, under torchrun."""
 
 import json
+import shutil
 
 import pytest
 from safetensors import safe_open
 
+from grt_titan.checkpoint_io import HF_ASSETS_KEY, INITIAL_LOAD_KEY
 from grt_titan.model import grt_flavors
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
 
-from grt_test_helpers import SHORT_DEBUG_RUN, step_losses
+from grt_test_helpers import REPO, SHORT_DEBUG_RUN, step_losses
 
 COMMON = [*SHORT_DEBUG_RUN, "--checkpoint.enable"]
 
 
-def assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, nproc, extra):
+def assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, nproc, extra, *, as_assets=False):
     """One step on `nproc` ranks from the HF folder that run `save` wrote: the loaded weights
     are the trained ones, so its first loss is below the trained run's first (an untrained
-    model's is ln(50257) = 10.8)."""
+    model's is ln(50257) = 10.8). `as_assets`: the folder, with its tokenizer beside the
+    weights as in a Hugging Face model folder, is `[model] hf_assets_path` with no
+    initial_load_path and checkpointing off (torchtitan's fallback, which it would skip)."""
     trained = step_losses(save.stdout + save.stderr)
+    source, key = ["--checkpoint.initial_load_path", str(folder)], INITIAL_LOAD_KEY
+    if as_assets:
+        shutil.copy(REPO / "grt_titan" / "assets" / "gpt2.tiktoken", folder)
+        source, key = ["--model.hf_assets_path", str(folder), "--checkpoint.no-enable"], HF_ASSETS_KEY
     load = run_torchrun(
         nproc,
         [
@@ -27,15 +35,15 @@ def assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, nproc, ex
             str(tmp_path / "b"),
             "--training.steps",
             "1",
-            "--checkpoint.initial_load_path",
-            str(folder),
+            *source,
             "--checkpoint.initial_load_in_hf",
         ],
         tmp_path / "b",
     )
     output = load.stdout + load.stderr
     assert load.returncode == 0, output[-3000:]
-    assert "loading from HF safetensors" in output
+    assert f"loading from HF safetensors from {key}: {folder}" in output
+    assert f"Initial weights: loaded {folder} ({key})" in output
     assert step_losses(output)[1] < trained[1] - 0.5
 
 
@@ -63,7 +71,7 @@ def test_last_save_in_hf_then_initial_load_in_hf(run_torchrun, tmp_path):
         assert all("draws" not in key for key in f.keys())
 
     assert_loads_trained_weights(
-        run_torchrun, tmp_path, save, folder, 1, ["--parallelism.data_parallel_shard_degree", "1"]
+        run_torchrun, tmp_path, save, folder, 1, ["--parallelism.data_parallel_shard_degree", "1"], as_assets=True
     )
 
 

@@ -497,12 +497,48 @@ def test_plan_prints_and_writes_json(sources, tmp_path, capsys):
     assert abs(rows["default"]["loss"][1] - expected) > 1e-3
 
 
+def test_plan_under_the_exact_init_says_its_losses_cannot_rank_and_heal_steps_make_rows_differ(
+    sources, tmp_path, capsys
+):
+    """Under --init every-depth the kept-all splits read the same loss at every r (the init is
+    exact), so the table is ordered by FLOPs and parameters and its header says the losses
+    cannot rank them. `--heal-steps 3` trains each candidate on the train split and scores it
+    again: the healed rows differ, and the table is ordered by the healed loss at R."""
+    folder, _ = sources["llama"]
+    keeps_all = ["--prelude", "1", "--core", "1:2", "--coda", "2"]  # a second kept-all split beside the default
+    base = [str(folder), "--plan", *keeps_all, "--tokens", "128", "--recurrences", "2", "--plan-json"]
+    assert main([*base, str(tmp_path / "init.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "ordered by FLOPs, then parameters; at --init every-depth" in printed.splitlines()[0]
+    rows = json.loads((tmp_path / "init.json").read_text())["splits"]
+    kept_all = [row for row in rows if row["dropped"] == 0]
+    assert len(kept_all) >= 2 and len({tuple(row["loss"]) for row in kept_all}) == 1  # equal by construction
+    order = [(row["forward_flops_per_token"], row["stored_params"]) for row in rows]
+    assert order == sorted(order)
+    assert all(row["healed_loss"] is None for row in rows)
+
+    assert main([*base, str(tmp_path / "healed.json"), "--heal-steps", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "ordered by the healed loss at r = 2 after 3 steps on the train split" in printed.splitlines()[0]
+    assert "| healed r = 1 | healed r = 2 |" in printed
+    healed = json.loads((tmp_path / "healed.json").read_text())
+    assert healed["heal_steps"] == 3
+    by_name = {row["name"]: row for row in healed["splits"]}
+    assert {name: row["loss"] for name, row in by_name.items()} == {row["name"]: row["loss"] for row in rows}
+    kept_all = [by_name[row["name"]] for row in kept_all]
+    assert len({tuple(row["healed_loss"]) for row in kept_all}) == len(kept_all)  # training tells them apart
+    assert all(row["healed_loss"] != row["loss"] for row in kept_all)
+    at_r = [row["healed_loss"][-1] for row in healed["splits"]]
+    assert at_r == sorted(at_r)
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
         (["--core", "0:3"], "--core 0:3 overlaps the prelude"),
         (["--out", "x"], "--plan writes nothing, so --out x is not used"),
         (["--tokens", "10"], "--tokens 10 is below one sequence"),
+        (["--heal-steps", "-1"], "--heal-steps -1: allowed: >= 0"),
     ],
 )
 def test_plan_refuses_in_one_line(sources, tmp_path, capsys, monkeypatch, options, message):

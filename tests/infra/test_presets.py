@@ -4,7 +4,9 @@ Each file in train_configs/ runs with its own parallelism, compile, AC and float
 rank 0 of its intended world size on torchtitan's fake backend (real plans, shapes, compile
 and a full step; collectives return without communicating), one step at sequence 16, compiled
 presets with the `aot_eager_decomp_partition` backend (COMPILE_BACKEND says why), a
-recurrent preset's step at depth 1 (SHALLOWEST_STEP says why). The
+recurrent preset's step at depth 1 (SHALLOWEST_STEP says why), each part of its stack one
+block deep at its own width (ONE_BLOCK_PER_PART says why; README's table of every preset at full
+depth is checked on the meta device). The
 step's loss and gradient norm mean nothing there (no data moves), so the test checks what
 ran: the mesh, the model's size, compile and AC, never a loss value. The
 world size comes from the header's first line: "2 CPU processes", "one node of 8 x ...",
@@ -105,6 +107,47 @@ PRESET_DTYPE = os.environ.get("GRT_PRESET_DTYPE", "float32")
 SHALLOWEST_STEP = ["--grt.depth_curriculum_steps", "1000"]
 
 
+# Each preset's run builds every part of its stack one block deep (its prelude, core and coda; a
+# dense preset's stack of layers) at its own width, heads, vocabulary, mesh, plans, compile and
+# AC. Everything the run checks is applied block by block and alike for every block of a part
+# (FSDP and TP per block, AC and compile per block, one compiled recurrence step), so a part's
+# further blocks add time, not coverage: one step's cost follows the parameters it gathers and
+# reduces, and the presets at full depth took 2.2x the time (227 s against 101 s, one at a
+# time on a 2-core machine). The CPU presets (FULL_DEPTH), run by users as shipped, keep their
+# depth; every preset's full-depth size is README's table's
+# (test_readme_configurations_table_is_every_preset_at_full_depth, on the meta device).
+ONE_BLOCK_PER_PART = True
+FULL_DEPTH = {"grt_debug", "dense_debug"}
+
+
+def preset_model_args(path: Path):
+    """The preset's architecture as shipped: its flavor (a name or a flavor file) with the
+    TOML's `[grt]` overrides, as GRTModelArgs.update_from_config applies them."""
+    from grt_titan.model.args import CONFIGURABLE_FIELDS
+    from grt_titan.model.flavors import flavor_from_file
+
+    toml = tomli.loads(path.read_text())
+    flavor = toml["model"]["flavor"]
+    args = flavor_from_file(str(REPO / flavor)) or get_train_spec("grt").model_args[flavor].replace()
+    for name, value in toml.get("grt", {}).items():
+        if name in CONFIGURABLE_FIELDS:
+            setattr(args, name, value)
+    return args
+
+
+def one_block_per_part_args(path: Path, tmp: Path) -> list[str]:
+    """`--model.flavor` of a flavor file: the preset's architecture with each part one block
+    deep (a part it has not stays empty); none for FULL_DEPTH's presets."""
+    if not ONE_BLOCK_PER_PART or path.stem in FULL_DEPTH:
+        return []
+    args = preset_model_args(path)
+    depths = {name: min(1, getattr(args, name)) for name in ("n_prelude_layers", "n_core_layers", "n_coda_layers")}
+    shallow = args.replace(**depths)
+    flavor_file = tmp / f"{path.stem}-one-block-per-part.json"
+    flavor_file.write_text(json.dumps({f.name: getattr(shallow, f.name) for f in dataclasses.fields(shallow)}))
+    return ["--model.flavor", str(flavor_file)]
+
+
 def is_recurrent(path: Path) -> bool:
     flavor = tomli.loads(path.read_text())["model"]["flavor"]
     return get_train_spec("grt").model_args[flavor].is_recurrent
@@ -178,7 +221,12 @@ def preset_runs(request, module_tmp):
     }
 
     def run(path):
-        stand_in = [*stand_in_source_args(path, tmp), *no_initial_weights_args(path), *stand_in_teacher_args(path, tmp)]
+        stand_in = [
+            *stand_in_source_args(path, tmp),
+            *no_initial_weights_args(path),
+            *stand_in_teacher_args(path, tmp),
+            *one_block_per_part_args(path, tmp),
+        ]
         proc = launch(
             "grt_titan.train",
             [*preset_args(path, tmp / path.stem), *stand_in],
@@ -219,6 +267,43 @@ def _qwen3_0_6b_config() -> dict:
         tie_word_embeddings=True,
     )
     return json.loads(config.to_json_string())
+
+
+def readme_configurations() -> dict[str, dict[str, str]]:
+    """README's "Configurations" table, by preset (the TOML's stem)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("| config | flavor | layout |")
+    lines = text[start : text.index("\n\n", start)].splitlines()
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[2:]]
+    return {row["config"].removesuffix(".toml"): row for row in rows}
+
+
+def stored_params(count: int) -> str:
+    """README's spelling of a parameter count: 7.4M, 601.3M, 1.04B."""
+    return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
+
+
+def test_readme_configurations_table_is_every_preset_at_full_depth():
+    """Every preset in README's table as it is shipped, built at full depth on the meta device:
+    its flavor, layout, width, heads and stored parameters (its run in this module builds each
+    part one block deep: ONE_BLOCK_PER_PART)."""
+    table = readme_configurations()
+    # grt_large_ft is grt_large in replica groups (docs/reliability.md), not a row of its own.
+    assert set(table) == {path.stem for path in CONFIGS} - {"grt_large_ft"}
+    for path in CONFIGS:
+        if path.stem not in table:
+            continue
+        row, args = table[path.stem], preset_model_args(path)
+        assert row["flavor"] == tomli.loads(path.read_text())["model"]["flavor"].removeprefix("train_configs/"), (
+            path.stem
+        )
+        p, n, r, c = args.n_prelude_layers, args.n_core_layers, args.num_recurrences, args.n_coda_layers
+        layout = f"{p} + {n}x{r} + {c}" if args.is_recurrent else f"{p} layers"
+        assert row["layout"].startswith(layout), (path.stem, row["layout"], layout)
+        assert row["d"] == str(args.dim) and row["heads"].split()[0] == str(args.n_heads), path.stem
+        count = sum(param.numel() for param in build_meta_model(args).parameters())
+        assert row["stored params"] == stored_params(count), (path.stem, row["stored params"], count)
 
 
 def test_qwen3_preset_is_what_retrofit_writes():

@@ -116,6 +116,17 @@ def test_a_restarted_group_heals_from_the_live_group(faults):
 
 
 @ft_job
+def test_each_start_names_one_checkpointer_in_its_groups_folder(faults):
+    """One "Checkpointing active" line per start of a group, naming its own replica_<id>
+    folder (torchtitan's first manager, replaced by grt_titan's, says nothing)."""
+    (g0, g1), _, _ = faults
+    for group, starts in ((g0, 1), (g1, 2)):  # group 1 was restarted
+        lines = [line for line in group.text().splitlines() if "Checkpointing active" in line]
+        assert len(lines) == starts, lines
+        assert all(f"replica_{group.replica_id}" in line for line in lines), lines
+
+
+@ft_job
 def test_both_groups_survive_a_lighthouse_restart(faults):
     """(d) The lighthouse killed and restarted: the groups retry their quorum and finish."""
     groups, events, _ = faults

@@ -63,15 +63,18 @@ def copy_checkpoint(src, dst, step: int = STOP):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("noise", [False, True], ids=["noise_off", "noise_on"])
-def test_resume_reproduces_every_step(noise, uninterrupted, stopped, tmp_path):
-    reference, first_half = uninterrupted(noise), stopped(noise)
+def test_resume_reproduces_every_step(uninterrupted, stopped, tmp_path):
+    """With the training noise on: the noise generators' state is restored too. (The same run
+    with noise off ran here until the suite's time was cut, tests/README.md: every state it
+    restores, this run restores and compares bit for bit as well.)"""
+    reference, first_half = uninterrupted(True), stopped(True)
     run = tmp_path / "resumed"
     shutil.copytree(first_half, run)  # the stopped run's checkpoint and its event file
-    proc = train(2, run, *noise_args(noise), "--checkpoint.interval", str(STOP))
+    proc = train(2, run, "--checkpoint.interval", str(STOP))
     out = output(proc)
     assert proc.returncode == 0, out[-3000:]
     assert f"Training starts at step {STOP + 1}" in out
+    assert out.count("Checkpointing active") == 1  # one checkpointer said so (torchtitan's first is replaced)
 
     expected, got = scalars(reference), scalars(run)
     tags = [t for t in EXACT_TAGS if t in expected]
