@@ -8,7 +8,6 @@ are untouched. Controls, all from the environment and all optional:
     GRT_TEST_PID_DIR            write DIR/rank{RANK}-attempt{TORCHELASTIC_RESTART_COUNT}.pid
     GRT_TEST_STOP_AFTER=k       end training after step k (a preemption right after the
                                 checkpoint of step k; the LR schedule keeps training.steps)
-    GRT_TEST_STEP_SLEEP=s       sleep s seconds after every step (room for an external kill)
     GRT_TEST_POISON_STEP=k      after gradient clipping at step k, rank GRT_TEST_POISON_RANK
     GRT_TEST_POISON_RANK=r      sets one element of its local gradient shard to NaN (the
                                 inf-norm case: only the rank holding the inf sees NaN)
@@ -27,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 from grt_titan.cpu_support import enable_cpu_training
 
@@ -128,7 +126,6 @@ def main() -> None:
 
     stop_after = _env_int("GRT_TEST_STOP_AFTER")
     spike_step = _env_int("GRT_TEST_SPIKE_STEP") if _attempt() == 0 else None
-    sleep = float(os.environ.get("GRT_TEST_STEP_SLEEP", "0"))
 
     class ReliabilityTrainer(GRTTrainer):
         def should_continue_training(self) -> bool:
@@ -149,8 +146,6 @@ def main() -> None:
         def train_step(self, data_iterator):
             _STEP["value"] = self.step
             super().train_step(data_iterator)
-            if sleep:
-                time.sleep(sleep)
 
     _write_pid()
     _install_poison()

@@ -1,15 +1,15 @@
-"""Rank failure under `torchrun --max-restarts=1`: a rank killed with SIGKILL mid-training
-restarts the job, which resumes from the last complete checkpoint, finishes, and ends with
-exactly the model of an uninterrupted run. A checkpoint killed half-written is never loaded."""
+"""Rank failure under `torchrun --max-restarts=1`: a rank killed with SIGKILL while the job runs
+(inside its save of step 4, the other rank waiting in the save's collectives) restarts the job,
+which never loads the half-written checkpoint, resumes from the last complete one, finishes, and
+ends with exactly the model and per-step values of an uninterrupted run.
+
+(A second run killed rank 1 inside a training step, the other rank in FSDP's collectives, until
+the suite's time was cut, tests/README.md: torchrun's agent restarts a job whose worker died
+whatever the survivor waits in, and the resume is this run's.)"""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -17,12 +17,9 @@ from torchtitan.components.checkpoint import CheckpointManager
 
 from grt_titan.checkpoint_io import latest_complete_step, latest_step_folder
 
-from grt_test_helpers import REPO, RESTART_ENV, job_env, torchrun_command
 from reliability_helpers import (
-    COMMON,
     NOISE_OFF,
     STEPS,
-    WORKER,
     assert_same_tensors,
     checkpoint_state,
     model_tensors,
@@ -60,52 +57,6 @@ def test_latest_checkpoint_is_the_newest_with_metadata(tmp_path):
     assert CheckpointManager._find_load_step(SimpleNamespace(folder=str(tmp_path))) == 2
     # grt_titan's one definition (the verified load, the resume check, export-hf, analyze) agrees.
     assert latest_complete_step(tmp_path) == 2 and latest_step_folder(tmp_path) == tmp_path / "step-2"
-
-
-@pytest.mark.slow
-def test_sigkilled_rank_restarts_and_matches_the_uninterrupted_run(uninterrupted, tmp_path):
-    reference = uninterrupted(False)
-    run, pids = tmp_path / "killed", tmp_path / "pids"
-    args = [*COMMON, *NOISE_OFF, "--job.dump_folder", str(run)]
-    # 1 s per step leaves the kill time to land inside step 3, after checkpoint step-2.
-    env = job_env({**RESTART_ENV, "GRT_TEST_PID_DIR": str(pids), "GRT_TEST_STEP_SLEEP": "1"})
-    proc = subprocess.Popen(
-        torchrun_command(2, args, WORKER, max_restarts=1),
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    killed = {}
-
-    def kill_rank_1_after_checkpoint_2():
-        deadline = time.monotonic() + 240
-        marker, pid_file = run / "checkpoint" / "step-2" / ".metadata", pids / "rank1-attempt0.pid"
-        while time.monotonic() < deadline and proc.poll() is None:
-            if marker.is_file() and pid_file.is_file():
-                time.sleep(0.5)  # let the save of step 2 return: the kill lands in step 3
-                killed["later_checkpoint"] = (run / "checkpoint" / "step-4").exists()
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-                killed["pid"] = int(pid_file.read_text())
-                return
-            time.sleep(0.02)
-
-    watcher = threading.Thread(target=kill_rank_1_after_checkpoint_2, daemon=True)
-    watcher.start()
-    try:
-        out, _ = proc.communicate(timeout=420)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    watcher.join(timeout=5)
-    (tmp_path / "killed.log").write_text(out)
-    assert "pid" in killed, out[-3000:]
-    assert not killed["later_checkpoint"]  # the kill landed between checkpoints 2 and 4
-    assert proc.returncode == 0, out[-3000:]
-    assert (pids / "rank1-attempt1.pid").is_file()  # torchrun restarted the workers
-    assert "Training starts at step 3" in out  # resumed from checkpoint step-2
-    assert_matches_uninterrupted(run, reference, tmp_path)
 
 
 @pytest.mark.slow
