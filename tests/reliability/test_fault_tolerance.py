@@ -176,8 +176,11 @@ def test_the_table_shows_live_groups_by_step(faults, capsys):
         uncommitted = g.text().count("was not committed")
         assert row == f"| dump | {g.replica_id} | 2 | {span} | {uncommitted} |", (row, span)
     assert "1 at" in spans[0], spans  # group 0 alone
-    first, later = spans[1].split(", ")[0], spans[1].split(", ")[1:]
-    assert first.startswith("2 at 1-") and any(s.endswith(f"-{STEPS}") for s in later), spans
+    # Group 1 steps with group 0 before its death (on a loaded machine the two may first step
+    # apart: "1 at 1-2, 2 at 3-4, ...", the first quorum's join window missed), and again to the end.
+    before_death = spans[1].split(", ")[:2]
+    assert any(s.startswith("2 at ") for s in before_death), spans
+    assert any(s.startswith("2 at ") and s.endswith(f"-{STEPS}") for s in spans[1].split(", ")[1:]), spans
 
 
 @ft_job
