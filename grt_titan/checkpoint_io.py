@@ -64,7 +64,7 @@ from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.flavors import flavor_from_file, grt_flavors
 from grt_titan.model.model import GRTModel, build_meta_model
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter, optional_native_keys
-from grt_titan.run_record import RECORD_FORMAT
+from grt_titan.run_record import read_record_file
 
 METADATA_FILE = ".metadata"  # DCP's commit: written last, so a folder with it is complete
 SINGLE_FILE = "model.safetensors"
@@ -341,19 +341,6 @@ class _RecordedConfigManager(ConfigManager):
         return self._values
 
 
-def _recorded_job_config(record_file: Path) -> dict[str, Any]:
-    try:
-        record = json.loads(record_file.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{record_file}: cannot be read as a run record: {e}") from e
-    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT or "job_config" not in record:
-        raise CheckpointError(
-            f"{record_file}: not a run record with its job config (a run's <dump_folder>/grt_run.json); "
-            "allowed: that file, or the training TOML"
-        )
-    return record["job_config"]
-
-
 def parse_job_config(config_file: str | Path, overrides: tuple[str, ...] | list[str] = ()):
     """torchtitan's JobConfig of a training TOML, or of a run record (`<dump_folder>/grt_run.json`:
     the config the run started with, its command-line overrides included), with `overrides`
@@ -364,7 +351,9 @@ def parse_job_config(config_file: str | Path, overrides: tuple[str, ...] | list[
     with_overrides = f" with {' '.join(overrides)}" if overrides else ""
     try:
         if config_file.suffix == ".json":
-            return _RecordedConfigManager(_recorded_job_config(config_file)).parse_args(list(overrides))
+            return _RecordedConfigManager(read_record_file(config_file, ("job_config",))["job_config"]).parse_args(
+                list(overrides)
+            )
         return ConfigManager().parse_args(["--job.config_file", str(config_file), *overrides])
     except (ValueError, TypeError, KeyError, SystemExit) as e:
         raise CheckpointError(f"{config_file}: cannot parse as a torchtitan config{with_overrides}: {e}") from e

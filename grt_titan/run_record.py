@@ -90,13 +90,19 @@ def read_run_record(run_dir: str | Path) -> dict[str, Any]:
             f"{run_dir} has no {RECORD_NAME} (runs started before grt_titan wrote run records, or not a "
             "job.dump_folder): retrain, or pass --config <its training TOML>"
         )
+    return read_record_file(path)
+
+
+def read_record_file(path: str | Path, keys: tuple[str, ...] = ("label", "model_args", "seq_len")) -> dict[str, Any]:
+    """The record in the file `path`, holding `keys`; ValueError naming the file otherwise."""
+    path = Path(path)
     try:
         record = json.loads(path.read_text())
     except ValueError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         raise ValueError(f"{path}: not a grt_titan run record (format {RECORD_FORMAT!r} expected)")
-    for key in ("label", "model_args", "seq_len"):
+    for key in keys:
         if key not in record:
             raise ValueError(f"{path}: the record has no {key!r}")
     return record
