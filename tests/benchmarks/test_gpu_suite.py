@@ -43,6 +43,33 @@ def test_unknown_part_is_named():
         load_suite().main(["--cpu-smoke", "--parts", "train,mfu"])
 
 
+def test_generation_models_have_positions_for_the_whole_decode():
+    """Table 3's decode (prompt 1024 + 128 new tokens) runs past a preset's 1024 learned
+    positions: the GPU run's first generate part stopped at position 1024."""
+    suite = load_suite()
+    size = suite.GPU
+    assert (size.gen_prompt, size.gen_new_tokens) == (1024, 128)
+    for flavor in (size.gen_grt, size.gen_dense):
+        assert suite.flavor_args(flavor, size).max_seq_len < 1152  # what made it fail
+        assert suite.generation_args(flavor, size).max_seq_len == 1152
+
+
+def test_a_failing_part_is_recorded_and_the_parts_after_it_run(tmp_path, monkeypatch, capsys):
+    suite = load_suite()
+
+    def broken(size, device):
+        raise RuntimeError("no setter")
+
+    monkeypatch.setattr(suite, "PARTS", {"train": broken, "float8": lambda size, device: {"rows": []}})
+    assert suite.main(["--cpu-smoke", "--parts", "train,float8", "--out", str(tmp_path)]) == 1
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["train"] == {"failed": "RuntimeError: no setter"}
+    assert results["float8"] == {"rows": []} and set(results["seconds"]) == {"train", "float8", "total"}
+    captured = capsys.readouterr()
+    assert "| train | | failed: RuntimeError: no setter | |" in captured.out
+    assert "failed parts: train" in captured.err
+
+
 @pytest.mark.slow
 def test_cpu_smoke_runs_every_part(tmp_path):
     proc = run_suite("--cpu-smoke", "--out", str(tmp_path))

@@ -91,6 +91,22 @@ def test_static_cache_equals_dynamic_cache(style, strategy, hf_models):
     assert cache.get_seq_length() == 12
 
 
+def test_static_cache_under_a_read_only_base_max_cache_len(hf_models, monkeypatch):
+    """transformers 5.0 to 5.17's Cache has a read-only, deprecated `max_cache_len` property:
+    a static cache that assigned it failed to build there (the GPU suite's first run, whose
+    node had 5.17). Put that property back on the base and decode as above."""
+    from transformers.cache_utils import Cache
+
+    monkeypatch.setattr(Cache, "max_cache_len", property(lambda self: self.get_max_length()), raising=False)
+    hf = hf_models["gpt2"]
+    ids = prompt(batch=2, seq=12, seed=9)
+    with torch.no_grad():
+        ref, _ = decode_logits(hf, ids, "per_step", hf.config.num_recurrences, steps=4)
+        got, cache = static_decode_logits(hf, ids, "per_step", prefix=8)
+    assert cache.max_cache_len == 20 and cache.is_static
+    assert (got - ref).abs().max().item() < 1e-4
+
+
 @pytest.mark.parametrize("style", ["gpt2", "llama"])
 @pytest.mark.parametrize("strategy", ["per_step", "average"])
 def test_left_padded_batch_equals_each_prompt_alone(style, strategy, hf_models):

@@ -89,7 +89,7 @@ class GRTCache(Cache):
         self.num_prelude = config.num_prelude_layers
         self.num_core = config.num_core_layers
         self.num_coda = config.num_coda_layers
-        self.max_cache_len = max_cache_len
+        self._static_len = max_cache_len
         self.depth: int | None = None  # depth r of the calls so far (their `num_recurrences`)
         self.keys: list[torch.Tensor | None] = []
         self.values: list[torch.Tensor | None] = []
@@ -106,8 +106,14 @@ class GRTCache(Cache):
         return self.strategy != "per_step"
 
     @property
+    def max_cache_len(self) -> int | None:
+        """Static buffers' length, None when growing. Our own property: transformers 5.0 to
+        5.17's `Cache.max_cache_len` is a read-only deprecated one that assignment cannot set."""
+        return self._static_len
+
+    @property
     def is_static(self) -> bool:
-        return self.max_cache_len is not None
+        return self._static_len is not None
 
     def _slot(self, kind: str, index: int, step: int) -> int:
         """Prelude blocks, coda blocks (per step s = 0..r-1 with a per-step readout, r
