@@ -48,6 +48,10 @@ IMPORT_TIME_ENV = re.compile(r"^(TORCH|PYTORCH|OMP_|MKL_|KMP_|TRITON|CUDA|GOMP_)
 # ... except these: the cache folders are read when inductor first compiles, and a job re-reads
 # torch's log settings (`_init_logs`, what `import torch` runs) when it sets them.
 PER_JOB_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_LOGS", "TORCH_LOGS_OUT"}
+# ... and torchrun's TORCHELASTIC_* (rank_environment): torch.distributed.elastic reads them
+# when a job runs or fails, never at import. Without this every one-process job
+# (grt_test_helpers.one_process) paid a fresh interpreter.
+PER_JOB_PREFIX = "TORCHELASTIC_"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 STOP_GRACE_S = 5.0  # torchrun's agent also gives the surviving ranks a few seconds on SIGTERM
 
@@ -85,7 +89,11 @@ def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
 def needs_fresh_interpreter(env: dict[str, str], server_env: dict[str, str]) -> list[str]:
     """The import-time variables in which `env` differs from the server's (empty: the server can
     run the job)."""
-    keys = {k for k in (*env, *server_env) if IMPORT_TIME_ENV.match(k) and k not in PER_JOB_ENV}
+    keys = {
+        k
+        for k in (*env, *server_env)
+        if IMPORT_TIME_ENV.match(k) and k not in PER_JOB_ENV and not k.startswith(PER_JOB_PREFIX)
+    }
     return sorted(k for k in keys if env.get(k) != server_env.get(k))
 
 
@@ -363,7 +371,11 @@ class _Server:
         with self.lock:
             if self.process is None or self.process.poll() is not None:
                 self._start()
-        if needs_fresh_interpreter(env, self.env):
+        fresh = needs_fresh_interpreter(env, self.env)
+        if fresh:
+            if os.environ.get("GRT_TEST_FRESH_LOG"):  # where the suite's CPU goes (tests/README.md)
+                with open(os.environ["GRT_TEST_FRESH_LOG"], "a") as log:
+                    log.write(f"{module} {' '.join(args[:4])}: {', '.join(fresh)}\n")
             return None
         command = job_command(module, args, nproc)
         out, err = (os.path.join(self.folder, f"job-{uuid.uuid4().hex}.{n}") for n in ("out", "err"))

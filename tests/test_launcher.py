@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.launcher import _SERVER, REPO, job_env, launch, needs_fresh_interpreter
+from tests.launcher import _SERVER, REPO, job_env, launch, needs_fresh_interpreter, rank_environment
 
 
 class Client:
@@ -89,6 +89,8 @@ def test_import_time_variables_need_a_fresh_interpreter(client):
     assert needs_fresh_interpreter({"PATH": "/usr/bin"}, base) == ["OMP_NUM_THREADS"]
     # Read per job: cache folders, log settings.
     assert needs_fresh_interpreter({**base, "TORCHINDUCTOR_CACHE_DIR": "/tmp/c", "TORCH_LOGS": "+dynamo"}, base) == []
+    # torchrun's variables of a one-process job (grt_test_helpers.one_process) are read at run time.
+    assert needs_fresh_interpreter({**base, **rank_environment(0, 1, 29500)}, base) == []
     env = {**job_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     assert client.run("tests.launch_probe", [], env, timeout=60) is None
     # launch runs such a job in a fresh interpreter instead.
