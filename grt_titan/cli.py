@@ -7,11 +7,13 @@ import sys
 
 # subcommand -> (module with `main(argv) -> int`, one-line help)
 COMMANDS = {
-    "prepare": ("grt_titan.data.prepare", "turn local text into token shards"),
+    "prepare": ("grt_titan.data.prepare", "turn local text or prompt/completion records into token shards"),
+    "task": ("grt_titan.data.tasks", "write multi-step problems (prompt/completion JSONL) or the task tokenizer"),
     "export-hf": ("grt_titan.hf.export", "export a checkpoint to a Hugging Face folder"),
     "import-hf": ("grt_titan.hf.importer", "convert a Hugging Face folder to a checkpoint"),
     "retrofit": ("grt_titan.hf.retrofit_cli", "split a pretrained GPT-2 / Llama / Qwen3 folder into a GRT"),
     "analyze": ("grt_titan.analysis.cli", "per-recurrence-step plots and numbers of a trained model"),
+    "eval-task": ("grt_titan.analysis.task_eval", "exact-match accuracy by problem depth x recurrence, arrival steps"),
     "table": ("grt_titan.analysis.table", "paper table 1 (and figure 5's ladder) from training runs"),
 }
 

@@ -265,6 +265,38 @@ def gate_heatmap_figure(prompts: Sequence[dict]) -> Figure:
     return fig
 
 
+def task_accuracy_figure(result: dict) -> Figure:
+    """`grt-titan eval-task`: exact-match accuracy by problem depth (rows) x recurrence r
+    (columns; beyond R marked), and the arrival step by depth (the ignition curve)."""
+    depths = list(result["accuracy"])
+    columns = [str(r) for r in result["depths"]]
+    matrix = [[result["accuracy"][d][c] for c in columns] for d in depths]
+    fig, (heat, arrival) = _figure(2, width=max(4.6, 0.3 * len(columns) + 2.0))
+    image = heat.imshow(
+        matrix, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest", origin="lower"
+    )
+    R = result.get("num_recurrences")
+    heat.set_xticks(range(len(columns)))
+    heat.set_xticklabels(
+        [c + ("*" if R is not None and c.isdigit() and int(c) > R else "") for c in columns], fontsize=8
+    )
+    heat.set_yticks(range(len(depths)))
+    heat.set_yticklabels(depths, fontsize=8)
+    heat.set_xlabel("recurrence r (* beyond R)")
+    heat.set_ylabel("problem depth")
+    heat.set_title("exact match")
+    fig.colorbar(image, ax=heat, shrink=0.9)
+    for d in depths:
+        steps = [a for a in result["arrival"][d] if a is not None]
+        if steps:
+            arrival.scatter([int(d)] * len(steps), steps, alpha=0.15, color="C0", s=12)
+            arrival.plot([int(d)], [sum(steps) / len(steps)], "o", color="C1")
+    arrival.set_xlabel("problem depth")
+    arrival.set_ylabel("arrival step r (mean in orange)")
+    arrival.set_title("arrival of the answer")
+    return fig
+
+
 def ladder_figure(
     names: Sequence[str],
     losses: Sequence[float],

@@ -27,9 +27,9 @@ BUDGET_S = {
     "components": 90,
     "benchmarks": 60,
     "top": 110,
-    "data": 40,
+    "data": 30,
     "model": 40,
-    "analysis": 20,
+    "analysis": 30,
 }
 SUITE_BUDGET_S = 1400
 

@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchtitan.components.loss import IGNORE_INDEX
 
 from grt_titan.model.flops import realised_flops_per_token
 from grt_titan.model.halting import HALTING_RULES, READOUT_RULES
@@ -92,6 +93,7 @@ class DepthAnalysis:
     gate_counts: torch.Tensor = field(init=False)
     dynamics_sums: torch.Tensor = field(init=False)
     tokens: int = 0
+    scored_tokens: int = 0  # labels not ignored: the loss's denominator (completions of SFT data)
     sequences: int = 0
 
     def __post_init__(self):
@@ -139,11 +141,12 @@ class DepthAnalysis:
             if r >= 1:
                 self.dynamics_sums[r - 1] += step_dynamics(logits, states[r], states[r - 1], vocab_size).cpu()
         self.tokens += labels.numel()
+        self.scored_tokens += int((labels != IGNORE_INDEX).sum())  # prompt/completion data: completions
         self.sequences += labels.shape[0]
 
     def result(self) -> dict[str, list[float]]:
         out = {
-            "loss": (self.loss_sum / self.tokens).tolist(),
+            "loss": (self.loss_sum / self.scored_tokens).tolist(),
             "kl_to_final": (self.kl_sum / self.tokens).tolist(),
         }
         steps = summarize(self.step_sums)
@@ -217,6 +220,7 @@ class HaltingSweep:
     depth_counts: dict[str, torch.Tensor] = field(init=False)
     skipped: dict[str, str] = field(default_factory=dict)
     tokens: int = 0
+    scored_tokens: int = 0
 
     def __post_init__(self):
         if not 1 <= self.min_depth <= self.max_depth:
@@ -261,6 +265,7 @@ class HaltingSweep:
                 self.loss_sum[rule][i] += loss.item()
                 self.depth_counts[rule][i] += torch.bincount(depths.reshape(-1), minlength=self.max_depth + 1).cpu()
         self.tokens += labels.numel()
+        self.scored_tokens += int((labels != IGNORE_INDEX).sum())
 
     def result(self, args, seq_len: int, fixed_loss: Sequence[float] | None = None) -> dict:
         """{min_depth, max_depth, rules: {rule: {thresholds, loss, mean_depth,
@@ -275,7 +280,7 @@ class HaltingSweep:
         rules = {}
         for rule in self.rules:
             counts = [Counter({d: int(n) for d, n in enumerate(row) if n}) for row in self.depth_counts[rule]]
-            loss = [total / self.tokens for total in self.loss_sum[rule]]
+            loss = [total / self.scored_tokens for total in self.loss_sum[rule]]
             rules[rule] = {
                 "thresholds": list(self.thresholds[rule]),
                 "loss": loss,

@@ -1,6 +1,7 @@
 """The `[data]` section of the job config: options of grt_titan's token-shard data path."""
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass
@@ -28,3 +29,8 @@ class DataConfig:
     saved global sequence position; the step counter, LR schedule and depth sequence continue
     by step, so every remaining step of the schedule now takes the new number of sequences
     (the tokens per schedule step change). False refuses such a resume at start-up."""
+
+    long_records: Literal["error", "drop"] = "error"
+    """Prompt/completion data (docs/data.md): a record longer than seq_len + 1 tokens fits no
+    training sequence. "error" stops at start-up naming its file and line; "drop" leaves such
+    records out and logs how many."""

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 from torchtitan.components.dataloader import BaseDataLoader, ParallelAwareDataloader
+from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 
-from grt_titan.data import default_corpus
+from grt_titan.data import default_corpus, records
 from grt_titan.data import shards as sh
 from grt_titan.data.config import DataConfig
 
@@ -49,7 +50,14 @@ class TokenSequenceDataset(Dataset):
     """
 
     def __init__(
-        self, stream: sh.SplitStream, seq_len: int, dp_rank: int, dp_world_size: int, seed: int, shuffle: bool
+        self,
+        stream: sh.SplitStream,
+        seq_len: int,
+        dp_rank: int,
+        dp_world_size: int,
+        seed: int,
+        shuffle: bool,
+        long_records: str = "error",
     ):
         if seq_len < 1:
             raise ValueError(f"seq_len = {seq_len}: must be >= 1")
@@ -58,7 +66,11 @@ class TokenSequenceDataset(Dataset):
         self.stream, self.seq_len = stream, seq_len
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self.seed, self.shuffle = seed, shuffle
-        self.num_sequences = max(0, (stream.num_tokens - 1) // seq_len)
+        self.dropped_records = 0
+        if stream.record_starts is None:
+            self.num_sequences = max(0, (stream.num_tokens - 1) // seq_len)
+        else:
+            self._pack_records(long_records)
         self.per_rank = self.num_sequences // dp_world_size
         if self.per_rank == 0:
             raise ValueError(
@@ -71,6 +83,25 @@ class TokenSequenceDataset(Dataset):
         self._perm_epoch, self._perm = -1, None
         self.start = 0
         self.skips: list[tuple[int, int]] = []
+
+    def _pack_records(self, long_records: str) -> None:
+        """Prompt/completion data: sequences are whole records packed in order (records.pack)
+        into seq_len + 1 tokens, never one split across two."""
+        if long_records not in ("error", "drop"):
+            raise ValueError(f"[data] long_records = {long_records!r}; allowed: 'error', 'drop'")
+        starts, ends, too_long = records.pack(self.stream.record_starts, self.seq_len + 1)
+        if too_long.size and long_records == "error":
+            first = int(too_long[0])
+            length = int(self.stream.record_starts[first + 1] - self.stream.record_starts[first])
+            where = records.record_source(self.stream.dataset_dir, self.stream.meta_file, first)
+            raise ValueError(
+                f"{where}: a prompt/completion record of {length} tokens does not fit seq_len "
+                f"{self.seq_len} (+1 label token); {too_long.size} record(s) of split {self.stream.split!r} "
+                "are that long. Allowed: a longer seq_len, or [data] long_records = 'drop' to leave them out"
+            )
+        self.dropped_records = int(too_long.size)
+        self.pack_starts, self.pack_ends = starts, ends
+        self.num_sequences = int(starts.size)
 
     def __len__(self) -> int:
         """Sequences per rank per epoch."""
@@ -113,8 +144,17 @@ class TokenSequenceDataset(Dataset):
 
     def __getitem__(self, k: int):
         g = self.sequence_index(k)
-        window = torch.from_numpy(self.stream.read(g * self.seq_len, self.seq_len + 1))
-        return {"input": window[:-1]}, window[1:]
+        if self.stream.record_starts is None:
+            window = torch.from_numpy(self.stream.read(g * self.seq_len, self.seq_len + 1))
+            return {"input": window[:-1]}, window[1:]
+        # Packed records: labels outside the completions (prompts, padding) are ignored.
+        a, b = int(self.pack_starts[g]), int(self.pack_ends[g])
+        window = torch.zeros(self.seq_len + 1, dtype=torch.long)
+        window[: b - a] = torch.from_numpy(self.stream.read(a, b - a))
+        counted = torch.zeros(self.seq_len + 1, dtype=torch.bool)
+        counted[: b - a] = torch.from_numpy(self.stream.mask.read(a, b - a)).bool()
+        labels = window[1:].masked_fill(~counted[1:], IGNORE_INDEX)
+        return {"input": window[:-1]}, labels
 
 
 class SampleCounter(Sampler[int]):
@@ -300,11 +340,15 @@ def _build(
     infinite: bool,
     global_batch: int,
     allow_global_batch_change: bool = False,
+    long_records: str = "error",
 ) -> GlobalPositionDataloader:
-    ds = TokenSequenceDataset(stream, seq_len, dp_rank, dp_world_size, seed, shuffle)
+    ds = TokenSequenceDataset(stream, seq_len, dp_rank, dp_world_size, seed, shuffle, long_records)
+    packed = ""
+    if stream.record_starts is not None:
+        packed = f" (prompt/completion records packed whole, loss on completions; {ds.dropped_records} dropped as longer than seq_len)"
     logger.info(
         f"Data {stream.dataset_dir} [{stream.split}]: {stream.num_tokens:,} tokens, "
-        f"{ds.num_sequences:,} sequences of {seq_len}, {ds.per_rank:,} per dp rank "
+        f"{ds.num_sequences:,} sequences of {seq_len}{packed}, {ds.per_rank:,} per dp rank "
         f"({dp_world_size} ranks), shuffle={shuffle} seed={seed}"
     )
     kwargs = {**asdict(dataloader_cfg), "batch_size": batch_size}
@@ -341,6 +385,7 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, in
         infinite,
         global_batch,
         cfg.allow_global_batch_change,
+        cfg.long_records,
     )
 
 
@@ -365,4 +410,5 @@ def build_validation_dataloader(
         False,
         infinite,
         v.local_batch_size * dp_world_size,
+        long_records=cfg.long_records,
     )

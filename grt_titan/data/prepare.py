@@ -17,6 +17,7 @@ GPT-2's, Llama 3's, Qwen's); other tokenizers encode each document whole.
 """
 
 import argparse
+import itertools
 import multiprocessing as mp
 import os
 import re
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from grt_titan.atomic_dir import atomic_directory
+from grt_titan.data import records
 from grt_titan.data import shards as sh
 from grt_titan.data.sources import collect_inputs, iter_documents
 
@@ -36,6 +38,8 @@ PIECE_CHARS = 1 << 20
 TASK_CHARS = 1 << 20
 """Characters of text sent to a worker per task."""
 DEFAULT_SHARD_TOKENS = 100_000_000
+RECORDS_PER_BATCH = 4096
+"""Prompt/completion records encoded per batch (tiktoken's batch encoder, one write each)."""
 DEFAULT_VAL_FRACTION = 0.005
 
 # Unicode White_Space (what the tokenizer's regex \s means); Python's str \s differs.
@@ -205,8 +209,19 @@ def prepare(
     sources = collect_inputs(inputs)
     tokenizer = load_tokenizer(tokenizer_path)
     dtype = sh.dtype_for_vocab(tokenizer.get_vocab_size())
+    record_files = [path for kind, path in sources if records.is_record_file(kind, path)]
+    if record_files and len(record_files) != len(sources):
+        other = next(str(path) for _, path in sources if path not in record_files)
+        raise ValueError(
+            f"{other}: not prompt/completion records, but {record_files[0]} is; "
+            "allowed: all inputs documents, or all inputs JSONL records with 'prompt' and 'completion'"
+        )
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    if record_files:
+        return _prepare_records(
+            record_files, out, tokenizer, dtype, val_fraction, shard_tokens, overwrite, input_labels
+        )
     with atomic_directory(out, overwrite) as tmp:
         writers = [sh.ShardWriter(tmp, s, shard_tokens, dtype) for s in sh.SPLITS]
         stats = _Stats()
@@ -243,6 +258,58 @@ def prepare(
             "shard_tokens": shard_tokens,
             "documents": stats.documents,
             "skipped_documents": {"invalid_utf8": stats.invalid_utf8, "empty": stats.empty},
+            "splits": split_info,
+        }
+        sh.write_manifest(tmp, manifest)
+    return manifest
+
+
+def _prepare_records(
+    paths, out, tokenizer, dtype, val_fraction, shard_tokens, overwrite, input_labels
+) -> dict[str, Any]:
+    """Prompt/completion records (records.py): tokens, a loss mask per token, the record
+    index and metadata per split. Encoded in this process (records are short)."""
+    prefix, suffix = document_specials(tokenizer)
+    with atomic_directory(out, overwrite) as tmp:
+        writers = [sh.ShardWriter(tmp, s, shard_tokens, dtype) for s in sh.SPLITS]
+        masks = [sh.ShardWriter(tmp, s, shard_tokens, np.dtype("<u1"), suffix=".mask.bin") for s in sh.SPLITS]
+        index = [records.RecordIndex(tmp, s) for s in sh.SPLITS]
+        count = 0
+        source = records.read_records(paths)
+        while chunk := list(itertools.islice(source, RECORDS_PER_BATCH)):
+            by_split: list[list] = [[], []]
+            for record in chunk:
+                by_split[int(is_val_document(count, val_fraction))].append(record)
+                count += 1
+            for split, batch in enumerate(by_split):
+                if batch:
+                    ids, mask, lengths = records.encode_records(tokenizer, batch, prefix, suffix)
+                    writers[split].write(ids)
+                    writers[split].documents += len(batch)
+                    masks[split].write(mask)
+                    index[split].add(batch, lengths)
+        split_info = {}
+        for writer, mask_writer, split_index in zip(writers, masks, index):
+            info = writer.close()
+            info.update(split_index.close(), mask_shards=mask_writer.close()["shards"])
+            split_info[writer.split] = info
+        if count == 0:
+            raise ValueError(f"empty input: no record in {', '.join(map(str, paths))}")
+        if split_info["train"]["records"] == 0:
+            raise ValueError(f"all {count} records went to the val split; lower --val-fraction ({val_fraction})")
+        manifest = {
+            "format": sh.FORMAT_NAME,
+            "version": sh.FORMAT_VERSION,
+            "kind": records.KIND,
+            "tokenizer": _tokenizer_record(tokenizer),
+            "dtype": dtype.name,
+            "document_separator": _document_separator(tokenizer),
+            "loss_mask": "completion",
+            "inputs": input_labels or [str(p) for p in paths],
+            "val_fraction": val_fraction,
+            "shard_tokens": shard_tokens,
+            "documents": count,
+            "skipped_documents": {"invalid_utf8": 0, "empty": 0},
             "splits": split_info,
         }
         sh.write_manifest(tmp, manifest)
@@ -373,8 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grt-titan prepare: error: {e}", file=sys.stderr)
         return 2
     s = manifest["splits"]
+    kind = "prompt/completion records" if manifest.get("kind") == records.KIND else "documents"
     print(
-        f"wrote {args.out}: {manifest['documents']} documents, "
+        f"wrote {args.out}: {manifest['documents']} {kind}, "
         f"train {s['train']['tokens']:,} tokens in {len(s['train']['shards'])} shards, "
         f"val {s['val']['tokens']:,} tokens in {len(s['val']['shards'])} shards"
     )

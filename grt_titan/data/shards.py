@@ -35,8 +35,8 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
 class ShardWriter:
     """Appends one split's token stream to ``{split}_{k:06d}.bin`` files in ``out_dir``."""
 
-    def __init__(self, out_dir: Path, split: str, shard_tokens: int, dtype: np.dtype):
-        self.out_dir, self.split = out_dir, split
+    def __init__(self, out_dir: Path, split: str, shard_tokens: int, dtype: np.dtype, suffix: str = ".bin"):
+        self.out_dir, self.split, self.suffix = out_dir, split, suffix
         self.shard_tokens, self.dtype = shard_tokens, dtype
         self.shards: list[dict[str, Any]] = []
         self.documents = 0
@@ -44,7 +44,7 @@ class ShardWriter:
         self._f = None
 
     def _open_next(self) -> None:
-        name = f"{self.split}_{len(self.shards):06d}.bin"
+        name = f"{self.split}_{len(self.shards):06d}{self.suffix}"
         self._f = open(self.out_dir / name, "wb")
         self._hash = hashlib.sha256()
         self.shards.append({"file": name, "tokens": 0, "max_token_id": 0})
@@ -121,6 +121,11 @@ class SplitStream:
     shard_tokens: list[int]
     dtype: np.dtype
     vocab_size: int
+    # Prompt/completion data (records.py): the loss mask as a stream of its own, each
+    # record's first token offset (and the end), and the records' metadata file.
+    mask: "SplitStream | None" = None
+    record_starts: np.ndarray | None = None
+    meta_file: str | None = None
 
     def __post_init__(self):
         self.offsets = np.concatenate([[0], np.cumsum(self.shard_tokens, dtype=np.int64)])
@@ -196,8 +201,18 @@ def open_split(
         raise ValueError(f"{manifest_path}: no split {split!r}; it has {sorted(manifest['splits'])}")
     dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
     info = manifest["splits"][split]
+    files, counts = _checked_shards(dataset_dir, manifest_path, info["shards"], dtype, vocab_size)
+    stream = SplitStream(dataset_dir, split, files, counts, dtype, vocab_size)
+    if manifest.get("kind") == "prompt_completion":
+        _attach_records(stream, manifest_path, info)
+    return stream
+
+
+def _checked_shards(
+    dataset_dir: Path, manifest_path: Path, shards: list[dict], dtype: np.dtype, vocab_size: int
+) -> tuple[list[str], list[int]]:
     files, counts = [], []
-    for shard in info["shards"]:
+    for shard in shards:
         path = dataset_dir / shard["file"]
         if shard["max_token_id"] >= vocab_size:
             raise ValueError(
@@ -215,4 +230,25 @@ def open_split(
             )
         files.append(shard["file"])
         counts.append(shard["tokens"])
-    return SplitStream(dataset_dir, split, files, counts, dtype, vocab_size)
+    return files, counts
+
+
+def _attach_records(stream: SplitStream, manifest_path: Path, info: dict) -> None:
+    """The loss-mask shards and the record index of a prompt/completion split, checked
+    against the token stream."""
+    mask_dtype = np.dtype("<u1")
+    files, counts = _checked_shards(stream.dataset_dir, manifest_path, info["mask_shards"], mask_dtype, 2)
+    stream.mask = SplitStream(stream.dataset_dir, stream.split, files, counts, mask_dtype, 2)
+    path = stream.dataset_dir / info["records_file"]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: record index listed in {manifest_path} is missing")
+    starts = np.fromfile(path, dtype="<i8")
+    if starts.size != info["records"] + 1 or starts[0] != 0 or starts[-1] != stream.num_tokens:
+        raise ValueError(
+            f"{path}: {starts.size - 1} records ending at token {int(starts[-1]) if starts.size else 0}, but "
+            f"{manifest_path} lists {info['records']} records over {stream.num_tokens} tokens; prepare the dataset again"
+        )
+    if stream.mask.num_tokens != stream.num_tokens:
+        raise ValueError(f"{manifest_path}: split {stream.split!r} has a loss mask of another length than its tokens")
+    stream.record_starts = starts
+    stream.meta_file = info["meta_file"]

@@ -67,6 +67,12 @@ grt_flavors: dict[str, GRTModelArgs] = {
     "dense_debug": _dense(layers=10, dim=128, n_heads=4),
     # Figure 5's "recurrence alone" rung: no prelude, no coda, the core from the embeddings.
     "debug_core_only": _gpt2(dim=128, n_heads=4, prelude=0, core=2, recurrences=5, coda=0),
+    # Multi-step tasks (docs/tasks.md): 1 + 1x8 + 1 at d = 128 over the GPT-2 vocabulary, or
+    # over `grt-titan task vocab`'s word-level one (135 ids; 256 rows): 7.2M and 0.84M parameters.
+    "task_debug": _gpt2(dim=128, n_heads=4, prelude=1, core=1, recurrences=8, coda=1),
+    "task_debug_words": dataclasses.replace(
+        _gpt2(dim=128, n_heads=4, prelude=1, core=1, recurrences=8, coda=1), vocab_size=256
+    ),
     # Paper table 1 / table 5 (GPT-2 blocks, learned positions, tied embeddings).
     "small": _gpt2(dim=768, n_heads=12, prelude=1, core=1, recurrences=10, coda=1),
     "medium": _gpt2(dim=1024, n_heads=16, prelude=2, core=5, recurrences=4, coda=2),

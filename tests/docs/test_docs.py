@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,7 @@ from docs_helpers import (
     runnable_script,
     sys_executable_dir,
 )
-from grt_test_helpers import REPO, TEARDOWN_ABORT, job_env
+from grt_test_helpers import REPO, is_teardown_abort, job_env
 
 # What a user's console must not show from the trainer or analyze (docs/training.md lists
 # what was removed and why).
@@ -160,13 +161,20 @@ def _env() -> dict:
     )
 
 
+def _written(cwd: Path) -> set[Path]:
+    """What the commands wrote, two levels down (`outputs/<run>`), never through the links to
+    the repository's files."""
+    top = {p for p in cwd.iterdir()}
+    return top | {p for d in top if d.is_dir() and not d.is_symlink() for p in d.iterdir()}
+
+
 def _run(block: Block, cwd, env, log) -> str:
     """Run one block as printed (plus cpu-scale), stdin closed; its output, or a failure."""
     if block.lang == "python":
         script, argv = block.text, [sys.executable, "-"]
     else:
         script, argv = runnable_script(block), ["bash", "-"]
-    before = set(os.listdir(cwd))
+    before = _written(cwd)
     for attempt in (1, 2):
         t0 = time.perf_counter()
         # The script goes in as a file: the command's own stdin is closed (no prompt can wait).
@@ -186,10 +194,10 @@ def _run(block: Block, cwd, env, log) -> str:
             f"\n===== {block.where} ({attempt}, {time.perf_counter() - t0:.1f} s, rc {proc.returncode})\n"
             f"{script}\n----- output\n{output}"
         )
-        if proc.returncode == 0 or attempt == 2 or not all(s in output for s in TEARDOWN_ABORT):
+        if proc.returncode == 0 or attempt == 2 or not is_teardown_abort(output):
             break
-        for name in set(os.listdir(cwd)) - before:  # a gloo teardown abort (pytorch#179291): once more
-            shutil.rmtree(cwd / name, ignore_errors=True)
+        for path in sorted(_written(cwd) - before):  # a gloo teardown abort (pytorch#179291): once more
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     assert PROMPT not in output, f"{block.where} waits for an answer on stdin:\n{output[-3000:]}"
     assert proc.returncode == 0, f"{block.where} failed (rc {proc.returncode}):\n{script}\n{output[-5000:]}"
     return output

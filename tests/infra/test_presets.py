@@ -21,6 +21,9 @@ its ids. Its weights are not needed: no run here loads the student from a checkp
 `initial_load_path` is unset, `no_initial_weights_args`: a start would load it even with
 checkpointing off, and CI holds no retrofit).
 
+A preset that trains on a prepared folder of its own (grt_task_debug: the task data its docs
+make) gets a token dataset of GPT-2 ids in its place (`stand_in_dataset_args`).
+
 A distillation preset (`[distill] teacher`) names a teacher CI cannot hold, so its run gets a
 stand-in: grt_medium_distill.toml's dense_medium checkpoint (354.8M parameters) becomes
 dense_debug (the GPT-2 vocabulary, as the GPT-2 presets') saved here as a torchtitan step
@@ -59,6 +62,7 @@ from grt_test_helpers import (
     no_initial_weights_args,
     parse_config,
     source_tokenizer,
+    stand_in_dataset_args,
     stand_in_source_tokenizer,
     stand_in_teacher_args,
     step_losses,
@@ -223,6 +227,7 @@ def preset_runs(request, module_tmp):
     def run(path):
         stand_in = [
             *stand_in_source_args(path, tmp),
+            *stand_in_dataset_args(path, tmp),
             *no_initial_weights_args(path),
             *stand_in_teacher_args(path, tmp),
             *one_block_per_part_args(path, tmp),

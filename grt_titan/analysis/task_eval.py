@@ -1,0 +1,218 @@
+"""`grt-titan eval-task MODEL --data FILE.jsonl`: exact-match accuracy of greedy completions
+by problem depth x recurrence r, and each problem's arrival step (docs/tasks.md).
+
+A greedy completion equals the reference exactly when, fed the reference, the model's argmax
+at every completion position is the reference's next token (greedy decoding follows the
+reference until its first miss, and there it leaves it). So one forward per record and depth
+scores it: the prompt and the completion, at ``num_recurrences = r``, for r = 0..max depth
+(default 2R where the model extrapolates, else R; a dense model has its one depth). The
+arrival step of a problem is the first r from which it is right at every deeper r scored:
+its distribution by depth is the ignition curve (arXiv 2608.03263).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grt_titan.checkpoint_io import OverridesParser
+from grt_titan.data.records import Record, read_records
+
+DENSE = "dense"
+
+
+def task_records(path: Path) -> list[Record]:
+    """The file's records; each must carry its problem depth."""
+    out = list(read_records([path]))
+    if not out:
+        raise ValueError(f"{path}: no prompt/completion record")
+    for record in out:
+        if "depth" not in record.meta:
+            raise ValueError(
+                f"{record.where}: no 'depth' field; eval-task reports accuracy by problem depth "
+                "(`grt-titan task` writes it)"
+            )
+    return out
+
+
+def encode(tokenizer, record: Record, vocab_size: int, max_len: int | None) -> tuple[list[int], int]:
+    """(prompt + completion ids, completion length), or ValueError when the model's tokenizer
+    does not read the record back, or the model cannot hold it."""
+    ordinary = getattr(tokenizer, "encode_ordinary", tokenizer.encode)
+    prompt, completion = ordinary(record.prompt), ordinary(record.completion)
+    ids = prompt + completion
+    if tokenizer.decode(ids) != record.prompt + record.completion or max(ids) >= vocab_size:
+        raise ValueError(
+            f"{record.where}: the model's tokenizer {getattr(tokenizer, 'name', '?')!r} does not read this record "
+            f"back (decodes to {tokenizer.decode(ids)[:60]!r}); allowed: data written for the tokenizer the model "
+            "was trained with ([model] hf_assets_path)"
+        )
+    if max_len is not None and len(ids) > max_len:
+        raise ValueError(f"{record.where}: {len(ids)} tokens exceed the model's max_seq_len = {max_len}")
+    return ids, len(completion)
+
+
+def depths_to_score(args, max_depth: int | None) -> list[int | None]:
+    """r = 0..max depth (default 2R, or R for a model without depths above R); [None] for
+    a dense model (its one depth)."""
+    if args.n_core_layers == 0:
+        if max_depth is not None:
+            raise ValueError(f"--max-depth {max_depth}: a dense model (no core) has one depth")
+        return [None]
+    R = args.num_recurrences
+    limit = None if args.extrapolates else R
+    if max_depth is None:
+        max_depth = 2 * R if limit is None else R
+    if max_depth < 0 or (limit is not None and max_depth > limit):
+        allowed = f"0 to {limit} (this model holds a module per step up to R)" if limit is not None else ">= 0"
+        raise ValueError(f"--max-depth {max_depth}: r beyond what the model can run; allowed: {allowed}")
+    return list(range(max_depth + 1))
+
+
+@torch.no_grad()
+def score(model, encoded: list[tuple[list[int], int]], depths, batch_size: int, bar=None) -> list[dict]:
+    """Per record, per depth: whether the greedy completion is exact."""
+    device = next(model.parameters()).device
+    correct = [{} for _ in encoded]
+    by_length = defaultdict(list)
+    for i, (ids, _) in enumerate(encoded):
+        by_length[len(ids)].append(i)
+    for length, indices in sorted(by_length.items()):
+        for start in range(0, len(indices), batch_size):
+            batch = indices[start : start + batch_size]
+            ids = torch.tensor([encoded[i][0] for i in batch], device=device)
+            for r in depths:
+                predicted = model(ids, num_recurrences=r).argmax(-1)  # at position t: token t + 1
+                for row, i in enumerate(batch):
+                    n = encoded[i][1]
+                    right = torch.equal(predicted[row, length - n - 1 : length - 1], ids[row, length - n :])
+                    correct[i][r] = right
+            if bar is not None:
+                bar.update(len(batch))
+    return correct
+
+
+def arrival_step(correct: dict, depths: list) -> int | None:
+    """The first r from which the answer is right at every deeper r scored (None: wrong at the last)."""
+    arrival = None
+    for r in reversed(depths):
+        if not correct[r]:
+            break
+        arrival = r
+    return arrival
+
+
+def summarize(records: list[Record], correct: list[dict], depths: list, args) -> dict[str, Any]:
+    accuracy, arrival, counts = defaultdict(dict), defaultdict(list), defaultdict(int)
+    for record, right in zip(records, correct):
+        d = str(record.meta["depth"])
+        counts[d] += 1
+        arrival[d].append(arrival_step(right, depths))
+        for r in depths:
+            key = DENSE if r is None else str(r)
+            accuracy[d][key] = accuracy[d].get(key, 0) + int(right[r])
+    for d in accuracy:
+        accuracy[d] = {r: n / counts[d] for r, n in accuracy[d].items()}
+    order = sorted(accuracy, key=int)
+    return {
+        "accuracy": {d: accuracy[d] for d in order},
+        "arrival": {d: arrival[d] for d in order},
+        "counts": {d: counts[d] for d in order},
+        "depths": [DENSE if r is None else r for r in depths],
+        "num_recurrences": args.num_recurrences if args.n_core_layers else None,
+    }
+
+
+def table(result: dict, trained_depths: range | None) -> str:
+    R = result["num_recurrences"]
+    header = [
+        ("dense" if r == DENSE else f"r={r}" + ("*" if R is not None and r > R else "")) for r in result["depths"]
+    ]
+    lines = [
+        "| depth | n | " + " | ".join(header) + " | mean arrival |",
+        "|---|---|" + "---|" * len(header) + "---|",
+    ]
+    for d, row in result["accuracy"].items():
+        arrived = [a for a in result["arrival"][d] if a is not None]
+        mean = f"{sum(arrived) / len(arrived):.2f} ({len(arrived)}/{len(result['arrival'][d])})" if arrived else "-"
+        beyond = trained_depths is not None and int(d) not in trained_depths
+        cells = " | ".join(f"{row[DENSE if r == DENSE else str(r)]:.2f}" for r in result["depths"])
+        lines.append(f"| {d}{'*' if beyond else ''} | {result['counts'][d]} | {cells} | {mean} |")
+    notes = []
+    if R is not None and any(r != DENSE and r > R for r in result["depths"]):
+        notes.append(f"r=N*: beyond the trained R = {R} (extrapolation)")
+    if trained_depths is not None:
+        notes.append(f"depth*: beyond the trained problem depths {trained_depths.start}-{trained_depths.stop - 1}")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def heatmap(result: dict, path: Path) -> Path:
+    from grt_titan.plots import save, task_accuracy_figure
+
+    return save(task_accuracy_figure(result), path)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OverridesParser(
+        prog="grt-titan eval-task",
+        description="Exact-match accuracy by problem depth x recurrence r, and arrival steps (docs/tasks.md).",
+    )
+    p.add_argument("model", help="checkpoint step folder (or its checkpoint/ parent) with --config, or an HF export")
+    p.add_argument("--config", help="training TOML (or the run's grt_run.json); its overrides may follow")
+    p.add_argument("--data", required=True, help="prompt/completion JSONL with 'depth' (grt-titan task --split test)")
+    p.add_argument("--max-depth", type=int, help="deepest r scored (default 2R; R for per-step modules)")
+    p.add_argument("--trained-depths", help="A-B: problem depths seen in training (rows beyond are marked)")
+    p.add_argument("--out", help="folder for task_accuracy.png and eval_task.json")
+    p.add_argument("--json", help="write the result here as JSON")
+    p.add_argument("--limit", type=int, help="score the first N records")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from tqdm import tqdm
+
+    from grt_titan.analysis.load import load_model
+    from grt_titan.data.tasks import parse_depths
+
+    device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        if opts.overrides and opts.config is None:
+            raise ValueError(f"{' '.join(opts.overrides)}: overrides of a training config need --config")
+        trained = parse_depths(opts.trained_depths) if opts.trained_depths else None
+        records = task_records(Path(opts.data))[: opts.limit]
+        loaded = load_model(opts.model, opts.config, device=device, overrides=opts.overrides)
+        args = loaded.args
+        depths = depths_to_score(args, opts.max_depth)
+        max_len = args.max_seq_len if args.block_style == "gpt2" else None
+        encoded = [encode(loaded.tokenizer, r, args.vocab_size, max_len) for r in records]
+    except (ValueError, FileNotFoundError) as e:
+        print(f"grt-titan eval-task: error: {e}", file=sys.stderr)
+        return 2
+    with tqdm(total=len(records), desc="eval-task", unit="problem", disable=opts.no_progress, file=sys.stderr) as bar:
+        correct = score(loaded.model, encoded, depths, opts.batch_size, bar)
+    result = summarize(records, correct, depths, args)
+    result["source"] = {**loaded.source, "data": str(opts.data)}
+    print(table(result, trained))
+    text = json.dumps(result, indent=1, sort_keys=False)
+    if opts.json:
+        Path(opts.json).write_text(text + "\n")
+    if opts.out:
+        out = Path(opts.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval_task.json").write_text(text + "\n")
+        print(f"wrote {heatmap(result, out / 'task_accuracy.png')} and {out / 'eval_task.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""`grt-titan task NAME`: multi-step problems as prompt/completion records (docs/tasks.md).
+
+Each problem of depth d needs d dependent steps, and its record carries ``depth`` and
+``steps``, the d intermediate targets (the last is the answer), for evaluation by depth and
+per-step supervision. Problems are plain text of space-separated words, so any tokenizer
+reads them, and ``task_vocabulary`` writes a word-level tokenizer with one token per word
+for models too small to pay for 50k embedding rows.
+
+- ``iterated-function``: a shuffled table ``a > q ;`` of a function f over S symbols, a start
+  x and d: the answer is f^d(x). The orbit x, f(x), ..., f^d(x) is d + 1 distinct symbols,
+  so no cycle ends the walk early (the iterated-function task of the recurrent-retrofit study).
+- ``chains``: variable assignments ``b = a ;`` forming a chain of d hops from the queried
+  variable to a digit, among distractor chains, shuffled (p-hop / variable tracking).
+- ``mano``: a prefix expression of d operators (+, -, *) over 0..22, mod 23 (Ouro's Mano).
+
+Splits are disjoint by construction: a problem's split is decided by the hash of its prompt
+(train 80%, val 10%, test 10%), so files generated with any seeds never share a problem
+across splits; within a file problems are distinct. Depths cycle through the range, so
+every depth has the same count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import string
+import sys
+from pathlib import Path
+
+SPLIT_BUCKETS = {"train": range(0, 80), "val": range(80, 90), "test": range(90, 100)}
+SYMBOLS = string.ascii_lowercase
+MANO_MODULUS = 23
+MAX_TRIES_PER_PROBLEM = 200
+
+
+def iterated_function(rng: random.Random, depth: int, symbols: int) -> dict:
+    if depth + 1 > symbols:
+        raise ValueError(
+            f"iterated-function: depth {depth} needs at least {depth + 1} symbols; got --symbols {symbols}"
+        )
+    names = SYMBOLS[:symbols]
+    orbit = rng.sample(names, depth + 1)
+    f = {a: rng.choice(names) for a in names}
+    for a, b in zip(orbit, orbit[1:]):
+        f[a] = b
+    table = list(f.items())
+    rng.shuffle(table)
+    prompt = " ".join(f"{a} > {b} ;" for a, b in table) + f" | {orbit[0]} * {depth} ="
+    return {"prompt": prompt, "completion": f" {orbit[-1]}", "depth": depth, "steps": orbit[1:]}
+
+
+def chains(rng: random.Random, depth: int, symbols: int) -> dict:
+    """Chains of d variables, the first set to a digit, each next to the one before; the
+    query is the queried chain's last variable, d lookups from its digit."""
+    chain_count = max(2, symbols // depth)
+    if chain_count * depth > symbols:
+        raise ValueError(f"chains: depth {depth} needs at least {2 * depth} symbols; got --symbols {symbols}")
+    names = rng.sample(SYMBOLS[:symbols], chain_count * depth)
+    assignments, query, steps = [], None, None
+    for c in range(chain_count):
+        chain = names[c * depth : (c + 1) * depth]
+        value = str(rng.randrange(10))
+        assignments.append(f"{chain[0]} = {value} ;")
+        assignments += [f"{var} = {prev} ;" for prev, var in zip(chain, chain[1:])]
+        if c == 0:
+            query, steps = chain[-1], [*reversed(chain[:-1]), value]
+    rng.shuffle(assignments)
+    prompt = " ".join(assignments) + f" | {query} ="
+    return {"prompt": prompt, "completion": f" {steps[-1]}", "depth": depth, "steps": steps}
+
+
+def mano(rng: random.Random, depth: int, symbols: int) -> dict:
+    del symbols
+
+    def build(operators: int):
+        if operators == 0:
+            value = rng.randrange(MANO_MODULUS)
+            return [str(value)], value, []
+        left_ops = rng.randrange(operators)
+        op = rng.choice("+-*")
+        left, lv, ls = build(left_ops)
+        right, rv, rs = build(operators - 1 - left_ops)
+        value = {"+": lv + rv, "-": lv - rv, "*": lv * rv}[op] % MANO_MODULUS
+        return [op, *left, *right], value, [*ls, *rs, value]
+
+    tokens, value, steps = build(depth)
+    prompt = " ".join(tokens) + " ="
+    return {"prompt": prompt, "completion": f" {value}", "depth": depth, "steps": [str(s) for s in steps]}
+
+
+TASKS = {"iterated-function": iterated_function, "chains": chains, "mano": mano}
+DEFAULT_SYMBOLS = {"iterated-function": 12, "chains": 24, "mano": 0}
+
+
+def problem_split(prompt: str) -> str:
+    bucket = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "little") % 100
+    return next(name for name, buckets in SPLIT_BUCKETS.items() if bucket in buckets)
+
+
+def generate(
+    name: str, depths: range, n: int, seed: int, split: str = "train", symbols: int | None = None
+) -> list[dict]:
+    """``n`` distinct problems of ``split``, depths cycling through ``depths``."""
+    if name not in TASKS:
+        raise ValueError(f"task {name!r}: unknown; allowed: {', '.join(TASKS)}")
+    if split not in SPLIT_BUCKETS:
+        raise ValueError(f"--split {split!r}; allowed: {', '.join(SPLIT_BUCKETS)}")
+    if n < 1 or not depths or depths.start < 1:
+        raise ValueError(f"--n {n} and --depths {depths.start}-{depths.stop - 1}: need n >= 1 and depths >= 1")
+    symbols = DEFAULT_SYMBOLS[name] if symbols is None else symbols
+    if name != "mano" and not 2 <= symbols <= len(SYMBOLS):
+        raise ValueError(f"--symbols {symbols}; allowed: 2 to {len(SYMBOLS)}")
+    rng = random.Random(f"{name}:{seed}")
+    seen, out = set(), []
+    for k in range(n):
+        depth = depths[k % len(depths)]
+        for _ in range(MAX_TRIES_PER_PROBLEM):
+            record = TASKS[name](rng, depth, symbols)
+            if record["prompt"] not in seen and problem_split(record["prompt"]) == split:
+                break
+        else:
+            raise ValueError(
+                f"{name}: found no new {split} problem of depth {depth} after {MAX_TRIES_PER_PROBLEM} tries "
+                f"({len(seen)} made); lower --n or widen the problem space (--symbols)"
+            )
+        seen.add(record["prompt"])
+        out.append(record)
+    return out
+
+
+def task_vocabulary() -> list[str]:
+    """Every word the tasks write, in a fixed order: symbols, digits and numbers to 99,
+    punctuation and operators."""
+    return [*SYMBOLS, *map(str, range(100)), ">", ";", "|", "*", "=", "+", "-"]
+
+
+def write_task_tokenizer(folder: str | Path) -> Path:
+    """A word-level Hugging Face tokenizer folder (tokenizer.json, tokenizer_config.json):
+    one token per task word, split on whitespace, ``<eos>`` last; `--tokenizer` of
+    `grt-titan prepare` and `[model] hf_assets_path` read it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = ["<unk>", *task_vocabulary(), "<eos>"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tokenizer.add_special_tokens(["<eos>"])
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {
+        "eos_token": "<eos>",
+        "unk_token": "<unk>",
+        "model_max_length": 4096,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def parse_depths(text: str) -> range:
+    try:
+        low, _, high = text.partition("-")
+        low, high = int(low), int(high or low)
+    except ValueError:
+        raise ValueError(f"--depths {text!r}; allowed: A-B or A, integers >= 1") from None
+    if low < 1 or high < low:
+        raise ValueError(f"--depths {text!r}; allowed: A-B with 1 <= A <= B")
+    return range(low, high + 1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="grt-titan task",
+        description="Multi-step problems as prompt/completion JSONL for `grt-titan prepare` (docs/tasks.md).",
+    )
+    p.add_argument("name", choices=[*TASKS, "vocab"], help="the task, or `vocab`: write the task tokenizer to --out")
+    p.add_argument("--out", required=True, help="FILE.jsonl (a task), or a folder (vocab)")
+    p.add_argument("--depths", default="1-6", help="A-B: problem depths, cycled (default 1-6)")
+    p.add_argument("--n", type=int, default=1000, help="problems (default 1000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", default="train", choices=list(SPLIT_BUCKETS), help="disjoint by problem hash")
+    p.add_argument("--symbols", type=int, default=None, help="symbols of the table/variables (default per task)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.name == "vocab":
+            folder = write_task_tokenizer(args.out)
+            print(f"wrote {folder}: a word-level tokenizer of {len(task_vocabulary()) + 2} tokens")
+            return 0
+        problems = generate(args.name, parse_depths(args.depths), args.n, args.seed, args.split, args.symbols)
+    except ValueError as e:
+        print(f"grt-titan task: error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    tmp.replace(out)
+    print(f"wrote {out}: {len(problems)} {args.split} problems of {args.name}, depths {args.depths}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""`grt-titan eval-task` (grt_titan/analysis/task_eval.py): exact match by teacher forcing
+equals a greedy decode loop written here; arrival steps by hand; the command on a trained
+checkpoint writes its table, JSON and heatmap, and refuses bad input in one line each."""
+
+import json
+
+import pytest
+import torch
+
+from grt_titan.analysis import task_eval
+from grt_titan.data import tasks
+from grt_titan.data.records import Record
+from grt_titan.model import grt_flavors
+from grt_titan.model.model import GRTModel
+from grt_titan.tokenizer import load_tokenizer
+
+from grt_test_helpers import REPO, one_process
+
+TASK_TOML = REPO / "train_configs" / "grt_task_debug.toml"
+
+
+@pytest.fixture(scope="module")
+def words(tmp_path_factory):
+    return load_tokenizer(tasks.write_task_tokenizer(tmp_path_factory.mktemp("vocab") / "vocab"))
+
+
+def greedy(model, ids: list[int], n: int, r) -> list[int]:
+    """n tokens decoded one at a time, each fed back (no cache, no teacher forcing)."""
+    out = list(ids)
+    for _ in range(n):
+        out.append(int(model(torch.tensor([out]), num_recurrences=r)[0, -1].argmax()))
+    return out[len(ids) :]
+
+
+def test_exact_match_is_what_a_greedy_decode_loop_gives(words):
+    args = grt_flavors["task_debug_words"].replace(vocab_size=words.get_vocab_size(), num_recurrences=3)
+    torch.manual_seed(0)
+    model = GRTModel(args)
+    with torch.no_grad():
+        model.init_weights()
+    model.eval()
+    problems = tasks.generate("mano", range(1, 4), 12, seed=0)
+    records, encoded = [], []
+    with torch.no_grad():
+        for k, p in enumerate(problems):
+            prompt = words.encode_ordinary(p["prompt"])
+            # Half the references are the model's own greedy 2-word decode at r = 2 (so some
+            # scores are 1), half the task's answer.
+            reference = greedy(model, prompt, 2, 2) if k % 2 == 0 else words.encode_ordinary(p["completion"])
+            records.append(Record(p["prompt"], " " + words.decode(reference), f"x:{k}", {"depth": p["depth"]}))
+            encoded.append((prompt + reference, len(reference)))
+        depths = task_eval.depths_to_score(args, 4)
+        correct = task_eval.score(model, encoded, depths, batch_size=5)
+        for (ids, n), right in zip(encoded, correct):
+            prompt, reference = ids[:-n], ids[-n:]
+            assert right == {r: greedy(model, prompt, n, r) == reference for r in depths}
+    assert any(right[2] for right in correct) and not all(right[0] for right in correct)
+    result = task_eval.summarize(records, correct, depths, args)
+    assert set(result["accuracy"]) == {"1", "2", "3"} and result["depths"] == [0, 1, 2, 3, 4]
+
+
+def test_arrival_step_by_hand():
+    depths = [0, 1, 2, 3, 4]
+    assert task_eval.arrival_step(dict(zip(depths, [0, 1, 0, 1, 1])), depths) == 3
+    assert task_eval.arrival_step(dict(zip(depths, [1, 1, 1, 1, 1])), depths) == 0
+    assert task_eval.arrival_step(dict(zip(depths, [1, 1, 1, 1, 0])), depths) is None
+
+
+def test_depths_a_model_can_run():
+    grt = grt_flavors["task_debug"]
+    assert task_eval.depths_to_score(grt, None) == list(range(17))  # 2R
+    adapters = grt.replace(step_adapter="lora")  # one module per step up to R
+    assert task_eval.depths_to_score(adapters, None) == list(range(9))
+    with pytest.raises(ValueError, match=r"--max-depth 9: r beyond what the model can run; allowed: 0 to 8"):
+        task_eval.depths_to_score(adapters, 9)
+    assert task_eval.depths_to_score(grt_flavors["dense_debug"], None) == [None]
+
+
+@pytest.mark.slow
+def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
+    from grt_titan.cli import main as cli
+
+    vocab = tmp_path / "vocab"
+    tasks.write_task_tokenizer(vocab)
+    for split, n in (("train", 400), ("test", 24)):
+        assert cli(["task", "iterated-function", "--depths", "1-3", "--n", str(n), "--split", split,
+                    "--out", str(tmp_path / f"{split}.jsonl")]) == 0  # fmt: skip
+    assert cli(["prepare", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "data"), "--tokenizer", str(vocab),
+                "--val-fraction", "0.05", "--no-progress"]) == 0  # fmt: skip
+    overrides = ["--model.flavor", "task_debug_words", "--model.hf_assets_path", str(vocab),
+                 "--training.dataset", str(tmp_path / "data"), "--validation.dataset", str(tmp_path / "data")]  # fmt: skip
+    proc = one_process(
+        ["--job.config_file", str(TASK_TOML), "--job.dump_folder", str(tmp_path / "run"), *overrides,
+         "--training.steps", "3", "--checkpoint.interval", "3", "--validation.freq", "3", "--lr_scheduler.warmup_steps", "1"],
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "prompt/completion records packed whole" in proc.stdout + proc.stderr
+    checkpoint = str(tmp_path / "run" / "checkpoint")
+    base = [checkpoint, "--data", str(tmp_path / "test.jsonl"), "--no-progress"]
+    capsys.readouterr()
+    code = cli(["eval-task", *base, "--out", str(tmp_path / "eval"), "--json", str(tmp_path / "e.json"),
+                "--trained-depths", "1-2", "--config", str(TASK_TOML), *overrides])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    result = json.loads((tmp_path / "e.json").read_text())
+    assert result["depths"] == list(range(17)) and set(result["accuracy"]) == {"1", "2", "3"}
+    assert all(len(result["arrival"][d]) == result["counts"][d] == 8 for d in "123")
+    assert (tmp_path / "eval" / "task_accuracy.png").stat().st_size > 0
+    assert "| 3* | 8 |" in out and "r=9*" in out and "beyond the trained R = 8" in out
+    # One line each: no depth; an r the model cannot run; records its tokenizer cannot read.
+    (tmp_path / "nodepth.jsonl").write_text(json.dumps({"prompt": "a > b ; | a * 1 =", "completion": " b"}) + "\n")
+    (tmp_path / "words.jsonl").write_text(json.dumps({"prompt": "hello world", "completion": " b", "depth": 1}) + "\n")
+    for data, extra, message in (
+        ("nodepth.jsonl", [], "nodepth.jsonl:1: no 'depth' field"),
+        ("test.jsonl", ["--max-depth", "-1"], "--max-depth -1: r beyond what the model can run"),
+        ("words.jsonl", [], "words.jsonl:1: the model's tokenizer 'vocab' does not read this record back"),
+    ):
+        argv = ["eval-task", checkpoint, "--data", str(tmp_path / data), *extra, "--config", str(TASK_TOML), *overrides]
+        assert cli(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err

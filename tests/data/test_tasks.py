@@ -1,0 +1,109 @@
+"""`grt-titan task` (grt_titan/data/tasks.py): every answer and step recomputed here from the
+prompt text alone; deterministic per seed; splits disjoint; the task tokenizer gives one
+token per word and prepares like any tokenizer."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from grt_titan.data import tasks
+from grt_titan.data.prepare import prepare
+from grt_titan.tokenizer import load_tokenizer
+
+
+def solve_iterated_function(prompt: str) -> list[str]:
+    table, query = prompt.split(" | ")
+    f = dict(re.findall(r"(\w) > (\w) ;", table))
+    x, depth = re.fullmatch(r"(\w) \* (\d+) =", query).groups()
+    orbit = [x]
+    for _ in range(int(depth)):
+        orbit.append(f[orbit[-1]])
+    assert len(set(orbit)) == len(orbit), "the orbit repeats before the answer"
+    assert len(f) == 12 and sorted(f) == sorted(set(f))  # a total function, each symbol once
+    return orbit[1:]
+
+
+def solve_chains(prompt: str) -> list[str]:
+    table, query = prompt.split(" | ")
+    value = dict(re.findall(r"(\w) = (\w) ;", table))
+    var, steps = re.fullmatch(r"(\w) =", query).group(1), []
+    while not var.isdigit():
+        var = value[var]
+        steps.append(var)
+    return steps
+
+
+def solve_mano(prompt: str) -> list[str]:
+    words = prompt.removesuffix(" =").split()
+    steps = []
+
+    def evaluate(i):
+        if words[i].isdigit():
+            return int(words[i]), i + 1
+        left, j = evaluate(i + 1)
+        right, k = evaluate(j)
+        v = {"+": left + right, "-": left - right, "*": left * right}[words[i]] % 23
+        steps.append(str(v))
+        return v, k
+
+    _, end = evaluate(0)
+    assert end == len(words)
+    return steps
+
+
+SOLVERS = {"iterated-function": solve_iterated_function, "chains": solve_chains, "mano": solve_mano}
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_answers_and_steps_are_what_the_prompt_says(name):
+    problems = tasks.generate(name, range(1, 7), 60, seed=1)
+    assert [p["depth"] for p in problems] == [1 + k % 6 for k in range(60)]  # depths balanced
+    for p in problems:
+        steps = SOLVERS[name](p["prompt"])
+        assert steps == p["steps"] and len(steps) == p["depth"]
+        assert p["completion"] == " " + steps[-1]
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_deterministic_per_seed_and_splits_disjoint(name):
+    a = tasks.generate(name, range(2, 5), 50, seed=3)
+    assert a == tasks.generate(name, range(2, 5), 50, seed=3)
+    assert a != tasks.generate(name, range(2, 5), 50, seed=4)
+    assert len({p["prompt"] for p in a}) == 50  # distinct within a file
+    test = tasks.generate(name, range(2, 5), 20, seed=3, split="test")
+    train_prompts = {p["prompt"] for seed in (3, 4) for p in tasks.generate(name, range(2, 5), 50, seed=seed)}
+    assert not train_prompts & {p["prompt"] for p in test}
+    assert {tasks.problem_split(p["prompt"]) for p in test} == {"test"}
+
+
+def test_bad_requests_are_named():
+    with pytest.raises(ValueError, match="depth 12 needs at least 13 symbols; got --symbols 12"):
+        tasks.generate("iterated-function", range(12, 13), 1, seed=0)
+    with pytest.raises(ValueError, match="task 'sorting': unknown; allowed: iterated-function, chains, mano"):
+        tasks.generate("sorting", range(1, 2), 1, seed=0)
+    with pytest.raises(ValueError, match="found no new train problem of depth 1"):
+        tasks.generate("mano", range(1, 2), 5000, seed=0)  # 3 x 23 x 23 problems of depth 1
+    with pytest.raises(ValueError, match=r"--depths '3-1'; allowed: A-B with 1 <= A <= B"):
+        tasks.parse_depths("3-1")
+
+
+def test_cli_writes_jsonl_and_the_task_tokenizer_reads_it(tmp_path, capsys):
+    out = tmp_path / "train.jsonl"
+    assert tasks.main(["iterated-function", "--depths", "1-3", "--n", "40", "--seed", "2", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 40 and set(rows[0]) == {"prompt", "completion", "depth", "steps"}
+    assert tasks.main(["vocab", "--out", str(tmp_path / "vocab")]) == 0
+    tokenizer = load_tokenizer(tmp_path / "vocab")
+    assert tokenizer.get_vocab_size() == len(tasks.task_vocabulary()) + 2
+    for row in rows:  # one token per word, nothing unknown
+        ids = tokenizer.encode_ordinary(row["prompt"] + row["completion"])
+        assert len(ids) == len((row["prompt"] + row["completion"]).split())
+        assert tokenizer.tokenizer.token_to_id("<unk>") not in ids
+    manifest = prepare([out], tmp_path / "ds", tokenizer_path=tmp_path / "vocab", workers=1, progress=False)
+    assert manifest["tokenizer"]["vocab_size"] == tokenizer.get_vocab_size()
+    tokens = np.fromfile(tmp_path / "ds" / "train_000000.bin", dtype="<u2")
+    assert tokens[-1] == tokenizer.eos_id and tokens.max() < tokenizer.get_vocab_size()
+    assert tasks.main(["chains", "--depths", "9", "--out", str(tmp_path / "x.jsonl"), "--symbols", "10"]) == 2
+    assert "depth 9 needs at least 18 symbols" in capsys.readouterr().err
