@@ -377,32 +377,66 @@ class _Server:
                 with open(os.environ["GRT_TEST_FRESH_LOG"], "a") as log:
                     log.write(f"{module} {' '.join(args[:4])}: {', '.join(fresh)}\n")
             return None
-        command = job_command(module, args, nproc)
-        out, err = (os.path.join(self.folder, f"job-{uuid.uuid4().hex}.{n}") for n in ("out", "err"))
-        request = dict(module=module, args=list(args), env=dict(env), cwd=str(cwd), nproc=nproc, stdout=out, stderr=err)
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        return _request(self.path, self.folder, module, args, env, timeout, nproc, cwd)
+
+    def socket_path(self) -> str:
+        """The server's socket (started if it is not running), for `call` clients."""
+        with self.lock:
+            if self.process is None or self.process.poll() is not None:
+                self._start()
+        return self.path
+
+
+def _request(
+    path: str, folder: str, module: str, args: list[str], env: dict, timeout: float, nproc: int | None, cwd
+) -> subprocess.CompletedProcess:
+    """One job through the server at `path`, its output through files in `folder`."""
+    command = job_command(module, args, nproc)
+    out, err = (os.path.join(folder, f"job-{uuid.uuid4().hex}.{n}") for n in ("out", "err"))
+    request = dict(module=module, args=list(args), env=dict(env), cwd=str(cwd), nproc=nproc, stdout=out, stderr=err)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        conn.settimeout(timeout)
+        reply = conn.makefile("rb")
+        pid = json.loads(reply.readline())["pid"]
         try:
-            conn.connect(self.path)
-            conn.sendall(json.dumps(request).encode() + b"\n")
-            conn.settimeout(timeout)
-            reply = conn.makefile("rb")
-            pid = json.loads(reply.readline())["pid"]
+            line = reply.readline()
+        except TimeoutError:
+            line = b""
+        if not line:  # timed out (or the server died): the job's whole process group goes
             try:
-                line = reply.readline()
-            except TimeoutError:
-                line = b""
-            if not line:  # timed out (or the server died): the job's whole process group goes
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                raise subprocess.TimeoutExpired(command, timeout, output=_read(out), stderr=_read(err))
-            return subprocess.CompletedProcess(command, json.loads(line)["code"], _read(out), _read(err))
-        finally:
-            conn.close()
-            for path in (out, err):
-                if os.path.exists(path):
-                    os.unlink(path)
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            raise subprocess.TimeoutExpired(command, timeout, output=_read(out), stderr=_read(err))
+        return subprocess.CompletedProcess(command, json.loads(line)["code"], _read(out), _read(err))
+    finally:
+        conn.close()
+        for path in (out, err):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+SOCKET_ENV = "GRT_TEST_LAUNCH_SOCKET"
+
+
+def call(module: str, args: list[str]) -> int:
+    """`python -m tests.launcher call MODULE ARGS`: `python -m MODULE ARGS` run by the server
+    at $GRT_TEST_LAUNCH_SOCKET in this working directory and environment; its output printed
+    when it ends, its exit code returned. The docs' `grt-titan` commands go through it
+    (tests/docs: a console command is otherwise an interpreter start that imports torchtitan)."""
+    import shutil
+
+    folder = tempfile.mkdtemp(prefix="grt-call-")
+    try:
+        proc = _request(os.environ[SOCKET_ENV], folder, module, args, dict(os.environ), 3600, None, os.getcwd())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    return proc.returncode
 
 
 def _read(path: str) -> str:
@@ -451,13 +485,16 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["serve"] and len(argv) == 2:
         serve(argv[1])
         return 0
+    if argv[:1] == ["call"] and len(argv) >= 2:
+        return call(argv[1], argv[2:])
     if argv[:1] == ["run"] and len(argv) >= 3 and argv[1].isdigit():
         _die_with_parent()
         for name in PRELOADED:
             importlib.import_module(name)
         return _run_job(argv[2], argv[3:], int(argv[1]))
     print(
-        "usage: python -m tests.launcher serve SOCKET | run NPROC MODULE [ARGS...] (NPROC 0: no ranks)", file=sys.stderr
+        "usage: python -m tests.launcher serve SOCKET | run NPROC MODULE [ARGS...] (NPROC 0: no ranks) | call MODULE [ARGS...]",
+        file=sys.stderr,
     )
     return 2
 

@@ -121,3 +121,22 @@ def test_a_job_skips_torchtitans_end_of_training_sleep(client):
         ),
     ):
         assert probe_lines(proc) == [{"sleeps": False, "clock": True}], proc.stdout + proc.stderr
+
+
+def test_call_runs_a_job_in_the_callers_folder_and_environment(tmp_path):
+    """`python -m tests.launcher call MODULE ARGS` (the docs' `grt-titan` shim): the server runs
+    the job where the caller is, with its environment; output and exit code come back."""
+    from tests.launcher import SOCKET_ENV
+
+    env = {**job_env(), "GRT_PROBE": "called", "PYTHONPATH": str(REPO), SOCKET_ENV: _SERVER.socket_path()}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.launcher", "call", "tests.launch_probe", "--exit", "3", "x"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    (line,) = probe_lines(proc)
+    assert proc.returncode == 3 and line["argv"][1:] == ["--exit", "3", "x"]
+    assert line["probe"] == "called" and line["cwd"] == str(tmp_path)

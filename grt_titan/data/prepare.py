@@ -193,29 +193,14 @@ def prepare(
     """
     from grt_titan.tokenizer import load_tokenizer
 
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"--val-fraction {val_fraction}: must be in [0, 1)")
-    if shard_tokens < 1:
-        raise ValueError(f"--shard-tokens {shard_tokens}: must be >= 1")
-    if invalid_utf8 not in ("error", "skip"):
-        raise ValueError(f"--invalid-utf8 {invalid_utf8!r}: allowed 'error', 'skip'")
-    if workers is None:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if workers < 1:
-        raise ValueError(f"--workers {workers}: must be >= 1")
+    workers = _checked_options(val_fraction, shard_tokens, invalid_utf8, workers)
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"--out {str(out)!r} exists; pass --overwrite to replace it")
     sources = collect_inputs(inputs)
     tokenizer = load_tokenizer(tokenizer_path)
     dtype = sh.dtype_for_vocab(tokenizer.get_vocab_size())
-    record_files = [path for kind, path in sources if records.is_record_file(kind, path)]
-    if record_files and len(record_files) != len(sources):
-        other = next(str(path) for _, path in sources if path not in record_files)
-        raise ValueError(
-            f"{other}: not prompt/completion records, but {record_files[0]} is; "
-            "allowed: all inputs documents, or all inputs JSONL records with 'prompt' and 'completion'"
-        )
+    record_files = _record_files(sources)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     if record_files:
@@ -262,6 +247,33 @@ def prepare(
         }
         sh.write_manifest(tmp, manifest)
     return manifest
+
+
+def _checked_options(val_fraction: float, shard_tokens: int, invalid_utf8: str, workers: int | None) -> int:
+    """ValueError naming a bad option; the number of workers (None: every core)."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"--val-fraction {val_fraction}: must be in [0, 1)")
+    if shard_tokens < 1:
+        raise ValueError(f"--shard-tokens {shard_tokens}: must be >= 1")
+    if invalid_utf8 not in ("error", "skip"):
+        raise ValueError(f"--invalid-utf8 {invalid_utf8!r}: allowed 'error', 'skip'")
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if workers < 1:
+        raise ValueError(f"--workers {workers}: must be >= 1")
+    return workers
+
+
+def _record_files(sources: list[tuple[str, Path]]) -> list[Path]:
+    """The inputs when they are all prompt/completion (or chat) records, [] when none is."""
+    found = [path for kind, path in sources if records.is_record_file(kind, path)]
+    if found and len(found) != len(sources):
+        other = next(str(path) for _, path in sources if path not in found)
+        raise ValueError(
+            f"{other}: not prompt/completion records, but {found[0]} is; "
+            "allowed: all inputs documents, or all inputs JSONL records with 'prompt' and 'completion'"
+        )
+    return found
 
 
 def _prepare_records(

@@ -1,8 +1,9 @@
 """Prompt/completion records for `grt-titan prepare`: supervised fine-tuning data whose loss
 counts the completion only (docs/data.md, "Prompt/completion data").
 
-A JSONL input whose first record has string fields ``prompt`` and ``completion`` is read as
-records instead of documents. Each record becomes ``prefix + prompt + completion + suffix``
+A JSONL input whose first record has string fields ``prompt`` and ``completion``, or a
+``messages`` list (a chat, rendered by the tokenizer's chat template, the loss on its assistant
+turns: ``ChatTemplate``), is read as records instead of documents. Each record becomes ``prefix + prompt + completion + suffix``
 (the tokenizer's document specials: GPT-2 ``[] ... [eos]``, Llama 3 ``[bos] ... [eos]``) and
 a loss mask, 1 on the completion and the end token, 0 on the prefix and the prompt. Optional
 fields ``depth`` (an int >= 1) and ``steps`` (``depth`` strings: the intermediate targets of
@@ -22,7 +23,8 @@ import numpy as np
 
 from grt_titan.data.sources import _open_bytes
 
-PROMPT, COMPLETION = "prompt", "completion"
+PROMPT, COMPLETION, MESSAGES = "prompt", "completion", "messages"
+ROLES = ("system", "user", "assistant", "tool")
 META_FIELDS = ("depth", "steps")
 KIND = "prompt_completion"
 
@@ -33,6 +35,7 @@ class Record:
     completion: str
     where: str
     meta: dict = field(default_factory=dict)
+    messages: list[dict] | None = None  # a chat record: rendered by the tokenizer's chat template
 
 
 def is_record_file(kind: str, path: Path) -> bool:
@@ -46,7 +49,7 @@ def is_record_file(kind: str, path: Path) -> bool:
                     obj = json.loads(line)
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     return False
-                return isinstance(obj, dict) and PROMPT in obj and COMPLETION in obj
+                return isinstance(obj, dict) and ((PROMPT in obj and COMPLETION in obj) or MESSAGES in obj)
     return False
 
 
@@ -54,6 +57,8 @@ def check_record(obj, where: str) -> Record:
     """The record of one JSONL line, or ValueError naming the line and the field."""
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: a record must be a JSON object, got {type(obj).__name__}")
+    if MESSAGES in obj and PROMPT not in obj and COMPLETION not in obj:
+        return Record("", "", where, _meta(obj, where), check_messages(obj[MESSAGES], where))
     for name in (PROMPT, COMPLETION):
         if name not in obj:
             raise ValueError(f"{where}: field {name!r} is missing (found {sorted(obj)})")
@@ -62,6 +67,26 @@ def check_record(obj, where: str) -> Record:
             raise ValueError(f"{where}: field {name!r} is {type(value).__name__}; allowed: a non-empty string")
         if not value:
             raise ValueError(f"{where}: field {name!r} is empty; allowed: a non-empty string")
+    return Record(obj[PROMPT], obj[COMPLETION], where, _meta(obj, where))
+
+
+def check_messages(messages, where: str) -> list[dict]:
+    """A chat record's turns: role and non-empty content each, one assistant turn at least."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: field 'messages' must be a non-empty list of {{role, content}} objects")
+    for k, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ROLES:
+            raise ValueError(f"{where}: field 'messages' turn {k}: role {role!r}; allowed: {', '.join(ROLES)}")
+        content = message.get("content")
+        if not isinstance(content, str) or not content:
+            raise ValueError(f"{where}: field 'messages' turn {k}: content must be a non-empty string")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError(f"{where}: field 'messages' has no assistant turn; the loss counts assistant turns only")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _meta(obj: dict, where: str) -> dict:
     meta = {}
     if "depth" in obj:
         depth = obj["depth"]
@@ -78,7 +103,7 @@ def check_record(obj, where: str) -> Record:
                 "allowed: one target per step"
             )
         meta["steps"] = steps
-    return Record(obj[PROMPT], obj[COMPLETION], where, meta)
+    return meta
 
 
 def read_records(paths: list[Path]) -> Iterator[Record]:
@@ -116,15 +141,94 @@ def encode_records(
     """(token ids, loss mask, tokens per record) of records laid end to end: each is prefix +
     prompt + completion + suffix, the mask 1 on the completion and the suffix. Prompt and
     completion are encoded apart, so the boundary is where the record puts it."""
-    prompts = ordinary_batch(tokenizer, [r.prompt for r in batch])
-    completions = ordinary_batch(tokenizer, [r.completion for r in batch])
+    plain = [r for r in batch if r.messages is None]
+    prompts = iter(ordinary_batch(tokenizer, [r.prompt for r in plain]))
+    completions = iter(ordinary_batch(tokenizer, [r.completion for r in plain]))
     ids, mask, lengths = [], [], []
-    for prompt, completion in zip(prompts, completions):
-        head, tail = len(prefix) + len(prompt), len(completion) + len(suffix)
-        ids += [*prefix, *prompt, *completion, *suffix]
-        mask += [0] * head + [1] * tail
-        lengths.append(head + tail)
+    for record in batch:
+        if record.messages is not None:
+            record_ids, record_mask = ChatTemplate.of(tokenizer, record.where).encode(record)
+        else:
+            prompt, completion = next(prompts), next(completions)
+            record_ids = [*prefix, *prompt, *completion, *suffix]
+            record_mask = [0] * (len(prefix) + len(prompt)) + [1] * (len(completion) + len(suffix))
+        ids += record_ids
+        mask += record_mask
+        lengths.append(len(record_ids))
     return np.array(ids, dtype=np.int64), np.array(mask, dtype=np.uint8), lengths
+
+
+class ChatTemplate:
+    """A Hugging Face tokenizer folder's chat template (tokenizer_config.json's
+    `chat_template`, or chat_template.jinja), rendered with jinja2 as transformers renders it.
+    A chat record is the rendering of its turns; the mask is 1 on the tokens of each assistant
+    turn's text, what the template adds after the turns before it (the turn's content and its
+    end token)."""
+
+    _cache: dict[int, ChatTemplate] = {}
+
+    def __init__(self, tokenizer, where: str):
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        config = getattr(tokenizer, "config", None) or {}
+        text = config.get("chat_template")
+        if isinstance(text, list):  # named templates: the default one
+            text = next((t["template"] for t in text if t.get("name") == "default"), None)
+        path = getattr(tokenizer, "path", None)
+        if text is None and path is not None and (Path(path) / "chat_template.jinja").is_file():
+            text = (Path(path) / "chat_template.jinja").read_text(encoding="utf-8")
+        if not text or not hasattr(tokenizer, "tokenizer"):
+            raise ValueError(
+                f"{where}: a chat record (messages) needs a tokenizer with a chat template; "
+                f"{getattr(tokenizer, 'name', 'this tokenizer')!r} has none. Allowed: --tokenizer FOLDER whose "
+                "tokenizer_config.json holds chat_template, or prompt/completion records"
+            )
+
+        def raise_exception(message):
+            raise ValueError(f"{where}: the chat template refused the record: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env.globals["raise_exception"] = raise_exception
+        self.template = env.from_string(text)
+        self.specials = {
+            name: (value.get("content") if isinstance(value, dict) else value)
+            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if (value := config.get(name)) is not None
+        }
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def of(cls, tokenizer, where: str) -> ChatTemplate:
+        if id(tokenizer) not in cls._cache:
+            cls._cache[id(tokenizer)] = cls(tokenizer, where)
+        return cls._cache[id(tokenizer)]
+
+    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.specials)
+
+    def encode(self, record: Record) -> tuple[list[int], list[int]]:
+        messages = record.messages
+        text, spans = self.render(messages, False), []
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before, upto = self.render(messages[:k], True), self.render(messages[: k + 1], False)
+            if not (upto.startswith(before) and text.startswith(upto)):
+                raise ValueError(
+                    f"{record.where}: the chat template does not render turn {k} as an extension of the turns "
+                    "before it, so its tokens cannot be told apart; allowed: a template whose rendering of a "
+                    "conversation's first turns begins its rendering of the whole"
+                )
+            spans.append((len(before), len(upto)))
+        tok = self.tokenizer.tokenizer
+        tok.encode_special_tokens = False  # the template's own special tokens are special here
+        try:
+            encoding = tok.encode(text, add_special_tokens=False)
+        finally:
+            tok.encode_special_tokens = True
+        mask = [int(any(a <= start < b for a, b in spans)) for start, _ in encoding.offsets]
+        return list(encoding.ids), mask
 
 
 class RecordIndex:

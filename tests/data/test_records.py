@@ -4,6 +4,7 @@ tokens, computed here by hand; the loader resumes exactly; bad records are named
 
 import itertools
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from grt_titan.data import records
 from grt_titan.data.loader import build_dataloader, build_validation_dataloader
 from grt_titan.data.prepare import is_val_document, prepare
+from grt_titan.tokenizer import load_tokenizer
 
 from data_helpers import job_config
 
@@ -211,3 +213,52 @@ def test_packing_by_hand():
     starts = np.array([0, 3, 5, 12, 14, 15])  # records of 3, 2, 7, 2, 1 tokens
     seq_starts, seq_ends, too_long = records.pack(starts, capacity=5)
     assert list(zip(seq_starts, seq_ends)) == [(0, 5), (12, 15)] and too_long.tolist() == [2]
+
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_chat_records_count_assistant_turns_only(tmp_path, hf_dirs):
+    folder = tmp_path / "chat_tokenizer"
+    shutil.copytree(hf_dirs["qwen3"], folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHATML}))
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is two and two?"},
+        {"role": "assistant", "content": "Four."},
+        {"role": "user", "content": "And <|im_end|> three?"},  # a special token's text in content
+        {"role": "assistant", "content": "Seven, if you add them."},
+    ]
+    src = write_jsonl(
+        tmp_path / "chat.jsonl", [{"messages": chat, "depth": 1}, {"prompt": "Hi", "completion": " there"}]
+    )
+    prepare([src], tmp_path / "ds", tokenizer_path=folder, val_fraction=0.0, workers=1, progress=False)
+    tokenizer = load_tokenizer(folder)
+    tokens = np.fromfile(tmp_path / "ds" / "train_000000.bin", dtype="<u2")
+    mask = np.fromfile(tmp_path / "ds" / "train_000000.mask.bin", dtype="<u1")
+    starts = np.fromfile(tmp_path / "ds" / "train_records.bin", dtype="<i8")
+    ids, counted = tokens[: starts[1]], mask[: starts[1]].astype(bool)
+    rendered = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in chat)  # ChatML by hand
+    assert tokenizer.decode(ids.tolist()) == rendered
+    assert tokenizer.decode(ids[counted].tolist()) == "Four.<|im_end|>\nSeven, if you add them.<|im_end|>\n"
+    im_start = tokenizer.tokenizer.token_to_id("<|im_start|>")
+    assert int((ids == im_start).sum()) == 5  # the template's special tokens are special ids
+    # The prompt/completion record beside it: as before (the tokenizer's document specials).
+    assert mask[starts[1] : starts[2]].tolist()[-1] == 1 and mask[starts[1]] == 0
+
+
+def test_chat_records_need_a_chat_template(tmp_path):
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": chat}])
+    with pytest.raises(
+        ValueError, match=r"chat\.jsonl:1: a chat record \(messages\) needs a tokenizer with a chat template"
+    ):
+        prepare([src], tmp_path / "out", workers=1, progress=False)
+    src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": chat[:1]}])
+    with pytest.raises(ValueError, match=r"chat\.jsonl:1: field 'messages' has no assistant turn"):
+        prepare([src], tmp_path / "out", workers=1, progress=False)
+    assert not (tmp_path / "out").exists()

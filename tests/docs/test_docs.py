@@ -161,6 +161,27 @@ def _env() -> dict:
     )
 
 
+def _served_console(tmp_path, env: dict) -> dict:
+    """`grt-titan` on the PATH as a shim that has the launcher's fork server run `grt_titan.cli`
+    (the console script's module) with the command's arguments, working directory and
+    environment (tests/launcher.py `call`): each console command would otherwise be an
+    interpreter start importing torchtitan (about 4.5 s of CPU). torchrun and python commands
+    run as printed; GRT_TEST_LAUNCH_SERVER=0 runs the console script itself."""
+    from tests.launcher import _SERVER, SOCKET_ENV, needs_fresh_interpreter
+
+    if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") == "0":
+        return env
+    path = _SERVER.socket_path()
+    if needs_fresh_interpreter(env, _SERVER.env):
+        return env
+    shims = tmp_path / "console"
+    shims.mkdir()
+    shim = shims / "grt-titan"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tests.launcher call grt_titan.cli "$@"\n')
+    shim.chmod(0o755)
+    return {**env, SOCKET_ENV: path, "PATH": str(shims) + os.pathsep + env["PATH"]}
+
+
 def _written(cwd: Path) -> set[Path]:
     """What the commands wrote, two levels down (`outputs/<run>`), never through the links to
     the repository's files."""
@@ -207,7 +228,7 @@ def _run(block: Block, cwd, env, log) -> str:
 def test_documented_commands_run(tmp_path):
     blocks, problems = all_blocks()
     assert not problems, "\n".join(problems)
-    root, env = _scratch(tmp_path), _env()
+    root, env = _scratch(tmp_path), _served_console(tmp_path, _env())
     done: dict[tuple, str] = {}
     ran, timings = [], []
     with open(tmp_path / "docs_run.log", "w") as log:
