@@ -108,6 +108,14 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     assert all(len(result["arrival"][d]) == result["counts"][d] == 8 for d in "123")
     assert (tmp_path / "eval" / "task_accuracy.png").stat().st_size > 0
     assert "| 3* | 8 |" in out and "r=9*" in out and "beyond the trained R = 8" in out
+    # The run exported: the transformers-side model and its own tokenizer files score alike.
+    export = str(tmp_path / "export")
+    assert cli(["export-hf", "--checkpoint", checkpoint, "--config", str(TASK_TOML), "--out", export, *overrides]) == 0
+    assert cli(["eval-task", export, "--data", str(tmp_path / "test.jsonl"), "--json", str(tmp_path / "x.json"),
+                "--no-progress"]) == 0  # fmt: skip
+    exported = json.loads((tmp_path / "x.json").read_text())
+    assert exported["accuracy"] == result["accuracy"] and exported["arrival"] == result["arrival"]
+    capsys.readouterr()
     # One line each: no depth; an r the model cannot run; records its tokenizer cannot read.
     (tmp_path / "nodepth.jsonl").write_text(json.dumps({"prompt": "a > b ; | a * 1 =", "completion": " b"}) + "\n")
     (tmp_path / "words.jsonl").write_text(json.dumps({"prompt": "hello world", "completion": " b", "depth": 1}) + "\n")
