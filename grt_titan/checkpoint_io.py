@@ -341,6 +341,12 @@ class _RecordedConfigManager(ConfigManager):
         return self._values
 
 
+def check_overrides_have_config(config_file, overrides) -> None:
+    """A command's training-config overrides (OverridesParser) mean nothing without --config."""
+    if overrides and config_file is None:
+        raise CheckpointError(f"{' '.join(overrides)}: overrides of a training config need --config")
+
+
 def parse_job_config(config_file: str | Path, overrides: tuple[str, ...] | list[str] = ()):
     """torchtitan's JobConfig of a training TOML, or of a run record (`<dump_folder>/grt_run.json`:
     the config the run started with, its command-line overrides included), with `overrides`

@@ -79,8 +79,6 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        if args.overrides and args.config is None:
-            raise ValueError(f"{' '.join(args.overrides)}: overrides of a training config need --config")
         loaded = load_model(args.model, args.config, device=device, overrides=args.overrides)
         job_config = loaded.job_config
         data_cfg = data_config(job_config) if job_config is not None else DataConfig()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from grt_titan.checkpoint_io import (
+    check_overrides_have_config,
     latest_step_folder,
     load_checkpoint,
     load_model_args,
@@ -59,6 +60,7 @@ def load_model(
     Raises:
         ValueError / FileNotFoundError: with the path and what was expected.
     """
+    check_overrides_have_config(config_file, overrides)
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist (expected a checkpoint step folder or an HF export)")

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from grt_titan.checkpoint_io import OverridesParser
+from grt_titan.checkpoint_io import OverridesParser, check_overrides_have_config
 from grt_titan.data.records import Record, read_records
 
 DENSE = "dense"
@@ -186,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        if opts.overrides and opts.config is None:
-            raise ValueError(f"{' '.join(opts.overrides)}: overrides of a training config need --config")
+        check_overrides_have_config(opts.config, opts.overrides)  # before the data is read
         trained = parse_depths(opts.trained_depths) if opts.trained_depths else None
         records = task_records(Path(opts.data))[: opts.limit]
         loaded = load_model(opts.model, opts.config, device=device, overrides=opts.overrides)

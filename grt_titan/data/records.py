@@ -21,11 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from grt_titan.data.sources import _open_bytes
+from grt_titan.data.sources import InvalidUTF8, jsonl_values
 
 PROMPT, COMPLETION, MESSAGES = "prompt", "completion", "messages"
 ROLES = ("system", "user", "assistant", "tool")
-META_FIELDS = ("depth", "steps")
 KIND = "prompt_completion"
 
 
@@ -42,15 +41,11 @@ def is_record_file(kind: str, path: Path) -> bool:
     """A JSONL input whose first non-blank line is an object with ``prompt`` and ``completion``."""
     if kind != "jsonl":
         return False
-    with _open_bytes(path) as f:
-        for line in f:
-            if line.strip():
-                try:
-                    obj = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    return False
-                return isinstance(obj, dict) and ((PROMPT in obj and COMPLETION in obj) or MESSAGES in obj)
-    return False
+    try:
+        obj, _ = next(jsonl_values(path), (None, ""))
+    except ValueError:  # not JSON: the documents' reader names the line
+        return False
+    return isinstance(obj, dict) and ((PROMPT in obj and COMPLETION in obj) or MESSAGES in obj)
 
 
 def check_record(obj, where: str) -> Record:
@@ -109,18 +104,10 @@ def _meta(obj: dict, where: str) -> dict:
 def read_records(paths: list[Path]) -> Iterator[Record]:
     """Every record of the JSONL files, in order; blank lines skipped."""
     for path in paths:
-        with _open_bytes(path) as f:
-            for lineno, line in enumerate(f, start=1):
-                where = f"{path}:{lineno}"
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line.decode("utf-8"))
-                except UnicodeDecodeError as e:
-                    raise ValueError(f"{where}: invalid UTF-8 (byte offset {e.start})") from None
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-                yield check_record(obj, where)
+        for obj, where in jsonl_values(path):
+            if isinstance(obj, InvalidUTF8):
+                raise ValueError(obj.args[0])
+            yield check_record(obj, where)
 
 
 def ordinary_batch(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -237,7 +224,8 @@ class RecordIndex:
     def __init__(self, out_dir: Path, split: str):
         self.out_dir, self.split = out_dir, split
         self.starts = [0]
-        self.meta = open(out_dir / f"{split}_meta.jsonl", "w", encoding="utf-8")
+        self.meta_file = f"{split}_meta.jsonl"
+        self.meta = open(out_dir / self.meta_file, "w", encoding="utf-8")
 
     def add(self, batch: list[Record], lengths: list[int]) -> None:
         for record, tokens in zip(batch, lengths):
@@ -248,7 +236,7 @@ class RecordIndex:
         self.meta.close()
         name = f"{self.split}_records.bin"
         np.asarray(self.starts, dtype="<i8").tofile(self.out_dir / name)
-        return {"records": len(self.starts) - 1, "records_file": name, "meta_file": self.meta.name.split("/")[-1]}
+        return {"records": len(self.starts) - 1, "records_file": name, "meta_file": self.meta_file}
 
 
 def pack(starts: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -10,6 +10,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 TEXT_SUFFIXES = (".txt", ".txt.gz")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
@@ -101,39 +102,50 @@ def read_txt(path: Path) -> Iterator[tuple[str | None, str]]:
     yield text.removeprefix("\ufeff"), str(path)
 
 
-def read_jsonl(path: Path, text_field: str) -> Iterator[tuple[str | None, str]]:
-    """One JSON object per line; ``text_field`` holds the document; blank lines skipped."""
+def jsonl_values(path: Path) -> Iterator[tuple[Any, str]]:
+    """(value, "file:line") of each non-blank line of a JSONL file, in order. A line that is
+    not UTF-8 gives an ``InvalidUTF8`` as its value (the caller skips or fails); a line that
+    is not JSON raises ValueError naming it."""
     with _open_bytes(path) as f:
         for lineno, line in enumerate(f, start=1):
             where = f"{path}:{lineno}"
             if not line.strip():
                 continue
             try:
-                s = _decode(line, where)
+                text = _decode(line, where)
             except InvalidUTF8 as e:
-                yield None, e.args[0]
+                yield e, where
                 continue
             try:
-                obj = json.loads(s)
+                value = json.loads(text)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(obj, dict) or text_field not in obj:
-                keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-                raise ValueError(
-                    f"{where}: no text field {text_field!r} (found {keys}); choose the field with --text-field"
-                )
-            text = obj[text_field]
-            if text is None:
-                text = ""
-            if not isinstance(text, str):
-                raise ValueError(f"{where}: field {text_field!r} is {type(text).__name__}, expected a string")
-            if not text.isascii():
-                try:  # "\ud800" escapes decode to lone surrogates: not valid UTF-8 text
-                    text.encode("utf-8")
-                except UnicodeEncodeError as e:
-                    yield None, f"{where}: invalid UTF-8 (lone surrogate at char {e.start})"
-                    continue
-            yield text, where
+            yield value, where
+
+
+def read_jsonl(path: Path, text_field: str) -> Iterator[tuple[str | None, str]]:
+    """One JSON object per line; ``text_field`` holds the document; blank lines skipped."""
+    for obj, where in jsonl_values(path):
+        if isinstance(obj, InvalidUTF8):
+            yield None, obj.args[0]
+            continue
+        if not isinstance(obj, dict) or text_field not in obj:
+            keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+            raise ValueError(
+                f"{where}: no text field {text_field!r} (found {keys}); choose the field with --text-field"
+            )
+        text = obj[text_field]
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            raise ValueError(f"{where}: field {text_field!r} is {type(text).__name__}, expected a string")
+        if not text.isascii():
+            try:  # "\ud800" escapes decode to lone surrogates: not valid UTF-8 text
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                yield None, f"{where}: invalid UTF-8 (lone surrogate at char {e.start})"
+                continue
+        yield text, where
 
 
 def _arrow_texts(batches, text_field: str, path: Path) -> Iterator[tuple[str | None, str]]:

@@ -28,6 +28,7 @@ from grt_titan.atomic_dir import atomic_directory
 from grt_titan.checkpoint_io import (
     CheckpointError,
     OverridesParser,
+    check_overrides_have_config,
     load_model_args,
     model_from_state,
     native_state_from_hf,
@@ -95,6 +96,7 @@ def import_hf(
     overrides: tuple[str, ...] | list[str] = (),
 ) -> Path:
     """Convert the HF folder `hf_dir` into a torchtitan DCP checkpoint folder `out`."""
+    check_overrides_have_config(config_file, overrides)
     hf_dir, out = Path(hf_dir), Path(out)
     if not (hf_dir / "config.json").is_file():
         raise ExportError(f"{hf_dir}: no config.json (not an exported Hugging Face folder)")
@@ -142,8 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.overrides and args.config is None:
-            raise CheckpointError(f"{' '.join(args.overrides)}: overrides of a training config need --config")
         out = import_hf(args.hf_dir, args.out, args.config, overwrite=args.overwrite, overrides=args.overrides)
     except (CheckpointError, FileNotFoundError) as e:
         print(f"grt-titan import-hf: error: {e}", file=sys.stderr)

@@ -128,3 +128,16 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
         assert cli(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], err
+
+
+def test_overrides_without_a_config_are_refused(tmp_path, capsys):
+    """analyze, eval-task and import-hf share the refusal (checkpoint_io.check_overrides_have_config)."""
+    from grt_titan.cli import main as cli
+
+    for argv in (
+        ["eval-task", str(tmp_path), "--data", str(tmp_path / "x.jsonl"), "--training.steps", "3"],
+        ["analyze", str(tmp_path), "--out", str(tmp_path / "a"), "--training.steps", "3"],
+        ["import-hf", "--hf-dir", str(tmp_path), "--out", str(tmp_path / "b"), "--training.steps", "3"],
+    ):
+        assert cli(argv) != 0
+        assert "--training.steps 3: overrides of a training config need --config" in capsys.readouterr().err
