@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from grt_titan.checkpoint_io import OverridesParser, check_overrides_have_config
-from grt_titan.data.records import Record, read_records
+from grt_titan.data.records import Record, ordinary_batch, read_records
 
 DENSE = "dense"
 
@@ -44,8 +44,7 @@ def task_records(path: Path) -> list[Record]:
 def encode(tokenizer, record: Record, vocab_size: int, max_len: int | None) -> tuple[list[int], int]:
     """(prompt + completion ids, completion length), or ValueError when the model's tokenizer
     does not read the record back, or the model cannot hold it."""
-    ordinary = getattr(tokenizer, "encode_ordinary", tokenizer.encode)
-    prompt, completion = ordinary(record.prompt), ordinary(record.completion)
+    prompt, completion = ordinary_batch(tokenizer, [record.prompt, record.completion])
     ids = prompt + completion
     if tokenizer.decode(ids) != record.prompt + record.completion or max(ids) >= vocab_size:
         raise ValueError(
@@ -142,7 +141,7 @@ def table(result: dict, trained_depths: range | None) -> str:
         arrived = [a for a in result["arrival"][d] if a is not None]
         mean = f"{sum(arrived) / len(arrived):.2f} ({len(arrived)}/{len(result['arrival'][d])})" if arrived else "-"
         beyond = trained_depths is not None and int(d) not in trained_depths
-        cells = " | ".join(f"{row[DENSE if r == DENSE else str(r)]:.2f}" for r in result["depths"])
+        cells = " | ".join(f"{row[str(r)]:.2f}" for r in result["depths"])  # "dense" or "<r>"
         lines.append(f"| {d}{'*' if beyond else ''} | {result['counts'][d]} | {cells} | {mean} |")
     notes = []
     if R is not None and any(r != DENSE and r > R for r in result["depths"]):

@@ -39,7 +39,7 @@ TASK_CHARS = 1 << 20
 """Characters of text sent to a worker per task."""
 DEFAULT_SHARD_TOKENS = 100_000_000
 RECORDS_PER_BATCH = 4096
-"""Prompt/completion records encoded per batch (tiktoken's batch encoder, one write each)."""
+"""Prompt/completion records encoded and written per batch (one array and one write each)."""
 DEFAULT_VAL_FRACTION = 0.005
 
 # Unicode White_Space (what the tokenizer's regex \s means); Python's str \s differs.
@@ -231,20 +231,17 @@ def prepare(
                 + "; ".join(stats.first_invalid),
                 file=sys.stderr,
             )
-        manifest = {
-            "format": sh.FORMAT_NAME,
-            "version": sh.FORMAT_VERSION,
-            "tokenizer": _tokenizer_record(tokenizer),
-            "dtype": dtype.name,
-            "document_separator": _document_separator(tokenizer),
-            "inputs": input_labels or [str(p) for p in inputs],
-            "text_field": text_field,
-            "val_fraction": val_fraction,
-            "shard_tokens": shard_tokens,
-            "documents": stats.documents,
-            "skipped_documents": {"invalid_utf8": stats.invalid_utf8, "empty": stats.empty},
-            "splits": split_info,
-        }
+        manifest = _manifest(
+            tokenizer,
+            dtype,
+            input_labels or [str(p) for p in inputs],
+            val_fraction,
+            shard_tokens,
+            split_info,
+            text_field=text_field,
+            documents=stats.documents,
+            skipped_documents={"invalid_utf8": stats.invalid_utf8, "empty": stats.empty},
+        )
         sh.write_manifest(tmp, manifest)
     return manifest
 
@@ -284,7 +281,7 @@ def _prepare_records(
     prefix, suffix = document_specials(tokenizer)
     with atomic_directory(out, overwrite) as tmp:
         writers = [sh.ShardWriter(tmp, s, shard_tokens, dtype) for s in sh.SPLITS]
-        masks = [sh.ShardWriter(tmp, s, shard_tokens, np.dtype("<u1"), suffix=".mask.bin") for s in sh.SPLITS]
+        masks = [sh.ShardWriter(tmp, s, shard_tokens, sh.MASK_DTYPE, suffix=".mask.bin") for s in sh.SPLITS]
         index = [records.RecordIndex(tmp, s) for s in sh.SPLITS]
         count = 0
         source = records.read_records(paths)
@@ -309,23 +306,36 @@ def _prepare_records(
             raise ValueError(f"empty input: no record in {', '.join(map(str, paths))}")
         if split_info["train"]["records"] == 0:
             raise ValueError(f"all {count} records went to the val split; lower --val-fraction ({val_fraction})")
-        manifest = {
-            "format": sh.FORMAT_NAME,
-            "version": sh.FORMAT_VERSION,
-            "kind": records.KIND,
-            "tokenizer": _tokenizer_record(tokenizer),
-            "dtype": dtype.name,
-            "document_separator": _document_separator(tokenizer),
-            "loss_mask": "completion",
-            "inputs": input_labels or [str(p) for p in paths],
-            "val_fraction": val_fraction,
-            "shard_tokens": shard_tokens,
-            "documents": count,
-            "skipped_documents": {"invalid_utf8": 0, "empty": 0},
-            "splits": split_info,
-        }
+        manifest = _manifest(
+            tokenizer,
+            dtype,
+            input_labels or [str(p) for p in paths],
+            val_fraction,
+            shard_tokens,
+            split_info,
+            kind=records.KIND,
+            loss_mask="completion",
+            documents=count,
+            skipped_documents={"invalid_utf8": 0, "empty": 0},
+        )
         sh.write_manifest(tmp, manifest)
     return manifest
+
+
+def _manifest(tokenizer, dtype, inputs, val_fraction, shard_tokens, splits, **fields) -> dict[str, Any]:
+    """manifest.json (docs/data.md): what every prepared dataset records, then `fields`."""
+    return {
+        "format": sh.FORMAT_NAME,
+        "version": sh.FORMAT_VERSION,
+        "tokenizer": _tokenizer_record(tokenizer),
+        "dtype": dtype.name,
+        "document_separator": _document_separator(tokenizer),
+        "inputs": inputs,
+        "val_fraction": val_fraction,
+        "shard_tokens": shard_tokens,
+        "splits": splits,
+        **fields,
+    }
 
 
 def _tokenizer_record(tokenizer) -> dict[str, Any]:

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from grt_titan.data.shards import RECORDS_KIND
 from grt_titan.data.sources import InvalidUTF8, jsonl_values
 
 PROMPT, COMPLETION, MESSAGES = "prompt", "completion", "messages"
 ROLES = ("system", "user", "assistant", "tool")
-KIND = "prompt_completion"
+KIND = RECORDS_KIND
 
 
 @dataclass

@@ -25,6 +25,8 @@ MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "grt_titan.token_shards"
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
+RECORDS_KIND = "prompt_completion"  # manifest "kind" of prompt/completion records (records.py)
+MASK_DTYPE = np.dtype("<u1")  # prompt/completion data's loss mask: 1 = the token is a label
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -203,7 +205,7 @@ def open_split(
     info = manifest["splits"][split]
     files, counts = _checked_shards(dataset_dir, manifest_path, info["shards"], dtype, vocab_size)
     stream = SplitStream(dataset_dir, split, files, counts, dtype, vocab_size)
-    if manifest.get("kind") == "prompt_completion":
+    if manifest.get("kind") == RECORDS_KIND:
         _attach_records(stream, manifest_path, info)
     return stream
 
@@ -236,9 +238,8 @@ def _checked_shards(
 def _attach_records(stream: SplitStream, manifest_path: Path, info: dict) -> None:
     """The loss-mask shards and the record index of a prompt/completion split, checked
     against the token stream."""
-    mask_dtype = np.dtype("<u1")
-    files, counts = _checked_shards(stream.dataset_dir, manifest_path, info["mask_shards"], mask_dtype, 2)
-    stream.mask = SplitStream(stream.dataset_dir, stream.split, files, counts, mask_dtype, 2)
+    files, counts = _checked_shards(stream.dataset_dir, manifest_path, info["mask_shards"], MASK_DTYPE, 2)
+    stream.mask = SplitStream(stream.dataset_dir, stream.split, files, counts, MASK_DTYPE, 2)
     path = stream.dataset_dir / info["records_file"]
     if not path.is_file():
         raise FileNotFoundError(f"{path}: record index listed in {manifest_path} is missing")
