@@ -15,6 +15,7 @@ written: the first bad one stops `prepare` with its file, line and field.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,7 +154,8 @@ class ChatTemplate:
     turn's text, what the template adds after the turns before it (the turn's content and its
     end token)."""
 
-    _cache: dict[int, ChatTemplate] = {}
+    # One per tokenizer object, gone with it (an id() key could be reused by the next one).
+    _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def __init__(self, tokenizer, where: str):
         import jinja2.ext
@@ -184,13 +186,13 @@ class ChatTemplate:
             for name in ("bos_token", "eos_token", "pad_token", "unk_token")
             if (value := config.get(name)) is not None
         }
-        self.tokenizer = tokenizer
+        self.encoder = tokenizer.tokenizer  # the `tokenizers` object, not the cache's key
 
     @classmethod
     def of(cls, tokenizer, where: str) -> ChatTemplate:
-        if id(tokenizer) not in cls._cache:
-            cls._cache[id(tokenizer)] = cls(tokenizer, where)
-        return cls._cache[id(tokenizer)]
+        if tokenizer not in cls._cache:
+            cls._cache[tokenizer] = cls(tokenizer, where)
+        return cls._cache[tokenizer]
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.specials)
@@ -209,7 +211,7 @@ class ChatTemplate:
                     "conversation's first turns begins its rendering of the whole"
                 )
             spans.append((len(before), len(upto)))
-        tok = self.tokenizer.tokenizer
+        tok = self.encoder
         tok.encode_special_tokens = False  # the template's own special tokens are special here
         try:
             encoding = tok.encode(text, add_special_tokens=False)
