@@ -368,16 +368,14 @@ class _Server:
     ) -> subprocess.CompletedProcess | None:
         """As subprocess.run(capture_output=True, text=True) of the job; None when the job
         needs an interpreter of its own (needs_fresh_interpreter)."""
-        with self.lock:
-            if self.process is None or self.process.poll() is not None:
-                self._start()
+        path = self.socket_path()
         fresh = needs_fresh_interpreter(env, self.env)
         if fresh:
             if os.environ.get("GRT_TEST_FRESH_LOG"):  # where the suite's CPU goes (tests/README.md)
                 with open(os.environ["GRT_TEST_FRESH_LOG"], "a") as log:
                     log.write(f"{module} {' '.join(args[:4])}: {', '.join(fresh)}\n")
             return None
-        return _request(self.path, self.folder, module, args, env, timeout, nproc, cwd)
+        return _request(path, self.folder, module, args, env, timeout, nproc, cwd)
 
     def socket_path(self) -> str:
         """The server's socket (started if it is not running), for `call` clients."""
