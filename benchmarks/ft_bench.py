@@ -19,6 +19,7 @@ counts (an fp32 pseudo-gradient per parameter, as measured at debug size).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -27,6 +28,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "reliability")]
+# A group (re)starts in an interpreter of its own, as a user's does: what a restart costs
+# includes it. (The tests fork their groups from tests/launcher.py's server instead.)
+os.environ.setdefault("GRT_TEST_LAUNCH_SERVER", "0")
 
 from ft_helpers import FT_RUN, Group, Lighthouse, no_process_left, run_to_the_end, wait_until  # noqa: E402
 

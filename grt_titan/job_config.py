@@ -139,6 +139,11 @@ class GRTSection:
     """Ouro inference: exit at the first step whose cumulative exit probability >= this
     (default 1.0: run every step)."""
 
+    step_supervision: bool | None = None
+    """Per-step supervision (docs/tasks.md): training reads out every recurrence step t and
+    trains it toward the record's t-th step target (prompt/completion data with `steps`);
+    steps past the last target keep the final answer. Default false."""
+
     router: Router | None = None
     """expert_choice: Mixture-of-Recursions, a router per step picks the tokens it updates;
     token_choice: MoR's token choice, one router picks each token's number of steps."""

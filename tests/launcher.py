@@ -1,4 +1,6 @@
-"""The one way tests start a job: `launch(module, args, env, timeout, nproc)`.
+"""The one way tests start a job: `launch(module, args, env, timeout, nproc)`, or `start(module,
+args, stdout, ...)` for a test that follows, kills and restarts a job while it runs (a `Job`
+handle: pid, poll, wait, kill; output appended to a file).
 
 A job is `python -m MODULE ARGS` (nproc None), or `nproc` gloo ranks of it as
 `torchrun --nproc_per_node=nproc --local-ranks-filter=0 -m MODULE ARGS` would run them: each
@@ -21,6 +23,7 @@ MODULE ARGS`), as does every job when GRT_TEST_LAUNCH_SERVER=0. Jobs that restar
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import json
@@ -28,6 +31,7 @@ import os
 import re
 import runpy
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,7 +40,6 @@ import tempfile
 import threading
 import time
 import traceback
-import uuid
 from pathlib import Path
 from typing import Callable, NoReturn
 
@@ -246,8 +249,10 @@ def _serve_job(request: dict) -> NoReturn:
         _die_with_parent()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
+        # Appended: a restarted job's output follows its last run's (tests/reliability/ft_helpers.py),
+        # and stdout and stderr may name one file, as with stderr=subprocess.STDOUT.
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), fd)
         sys.stdout.reconfigure(line_buffering=True)  # as PYTHONUNBUFFERED would
         os.chdir(request["cwd"])
         # sys.path as `python -m` builds it: the working directory, then PYTHONPATH's entries.
@@ -318,6 +323,10 @@ def serve(path: str) -> None:
             if pid == 0:
                 server.close()
                 _serve_job(request)
+            # The job's own process group before its pid goes out, so that a kill right after the
+            # reply reaches it (the job calls setpgid too: whichever runs first makes it).
+            with contextlib.suppress(OSError):
+                os.setpgid(pid, pid)
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             jobs[pid] = conn
         while jobs:
@@ -343,10 +352,9 @@ class _Server:
 
     def _start(self) -> None:
         import atexit
-        import shutil
 
         self.folder = tempfile.mkdtemp(prefix="grt-launch-")
-        atexit.register(shutil.rmtree, self.folder, ignore_errors=True)  # socket, server log, job output
+        atexit.register(shutil.rmtree, self.folder, ignore_errors=True)  # socket, server log
         self.path = os.path.join(self.folder, "socket")
         self.env = job_env()
         log = open(os.path.join(self.folder, "server.log"), "w")
@@ -363,19 +371,24 @@ class _Server:
             with open(os.path.join(self.folder, "server.log")) as f:
                 raise RuntimeError(f"tests.launcher did not start:\n{f.read()[-4000:]}")
 
+    def can_run(self, module: str, args: list[str], env: dict[str, str]) -> bool:
+        """Whether the server can run a job of environment `env` (needs_fresh_interpreter). A job
+        it cannot is logged to $GRT_TEST_FRESH_LOG (where the suite's CPU goes, tests/README.md)."""
+        self.socket_path()  # the server's environment is known once it runs
+        fresh = needs_fresh_interpreter(env, self.env)
+        if fresh and os.environ.get("GRT_TEST_FRESH_LOG"):
+            with open(os.environ["GRT_TEST_FRESH_LOG"], "a") as log:
+                log.write(f"{module} {' '.join(args[:4])}: {', '.join(fresh)}\n")
+        return not fresh
+
     def run(
         self, module: str, args: list[str], env: dict[str, str], timeout: float, nproc: int | None, cwd: Path
     ) -> subprocess.CompletedProcess | None:
         """As subprocess.run(capture_output=True, text=True) of the job; None when the job
         needs an interpreter of its own (needs_fresh_interpreter)."""
-        path = self.socket_path()
-        fresh = needs_fresh_interpreter(env, self.env)
-        if fresh:
-            if os.environ.get("GRT_TEST_FRESH_LOG"):  # where the suite's CPU goes (tests/README.md)
-                with open(os.environ["GRT_TEST_FRESH_LOG"], "a") as log:
-                    log.write(f"{module} {' '.join(args[:4])}: {', '.join(fresh)}\n")
+        if not self.can_run(module, args, env):
             return None
-        return _request(path, self.folder, module, args, env, timeout, nproc, cwd)
+        return _captured(lambda out, err: _submit(self.socket_path(), module, args, env, nproc, cwd, out, err), timeout)
 
     def socket_path(self) -> str:
         """The server's socket (started if it is not running), for `call` clients."""
@@ -385,36 +398,116 @@ class _Server:
         return self.path
 
 
-def _request(
-    path: str, folder: str, module: str, args: list[str], env: dict, timeout: float, nproc: int | None, cwd
-) -> subprocess.CompletedProcess:
-    """One job through the server at `path`, its output through files in `folder`."""
-    command = job_command(module, args, nproc)
-    out, err = (os.path.join(folder, f"job-{uuid.uuid4().hex}.{n}") for n in ("out", "err"))
-    request = dict(module=module, args=list(args), env=dict(env), cwd=str(cwd), nproc=nproc, stdout=out, stderr=err)
+# ---- a started job -----------------------------------------------------------------------
+
+REPLY_TIMEOUT_S = 60.0  # the server answers a request with the job's pid as soon as it forks
+
+
+class Job:
+    """A job `start` started, as much of subprocess.Popen as tests use: `pid`, `args` (its
+    fresh-interpreter command), `poll`, `wait`, and a `kill` that reaches every rank: `pid`
+    leads the job's process group (the server makes one per job; a fresh interpreter starts a
+    session of its own), and the ranks are forked into it."""
+
+    pid: int
+    args: list[str]
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The job's exit code once it ends; subprocess.TimeoutExpired after `timeout` s."""
+        raise NotImplementedError
+
+    def poll(self) -> int | None:
+        """The exit code, or None while the job runs."""
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL the job's process group: the job and all its ranks."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+
+
+class _ServedJob(Job):
+    """A job the server forked: its pid, then its exit code, come as JSON lines on `conn`."""
+
+    def __init__(self, conn: socket.socket, args: list[str]) -> None:
+        self.conn, self.args, self.returncode, self.buffer = conn, args, None, b""
+        reply = self._message(REPLY_TIMEOUT_S)
+        if reply is None:
+            raise ConnectionError("the launcher's server closed the connection before starting the job")
+        self.pid = reply["pid"]
+
+    def _message(self, timeout: float | None) -> dict | None:
+        """The server's next JSON line; None if the server is gone. select() rather than a socket
+        timeout: a wait that times out leaves no half-read line behind for the next one."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.conn], [], [], left)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            chunk = self.conn.recv(65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            message = self._message(timeout)
+            # None: the server died, and SIGKILL took its jobs with it (_die_with_parent).
+            self.returncode = -signal.SIGKILL if message is None else message["code"]
+            self.conn.close()
+        return self.returncode
+
+
+class _FreshJob(Job):
+    """A job in an interpreter of its own (`python -m tests.launcher run ...`)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.pid, self.args = proc, proc.pid, proc.args
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout)
+
+
+def _submit(
+    path: str, module: str, args: list[str], env: dict, nproc: int | None, cwd: str | Path, stdout: str, stderr: str
+) -> _ServedJob:
+    """Have the server at `path` fork the job (`serve`), output appended to the two files."""
+    request = dict(
+        module=module, args=list(args), env=dict(env), cwd=str(cwd), nproc=nproc, stdout=stdout, stderr=stderr
+    )
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
         conn.sendall(json.dumps(request).encode() + b"\n")
-        conn.settimeout(timeout)
-        reply = conn.makefile("rb")
-        pid = json.loads(reply.readline())["pid"]
-        try:
-            line = reply.readline()
-        except TimeoutError:
-            line = b""
-        if not line:  # timed out (or the server died): the job's whole process group goes
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            raise subprocess.TimeoutExpired(command, timeout, output=_read(out), stderr=_read(err))
-        return subprocess.CompletedProcess(command, json.loads(line)["code"], _read(out), _read(err))
-    finally:
+        return _ServedJob(conn, job_command(module, args, nproc))
+    except BaseException:
         conn.close()
-        for path in (out, err):
-            if os.path.exists(path):
-                os.unlink(path)
+        raise
+
+
+def _captured(begin: Callable[[str, str], Job], timeout: float) -> subprocess.CompletedProcess:
+    """The job `begin(stdout_file, stderr_file)` starts, run to its end as
+    subprocess.run(capture_output=True, text=True, timeout=timeout) would: its output read back
+    from the files (in a temporary folder, removed), and on a timeout every process of the job
+    killed and subprocess.TimeoutExpired raised with the output so far."""
+    folder = tempfile.mkdtemp(prefix="grt-job-")
+    out, err = os.path.join(folder, "out"), os.path.join(folder, "err")
+    try:
+        job = begin(out, err)
+        try:
+            code = job.wait(timeout)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait()
+            raise subprocess.TimeoutExpired(job.args, timeout, output=_read(out), stderr=_read(err)) from None
+        return subprocess.CompletedProcess(job.args, code, _read(out), _read(err))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 SOCKET_ENV = "GRT_TEST_LAUNCH_SOCKET"
@@ -425,13 +518,8 @@ def call(module: str, args: list[str]) -> int:
     at $GRT_TEST_LAUNCH_SOCKET in this working directory and environment; its output printed
     when it ends, its exit code returned. The docs' `grt-titan` commands go through it
     (tests/docs: a console command is otherwise an interpreter start that imports torchtitan)."""
-    import shutil
-
-    folder = tempfile.mkdtemp(prefix="grt-call-")
-    try:
-        proc = _request(os.environ[SOCKET_ENV], folder, module, args, dict(os.environ), 3600, None, os.getcwd())
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    env, cwd = dict(os.environ), os.getcwd()
+    proc = _captured(lambda out, err: _submit(env[SOCKET_ENV], module, args, env, None, cwd, out, err), 3600)
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
     return proc.returncode
@@ -447,6 +535,38 @@ def _read(path: str) -> str:
 _SERVER = _Server()
 
 
+def start(
+    module: str,
+    args: list[str],
+    stdout: str | Path,
+    stderr: str | Path | None = None,
+    env: dict[str, str] | None = None,
+    nproc: int | None = None,
+    cwd: Path = REPO,
+) -> Job:
+    """Start a job (module docstring) and return at once: for a test that follows a job's
+    output while it runs, kills and restarts it (tests/reliability/ft_helpers.py). Its output
+    is appended to the file `stdout`, stderr too unless `stderr` names another file.
+    Forked by the server, or in a fresh interpreter where the server cannot run it
+    (needs_fresh_interpreter) or GRT_TEST_LAUNCH_SERVER=0."""
+    env = job_env() if env is None else env
+    stderr = stderr or stdout
+    if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") != "0" and _SERVER.can_run(module, args, env):
+        return _submit(_SERVER.socket_path(), module, args, env, nproc, cwd, str(stdout), str(stderr))
+    with open(stdout, "a") as out, open(stderr, "a") as err:  # O_APPEND, as the server opens them
+        return _FreshJob(
+            subprocess.Popen(
+                job_command(module, args, nproc),
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        )
+
+
 def launch(
     module: str,
     args: list[str],
@@ -457,21 +577,7 @@ def launch(
 ) -> subprocess.CompletedProcess:
     """Run a job (module docstring) with environment `env` (default: job_env()), output
     captured; raises subprocess.TimeoutExpired after `timeout` s, its processes killed."""
-    env = job_env() if env is None else env
-    if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") != "0":
-        proc = _SERVER.run(module, args, env, timeout, nproc, cwd)
-        if proc is not None:
-            return proc
-    return subprocess.run(
-        job_command(module, args, nproc),
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        start_new_session=True,
-    )
+    return _captured(lambda out, err: start(module, args, out, err, env, nproc, cwd), timeout)
 
 
 def fake_backend_env(world_size: int) -> dict[str, str]:

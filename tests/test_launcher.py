@@ -3,15 +3,18 @@ fresh-interpreter form would: same arguments, working directory, environment, cl
 exit code and output; ranks as torchrun's; a timeout kills the job; an import-time variable
 sends the job to a fresh interpreter."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.launcher import _SERVER, REPO, job_env, launch, needs_fresh_interpreter, rank_environment
+from tests.launcher import _SERVER, REPO, job_env, launch, needs_fresh_interpreter, rank_environment, start
 
 
 class Client:
@@ -27,8 +30,12 @@ def client():
     return Client()
 
 
+def json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
 def probe_lines(proc):
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return json_lines(proc.stdout)
 
 
 def test_a_job_sees_what_python_dash_m_would(client, tmp_path):
@@ -78,6 +85,58 @@ def test_a_timeout_kills_the_job(client):
     assert leftover.stdout.strip() == ""
     # The server goes on serving.
     assert client.run("tests.launch_probe", [], job_env(), timeout=60).returncode == 0
+
+
+def live_processes_of_group(pgid: int) -> list[int]:
+    """The processes of process group `pgid` that are not zombies (/proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            if int(group) == pgid and state != "Z":
+                found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["served", "fresh_interpreter"])
+def test_a_started_job_runs_while_its_log_is_read_and_a_kill_takes_every_rank(fresh, tmp_path):
+    """`start` (tests/reliability/ft_helpers.Group): it returns while the job runs, whose output
+    a test reads from its log; `kill` takes the job and all its ranks; `wait` gives the exit
+    code; a restart's output, stderr included, is appended to the same log. Served, and in a
+    fresh interpreter (an import-time variable here; GRT_TEST_LAUNCH_SERVER=0 likewise)."""
+    log = tmp_path / "job.log"
+    env = {**job_env(), "TORCHINDUCTOR_COMPILE_THREADS": "1"} if fresh else job_env()
+    job = start("tests.launch_probe", ["--sleep", "600", "first"], log, env=env, nproc=2)
+    try:
+        deadline = time.monotonic() + 120
+        # Rank 0's line in the log, and the job (or its interpreter) with its 2 ranks alive.
+        while not (log.exists() and json_lines(log.read_text())) or len(live_processes_of_group(job.pid)) < 3:
+            assert job.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        job.kill()
+        assert job.wait(timeout=30) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while live_processes_of_group(job.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert live_processes_of_group(job.pid) == []
+    finally:
+        job.kill()
+    again = start("tests.launch_probe", ["--fail-rank", "0", "second"], log)
+    assert again.wait(timeout=60) == 3
+    text = log.read_text()
+    assert [line["argv"][-1] for line in json_lines(text)] == ["first", "second"] and "rank 0 fails" in text, text
+
+
+def test_a_job_killed_as_soon_as_it_starts_dies(tmp_path):
+    """The server puts a job in its own process group before it answers with the pid (the job
+    does too, but may not have run yet): a kill right after `start` reaches the job."""
+    for _ in range(3):
+        job = start("tests.launch_probe", ["--sleep", "600"], tmp_path / "job.log")
+        try:
+            job.kill()
+            assert job.wait(timeout=10) == -signal.SIGKILL
+        finally:
+            job.kill()
 
 
 def test_import_time_variables_need_a_fresh_interpreter(client):

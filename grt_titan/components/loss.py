@@ -1,7 +1,7 @@
 """The training loss: torchtitan's summed cross-entropy, extended to `TrainingOutput`.
 
 Plain logits go straight to torchtitan's `cross_entropy_loss`, so GRT and dense runs
-compute exactly torchtitan's loss. Methods that supervise every step (Ouro) or add an
+compute exactly torchtitan's loss. Methods that supervise every step (Ouro, per-step targets) or add an
 auxiliary loss (MoR's router) return a `TrainingOutput` (grt_titan/model/output.py).
 """
 
@@ -26,7 +26,7 @@ def grt_loss(pred: torch.Tensor | TrainingOutput, labels: torch.Tensor) -> torch
         steps = pred.step_logits.shape[0]
         per_token = F.cross_entropy(
             pred.step_logits.flatten(0, 2).float(),
-            labels.flatten().repeat(steps),
+            step_targets(labels, pred.step_labels, steps).flatten(),
             reduction="none",
             ignore_index=IGNORE_INDEX,
         )
@@ -35,6 +35,13 @@ def grt_loss(pred: torch.Tensor | TrainingOutput, labels: torch.Tensor) -> torch
     if pred.aux_loss_sum is not None:
         loss = loss + placed_like(pred.aux_loss_sum, loss).float()
     return loss
+
+
+def step_targets(labels: torch.Tensor, step_labels: torch.Tensor | None, steps: int) -> torch.Tensor:
+    """[steps, B, S]: step t's targets, column t - 1 of the per-step labels while there is one
+    (per-step supervision), the labels after it and without them (Ouro)."""
+    given = 0 if step_labels is None else step_labels.shape[-1]
+    return torch.stack([step_labels[..., t] if t < given else labels for t in range(steps)])
 
 
 def placed_like(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

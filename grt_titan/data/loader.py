@@ -58,6 +58,7 @@ class TokenSequenceDataset(Dataset):
         seed: int,
         shuffle: bool,
         long_records: str = "error",
+        step_targets: bool = False,
     ):
         if seq_len < 1:
             raise ValueError(f"seq_len = {seq_len}: must be >= 1")
@@ -67,6 +68,13 @@ class TokenSequenceDataset(Dataset):
         self.dp_rank, self.dp_world_size = dp_rank, dp_world_size
         self.seed, self.shuffle = seed, shuffle
         self.dropped_records = 0
+        self.step_targets = step_targets
+        if step_targets and not stream.steps:
+            why = stream.no_steps or f"{stream.dataset_dir}: documents, not prompt/completion records with 'steps'"
+            raise ValueError(
+                f"[grt] step_supervision = true needs per-step targets; {why}. Allowed: a folder "
+                "prepared from records with 'steps' (`grt-titan task`), or step_supervision = false"
+            )
         if stream.record_starts is None:
             self.num_sequences = max(0, (stream.num_tokens - 1) // seq_len)
         else:
@@ -154,7 +162,13 @@ class TokenSequenceDataset(Dataset):
         counted = torch.zeros(self.seq_len + 1, dtype=torch.bool)
         counted[: b - a] = torch.from_numpy(self.stream.mask.read(a, b - a)).bool()
         labels = window[1:].masked_fill(~counted[1:], IGNORE_INDEX)
-        return {"input": window[:-1]}, labels
+        sample = {"input": window[:-1]}
+        if self.step_targets:  # [S, K]: step t's version of the labels in column t - 1
+            steps = torch.zeros(self.seq_len + 1, len(self.stream.steps), dtype=torch.long)
+            for t, stream in enumerate(self.stream.steps):
+                steps[: b - a, t] = torch.from_numpy(stream.read(a, b - a))
+            sample["step_labels"] = steps[1:].masked_fill(~counted[1:, None], IGNORE_INDEX)
+        return sample, labels
 
 
 class SampleCounter(Sampler[int]):
@@ -341,11 +355,14 @@ def _build(
     global_batch: int,
     allow_global_batch_change: bool = False,
     long_records: str = "error",
+    step_targets: bool = False,
 ) -> GlobalPositionDataloader:
-    ds = TokenSequenceDataset(stream, seq_len, dp_rank, dp_world_size, seed, shuffle, long_records)
+    ds = TokenSequenceDataset(stream, seq_len, dp_rank, dp_world_size, seed, shuffle, long_records, step_targets)
     packed = ""
     if stream.record_starts is not None:
         packed = f" (prompt/completion records packed whole, loss on completions; {ds.dropped_records} dropped as longer than seq_len)"
+        if step_targets:
+            packed += f", per-step targets of {len(stream.steps)} steps ([grt] step_supervision)"
     logger.info(
         f"Data {stream.dataset_dir} [{stream.split}]: {stream.num_tokens:,} tokens, "
         f"{ds.num_sequences:,} sequences of {seq_len}{packed}, {ds.per_rank:,} per dp rank "
@@ -366,7 +383,9 @@ def _build(
 def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True) -> BaseDataLoader:
     """The train spec's ``build_dataloader_fn``: the ``train`` split of ``[training] dataset``.
 
-    Yields ``({"input": LongTensor[B, S]}, labels LongTensor[B, S])`` with
+    Yields ``({"input": LongTensor[B, S]}, labels LongTensor[B, S])`` (with ``[grt]
+    step_supervision``, also ``"step_labels": LongTensor[B, S, K]``, the model's
+    ``step_labels``) with
     B = ``training.local_batch_size``, S = ``training.seq_len``; shuffled per epoch from
     ``[data] seed``; ``infinite`` loops over epochs (False: one epoch, last batch partial).
     """
@@ -386,6 +405,7 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, in
         global_batch,
         cfg.allow_global_batch_change,
         cfg.long_records,
+        step_targets=getattr(getattr(job_config, "grt", None), "step_supervision", None) is True,
     )
 
 

@@ -277,12 +277,13 @@ def _prepare_records(
     paths, out, tokenizer, dtype, val_fraction, shard_tokens, overwrite, input_labels
 ) -> dict[str, Any]:
     """Prompt/completion records (records.py): tokens, a loss mask per token, the record
-    index and metadata per split. Encoded in this process (records are short)."""
+    index and metadata per split, and the per-step target streams of records with `steps`.
+    Encoded in this process (records are short); a first pass checks every record and
+    finds the most steps."""
     prefix, suffix = document_specials(tokenizer)
+    max_steps = max((len(r.meta.get("steps", ())) for r in records.read_records(paths)), default=0)
     with atomic_directory(out, overwrite) as tmp:
-        writers = [sh.ShardWriter(tmp, s, shard_tokens, dtype) for s in sh.SPLITS]
-        masks = [sh.ShardWriter(tmp, s, shard_tokens, sh.MASK_DTYPE, suffix=".mask.bin") for s in sh.SPLITS]
-        index = [records.RecordIndex(tmp, s) for s in sh.SPLITS]
+        splits = [_RecordSplit(tmp, s, shard_tokens, dtype, max_steps) for s in sh.SPLITS]
         count = 0
         source = records.read_records(paths)
         while chunk := list(itertools.islice(source, RECORDS_PER_BATCH)):
@@ -290,22 +291,19 @@ def _prepare_records(
             for record in chunk:
                 by_split[int(is_val_document(count, val_fraction))].append(record)
                 count += 1
-            for split, batch in enumerate(by_split):
+            for split, batch in zip(splits, by_split):
                 if batch:
-                    ids, mask, lengths = records.encode_records(tokenizer, batch, prefix, suffix)
-                    writers[split].write(ids)
-                    writers[split].documents += len(batch)
-                    masks[split].write(mask)
-                    index[split].add(batch, lengths)
-        split_info = {}
-        for writer, mask_writer, split_index in zip(writers, masks, index):
-            info = writer.close()
-            info.update(split_index.close(), mask_shards=mask_writer.close()["shards"])
-            split_info[writer.split] = info
+                    split.add(records.encode_records(tokenizer, batch, prefix, suffix, max_steps), batch)
+        unaligned = next((s.unaligned for s in splits if s.unaligned), None)
+        split_info = {split.split: split.close(unaligned is None) for split in splits}
         if count == 0:
             raise ValueError(f"empty input: no record in {', '.join(map(str, paths))}")
         if split_info["train"]["records"] == 0:
             raise ValueError(f"all {count} records went to the val split; lower --val-fraction ({val_fraction})")
+        steps = {"step_targets": max_steps} if max_steps and unaligned is None else {}
+        if unaligned:
+            steps = {"step_targets_unaligned": unaligned}
+            print(f"warning: no per-step targets ([grt] step_supervision): {unaligned}", file=sys.stderr)
         manifest = _manifest(
             tokenizer,
             dtype,
@@ -317,9 +315,46 @@ def _prepare_records(
             loss_mask="completion",
             documents=count,
             skipped_documents={"invalid_utf8": 0, "empty": 0},
+            **steps,
         )
         sh.write_manifest(tmp, manifest)
     return manifest
+
+
+class _RecordSplit:
+    """One split's writers of prompt/completion data: tokens, loss mask, record index and
+    one stream per step target (`{split}_{k}.step{t}.bin`, t = 1..max_steps)."""
+
+    def __init__(self, out: Path, split: str, shard_tokens: int, dtype: np.dtype, max_steps: int):
+        self.split, self.out = split, out
+        self.tokens = sh.ShardWriter(out, split, shard_tokens, dtype)
+        self.mask = sh.ShardWriter(out, split, shard_tokens, sh.MASK_DTYPE, suffix=".mask.bin")
+        self.index = records.RecordIndex(out, split)
+        self.steps = [
+            sh.ShardWriter(out, split, shard_tokens, dtype, suffix=f".step{t}.bin") for t in range(1, max_steps + 1)
+        ]
+        self.unaligned: str | None = None
+
+    def add(self, encoded: records.Encoded, batch: list) -> None:
+        self.tokens.write(encoded.ids)
+        self.tokens.documents += len(batch)
+        self.mask.write(encoded.mask)
+        self.index.add(batch, encoded.lengths)
+        self.unaligned = self.unaligned or encoded.unaligned
+        if self.unaligned is None:
+            for t, writer in enumerate(self.steps):
+                writer.write(encoded.steps[:, t])
+
+    def close(self, keep_steps: bool) -> dict[str, Any]:
+        info = self.tokens.close()
+        info.update(self.index.close(), mask_shards=self.mask.close()["shards"])
+        step_shards = [writer.close()["shards"] for writer in self.steps]
+        if keep_steps and step_shards:
+            info["step_shards"] = step_shards
+        else:  # one record's steps did not align: no split keeps any
+            for shard in (shard for shards in step_shards for shard in shards):
+                (self.out / shard["file"]).unlink()
+        return info
 
 
 def _manifest(tokenizer, dtype, inputs, val_fraction, shard_tokens, splits, **fields) -> dict[str, Any]:
@@ -467,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {args.out}: {manifest['documents']} {kind}, "
         f"train {s['train']['tokens']:,} tokens in {len(s['train']['shards'])} shards, "
         f"val {s['val']['tokens']:,} tokens in {len(s['val']['shards'])} shards"
+        + (f", per-step targets of {manifest['step_targets']} steps" if "step_targets" in manifest else "")
     )
     return 0
 

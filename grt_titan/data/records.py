@@ -8,8 +8,10 @@ turns: ``ChatTemplate``), is read as records instead of documents. Each record b
 a loss mask, 1 on the completion and the end token, 0 on the prefix and the prompt. Optional
 fields ``depth`` (an int >= 1) and ``steps`` (``depth`` strings: the intermediate targets of
 a multi-step task) are kept as metadata, one JSON line per record in ``{split}_meta.jsonl``,
-with the record's source (``where``: file:line). Records are validated before anything is
-written: the first bad one stops `prepare` with its file, line and field.
+with the record's source (``where``: file:line). ``steps`` also become per-step target
+streams (``encode_records``), which ``[grt] step_supervision`` trains step t's readout on.
+Records are validated before anything is written: the first bad one stops `prepare` with its
+file, line and field.
 """
 
 from __future__ import annotations
@@ -124,27 +126,77 @@ def ordinary_batch(tokenizer, texts: list[str]) -> list[list[int]]:
     return [tokenizer.encode(text) for text in texts]
 
 
-def encode_records(
-    tokenizer, batch: list[Record], prefix: list[int], suffix: list[int]
-) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """(token ids, loss mask, tokens per record) of records laid end to end: each is prefix +
-    prompt + completion + suffix, the mask 1 on the completion and the suffix. Prompt and
-    completion are encoded apart, so the boundary is where the record puts it."""
+@dataclass
+class Encoded:
+    """Records laid end to end (`encode_records`)."""
+
+    ids: np.ndarray  # token ids
+    mask: np.ndarray  # loss mask: 1 on the completions and their suffix
+    lengths: list[int]  # tokens per record
+    # [tokens, max_steps]: column t is the stream with each completion replaced by the record's
+    # step t + 1 target (per-step supervision); None without steps, or when they do not align.
+    steps: np.ndarray | None = None
+    unaligned: str | None = None  # why a record's step targets cannot replace its completion
+
+
+def step_completions(record: Record) -> list[str]:
+    """The completion the record would have if step t's target were its answer: the
+    completion's leading whitespace, then steps[t] (" f" for steps ["h", "f"] and " f")."""
+    completion = record.completion
+    lead = completion[: len(completion) - len(completion.lstrip())]
+    return [lead + step for step in record.meta.get("steps", [])]
+
+
+def encode_records(tokenizer, batch: list[Record], prefix: list[int], suffix: list[int], max_steps: int = 0) -> Encoded:
+    """Records laid end to end: each is prefix + prompt + completion + suffix, the mask 1 on
+    the completion and the suffix. Prompt and completion are encoded apart, so the boundary
+    is where the record puts it. With `max_steps`, also the per-step target streams: step t's
+    target tokens in place of the completion's (as many tokens, else `unaligned` says which
+    record), the completion itself past the record's last step and in chat records."""
     plain = [r for r in batch if r.messages is None]
     prompts = iter(ordinary_batch(tokenizer, [r.prompt for r in plain]))
     completions = iter(ordinary_batch(tokenizer, [r.completion for r in plain]))
-    ids, mask, lengths = [], [], []
+    steps = iter(ordinary_batch(tokenizer, [s for r in plain for s in step_completions(r)])) if max_steps else None
+    ids, mask, lengths, step_rows, unaligned = [], [], [], [], None
     for record in batch:
         if record.messages is not None:
             record_ids, record_mask = ChatTemplate.of(tokenizer, record.where).encode(record)
+            step_rows.append(np.tile(np.array(record_ids, dtype=np.int64)[:, None], (1, max_steps)))
         else:
             prompt, completion = next(prompts), next(completions)
             record_ids = [*prefix, *prompt, *completion, *suffix]
             record_mask = [0] * (len(prefix) + len(prompt)) + [1] * (len(completion) + len(suffix))
+            if steps is not None:
+                record_steps = [next(steps) for _ in record.meta.get("steps", [])]
+                rows, why = _step_rows(
+                    record, record_ids, len(prefix) + len(prompt), completion, record_steps, max_steps
+                )
+                step_rows.append(rows)
+                unaligned = unaligned or why
         ids += record_ids
         mask += record_mask
         lengths.append(len(record_ids))
-    return np.array(ids, dtype=np.int64), np.array(mask, dtype=np.uint8), lengths
+    encoded = Encoded(np.array(ids, dtype=np.int64), np.array(mask, dtype=np.uint8), lengths)
+    if max_steps and unaligned is None:
+        encoded.steps = np.concatenate(step_rows) if step_rows else np.zeros((0, max_steps), np.int64)
+    encoded.unaligned = unaligned
+    return encoded
+
+
+def _step_rows(
+    record: Record, record_ids: list[int], at: int, completion: list[int], steps: list[list[int]], max_steps: int
+) -> tuple[np.ndarray, str | None]:
+    """One record's [tokens, max_steps] step streams (`encode_records`), or why not."""
+    rows = np.tile(np.array(record_ids, dtype=np.int64)[:, None], (1, max_steps))
+    for t, step in enumerate(steps):
+        if len(step) != len(completion):
+            texts = step_completions(record)
+            return rows, (
+                f"{record.where}: steps[{t}] as a completion, {texts[t]!r}, is {len(step)} token(s) but the "
+                f"completion {record.completion!r} is {len(completion)}"
+            )
+        rows[at : at + len(step), t] = step
+    return rows, None
 
 
 class ChatTemplate:

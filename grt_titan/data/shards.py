@@ -5,6 +5,8 @@ A prepared dataset is a folder::
     manifest.json
     train_000000.bin  train_000001.bin ...   raw little-endian uint16 (uint32 above 65,536 ids)
     val_000000.bin ...
+    (prompt/completion records also: *.mask.bin, {split}_records.bin, {split}_meta.jsonl,
+    and *.step{t}.bin, one stream per step target; docs/data.md)
 
 Each split is one token stream cut into shards of ``shard_tokens`` tokens (the last one
 shorter); every document is followed by the end-of-text token, and documents run across
@@ -128,6 +130,10 @@ class SplitStream:
     mask: "SplitStream | None" = None
     record_starts: np.ndarray | None = None
     meta_file: str | None = None
+    # Per-step targets (records with `steps`): stream t is the tokens with each completion
+    # replaced by its step t + 1 target; `no_steps` says why a records split has none.
+    steps: "list[SplitStream] | None" = None
+    no_steps: str | None = None
 
     def __post_init__(self):
         self.offsets = np.concatenate([[0], np.cumsum(self.shard_tokens, dtype=np.int64)])
@@ -206,7 +212,7 @@ def open_split(
     files, counts = _checked_shards(dataset_dir, manifest_path, info["shards"], dtype, vocab_size)
     stream = SplitStream(dataset_dir, split, files, counts, dtype, vocab_size)
     if manifest.get("kind") == RECORDS_KIND:
-        _attach_records(stream, manifest_path, info)
+        _attach_records(stream, manifest_path, info, manifest.get("step_targets_unaligned"))
     return stream
 
 
@@ -235,7 +241,7 @@ def _checked_shards(
     return files, counts
 
 
-def _attach_records(stream: SplitStream, manifest_path: Path, info: dict) -> None:
+def _attach_records(stream: SplitStream, manifest_path: Path, info: dict, unaligned: str | None) -> None:
     """The loss-mask shards and the record index of a prompt/completion split, checked
     against the token stream."""
     files, counts = _checked_shards(stream.dataset_dir, manifest_path, info["mask_shards"], MASK_DTYPE, 2)
@@ -253,3 +259,17 @@ def _attach_records(stream: SplitStream, manifest_path: Path, info: dict) -> Non
         raise ValueError(f"{manifest_path}: split {stream.split!r} has a loss mask of another length than its tokens")
     stream.record_starts = starts
     stream.meta_file = info["meta_file"]
+    stream.steps = []
+    for step_shards in info.get("step_shards", []):
+        files, counts = _checked_shards(stream.dataset_dir, manifest_path, step_shards, stream.dtype, stream.vocab_size)
+        stream.steps.append(
+            SplitStream(stream.dataset_dir, stream.split, files, counts, stream.dtype, stream.vocab_size)
+        )
+        if stream.steps[-1].num_tokens != stream.num_tokens:
+            raise ValueError(
+                f"{manifest_path}: split {stream.split!r} has step targets of another length than its tokens"
+            )
+    if unaligned:
+        stream.no_steps = f"{manifest_path}: its records' steps do not align with their completions ({unaligned})"
+    elif not stream.steps:
+        stream.no_steps = f"{manifest_path}: its records have no 'steps' (or it was prepared before step targets were)"

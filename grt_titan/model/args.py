@@ -71,6 +71,7 @@ CONFIGURABLE_FIELDS = (
     "objective",
     "exit_entropy_weight",
     "exit_threshold",
+    "step_supervision",
     "router",
     "router_capacity",
     "router_scale",
@@ -145,6 +146,8 @@ class GRTModelArgs(BaseModelArgs):
     objective: Objective = "final"
     exit_entropy_weight: float = 0.05  # Ouro: beta of the exit-distribution entropy bonus
     exit_threshold: float = 1.0  # Ouro: inference exits at the first step with CDF >= q
+    # Training reads out every step t toward the record's t-th target (step_supervision.py).
+    step_supervision: bool = False
     router: Router = "none"
     router_capacity: list[float] | None = None  # MoR: share of tokens kept per step; None = (R-i)/R
     router_scale: float = 0.1  # MoR: alpha, the router weight is sigmoid(logit) * alpha

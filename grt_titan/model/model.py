@@ -37,6 +37,7 @@ from .halting import halting_of_call, halting_recurrence
 from .output import TrainingOutput
 from .part import build_module
 from .recurrence import Recurrence
+from .step_supervision import step_supervised_readout
 
 
 class GRTModel(ModelProtocol):
@@ -107,6 +108,7 @@ class GRTModel(ModelProtocol):
         attention_masks: AttentionMasksType | None = None,
         positions: torch.Tensor | None = None,
         num_recurrences: int | None = None,
+        step_labels: torch.Tensor | None = None,
     ) -> torch.Tensor | TrainingOutput:
         """Logits [B, S, padded_vocab_size] for `tokens` [B, S] (columns >= vocab_size are
         the padding rows of `vocab_multiple_of`; the tokenizer never emits those ids).
@@ -117,12 +119,17 @@ class GRTModel(ModelProtocol):
         (default R) in eval mode.
         A MoR training forward returns `TrainingOutput(logits, aux_loss_sum=...)` (the
         router's auxiliary loss); every eval forward returns plain logits.
+        `step_labels` [B, S, K]: the batch's per-step targets (the loader's, with
+        step_supervision), handed through to the loss in the `TrainingOutput`.
         """
         if attention_masks is not None or positions is not None:
             raise ValueError("GRT supports causal sdpa attention only (no masks, no positions)")
         h = self.prelude(self.embed(tokens), self.freqs_cis)
         if self.exit_gate is not None and (self.training or self.model_args.exit_threshold < 1):
             return self.exit_readout(h, num_recurrences)
+        if self.training and self.model_args.step_supervision:
+            states = self.recurrence(h, self.freqs_cis, num_recurrences, all_states=True).step_states
+            return step_supervised_readout(self, states, step_labels) if states else self.logits_from_state(h)
         aux_loss_sum = None
         if self.recurrence is not None:
             out = self.recurrence(h, self.freqs_cis, num_recurrences)

@@ -16,6 +16,7 @@ from .exit_distribution import ExitDistribution
 from .part import Part
 from .recurrence import GateUpdate, ProjInjection, RandomInitialState
 from .routing import ExpertChoice
+from .step_supervision import StepSupervision
 from .token_choice import TokenChoice
 
 PARTS: tuple[Part, ...] = (
@@ -25,6 +26,7 @@ PARTS: tuple[Part, ...] = (
     *LAWS,  # depth_sampling: uniform (GRT), fixed, poisson_lognormal (heavy-tail Poisson)
     LoraAdapters(),  # step_adapter = "lora" (RRT)
     ExitDistribution(),  # objective = "exit_distribution" (Ouro)
+    StepSupervision(),  # step_supervision = true (per-step targets)
     ExpertChoice(),  # router = "expert_choice" (MoR)
     TokenChoice(),  # router = "token_choice" (MoR, token choice)
 )

@@ -91,11 +91,13 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
                  "--training.dataset", str(tmp_path / "data"), "--validation.dataset", str(tmp_path / "data")]  # fmt: skip
     proc = one_process(
         ["--job.config_file", str(TASK_TOML), "--job.dump_folder", str(tmp_path / "run"), *overrides,
-         "--training.steps", "3", "--checkpoint.interval", "3", "--validation.freq", "3", "--lr_scheduler.warmup_steps", "1"],
+         "--training.steps", "3", "--checkpoint.interval", "3", "--validation.freq", "3", "--lr_scheduler.warmup_steps", "1",
+         "--grt.step_supervision", "True"],
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "prompt/completion records packed whole" in proc.stdout + proc.stderr
+    assert "per-step targets of 3 steps ([grt] step_supervision)" in proc.stdout + proc.stderr
     checkpoint = str(tmp_path / "run" / "checkpoint")
     base = [checkpoint, "--data", str(tmp_path / "test.jsonl"), "--no-progress"]
     capsys.readouterr()

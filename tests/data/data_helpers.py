@@ -4,6 +4,7 @@ trained on a few sentences, with the pre-tokenizer, normalizer, special tokens a
 tokenizer_config.json of the tokenizer each style imitates)."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +177,49 @@ def make_hf_tokenizer(folder: Path, style: str = "llama3", vocab_size: int | Non
     }[style]
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return folder
+
+
+# ---- multi-step tasks (grt_titan/data/tasks.py): each answer and step from the prompt alone ----
+
+
+def solve_iterated_function(prompt: str) -> list[str]:
+    table, query = prompt.split(" | ")
+    f = dict(re.findall(r"(\w) > (\w) ;", table))
+    x, depth = re.fullmatch(r"(\w) \* (\d+) =", query).groups()
+    orbit = [x]
+    for _ in range(int(depth)):
+        orbit.append(f[orbit[-1]])
+    assert len(set(orbit)) == len(orbit), "the orbit repeats before the answer"
+    assert len(f) == 12 and sorted(f) == sorted(set(f))  # a total function, each symbol once
+    return orbit[1:]
+
+
+def solve_chains(prompt: str) -> list[str]:
+    table, query = prompt.split(" | ")
+    value = dict(re.findall(r"(\w) = (\w) ;", table))
+    var, steps = re.fullmatch(r"(\w) =", query).group(1), []
+    while not var.isdigit():
+        var = value[var]
+        steps.append(var)
+    return steps
+
+
+def solve_mano(prompt: str) -> list[str]:
+    words = prompt.removesuffix(" =").split()
+    steps = []
+
+    def evaluate(i):
+        if words[i].isdigit():
+            return int(words[i]), i + 1
+        left, j = evaluate(i + 1)
+        right, k = evaluate(j)
+        v = {"+": left + right, "-": left - right, "*": left * right}[words[i]] % 23
+        steps.append(str(v))
+        return v, k
+
+    _, end = evaluate(0)
+    assert end == len(words)
+    return steps
+
+
+SOLVERS = {"iterated-function": solve_iterated_function, "chains": solve_chains, "mano": solve_mano}

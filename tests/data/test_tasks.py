@@ -3,7 +3,6 @@ prompt text alone; deterministic per seed; splits disjoint; the task tokenizer g
 token per word and prepares like any tokenizer."""
 
 import json
-import re
 
 import numpy as np
 import pytest
@@ -12,48 +11,7 @@ from grt_titan.data import tasks
 from grt_titan.data.prepare import prepare
 from grt_titan.tokenizer import load_tokenizer
 
-
-def solve_iterated_function(prompt: str) -> list[str]:
-    table, query = prompt.split(" | ")
-    f = dict(re.findall(r"(\w) > (\w) ;", table))
-    x, depth = re.fullmatch(r"(\w) \* (\d+) =", query).groups()
-    orbit = [x]
-    for _ in range(int(depth)):
-        orbit.append(f[orbit[-1]])
-    assert len(set(orbit)) == len(orbit), "the orbit repeats before the answer"
-    assert len(f) == 12 and sorted(f) == sorted(set(f))  # a total function, each symbol once
-    return orbit[1:]
-
-
-def solve_chains(prompt: str) -> list[str]:
-    table, query = prompt.split(" | ")
-    value = dict(re.findall(r"(\w) = (\w) ;", table))
-    var, steps = re.fullmatch(r"(\w) =", query).group(1), []
-    while not var.isdigit():
-        var = value[var]
-        steps.append(var)
-    return steps
-
-
-def solve_mano(prompt: str) -> list[str]:
-    words = prompt.removesuffix(" =").split()
-    steps = []
-
-    def evaluate(i):
-        if words[i].isdigit():
-            return int(words[i]), i + 1
-        left, j = evaluate(i + 1)
-        right, k = evaluate(j)
-        v = {"+": left + right, "-": left - right, "*": left * right}[words[i]] % 23
-        steps.append(str(v))
-        return v, k
-
-    _, end = evaluate(0)
-    assert end == len(words)
-    return steps
-
-
-SOLVERS = {"iterated-function": solve_iterated_function, "chains": solve_chains, "mano": solve_mano}
+from data_helpers import SOLVERS
 
 
 @pytest.mark.parametrize("name", sorted(SOLVERS))

@@ -1,8 +1,10 @@
 """A torchft lighthouse and replica groups as processes a test starts, kills and restarts.
 
-Each replica group is one process (or a torchrun of several gloo ranks) running
-tests/reliability/ft_worker.py with its own rendezvous store and dump folder; the groups find
-each other through the lighthouse.
+Each replica group is one job of tests/launcher.py (one process, or several gloo ranks as
+torchrun would run them) running tests/reliability/ft_worker.py with its own rendezvous store
+and dump folder; the groups find each other through the lighthouse. A group is forked by the
+launcher's server like every other test job (`launcher.start`): about 12 group starts per run
+of test_fault_tolerance.py, each otherwise an interpreter start that imports torchtitan.
 """
 
 from __future__ import annotations
@@ -11,18 +13,18 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grt_test_helpers import ANSI, REPO, SHORT_DEBUG_RUN, STEP_LINE, torchrun_command
-from tests.launcher import free_port, job_env, rank_environment
+from grt_test_helpers import ANSI, SHORT_DEBUG_RUN, STEP_LINE
+from tests.launcher import Job, free_port, job_env, rank_environment, start
 
 FT_LINE = re.compile(r"FT step=(\d+) committed=(\d+) live=(\d+) weights=(\w+) sent=(\d+)")
 HEALED_LINE = re.compile(r"FT healed bytes=(\d+)")
+WORKER = "tests.reliability.ft_worker"
 # A small, fast job: the debug GRT at batch 2 x 64 tokens, every step logged.
 FT_RUN = [*SHORT_DEBUG_RUN, "--training.local_batch_size", "2", "--metrics.no-enable-tensorboard"]
 
@@ -61,15 +63,15 @@ class Lighthouse:
 
 @dataclass
 class Group:
-    """One replica group: a process and its log (appended to across restarts)."""
+    """One replica group: a job (tests/launcher.py) and its log (appended to across restarts)."""
 
     replica_id: int
     group_size: int
     folder: Path
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    nproc: int = 1  # ranks in the group: one process, or torchrun's (rank 0's output)
-    proc: subprocess.Popen | None = None
+    nproc: int = 1  # ranks in the group: one process, or the launcher's ranks (rank 0's output)
+    proc: Job | None = None
 
     @property
     def log(self) -> Path:
@@ -89,29 +91,16 @@ class Group:
             "--fault_tolerance.lighthouse",
             lighthouse.address,
         ]
-        if self.nproc == 1:
-            command = [sys.executable, "-m", "tests.reliability.ft_worker", *args]
-            env = job_env({**rank_environment(0, 1, free_port()), **self.env})
+        if self.nproc == 1:  # the process itself is rank 0 of 1, as in grt_test_helpers.one_process
+            env, nproc = job_env({**rank_environment(0, 1, free_port()), **self.env}), None
         else:
-            command = torchrun_command(self.nproc, args, module="tests.reliability.ft_worker")
-            env = job_env(self.env)
-        with open(self.log, "a") as out:
-            self.proc = subprocess.Popen(
-                command,
-                cwd=REPO,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            env, nproc = job_env(self.env), self.nproc
+        self.proc = start(WORKER, args, self.log, env=env, nproc=nproc)
         return self
 
     def kill(self) -> None:
-        """SIGKILL the group: the process and every process under it (torchrun starts its
-        ranks in sessions of their own, so killing its process group would orphan them)."""
-        for pid in [*descendants(self.proc.pid), self.proc.pid]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        """SIGKILL the group, every rank of it (launcher.Job.kill: the job's process group)."""
+        self.proc.kill()
         self.proc.wait()
 
     def text(self) -> str:
@@ -138,21 +127,6 @@ class Group:
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ def ft_job(test):
     return pytest.mark.slow(needs_torchft(test))
 
 
-STEPS = 36  # room for group 1's restart (a torchrun of 2 ranks) while group 0 steps
+STEPS = 36  # room for group 1's restart while group 0 steps
 KILL_AFTER = 4  # group 1 is killed once it has logged this step
 ALONE_STEPS = 3  # group 0 commits this many steps alone before group 1 restarts
 PACE = {"FT_STEP_SLEEP": "0.3"}  # seconds between steps: room to kill and restart mid-run

@@ -1,0 +1,66 @@
+"""Per-step supervision (`[grt] step_supervision = true`): every recurrence step is read out
+in training and trained toward the record's target for that step (docs/tasks.md).
+
+A multi-step task's record lists its intermediate results (`steps`: f(x), f(f(x)), ...), and
+prepare writes one target stream per step (grt_titan/data/records.py). At training depth r,
+
+    loss = (1 / r) sum_{t=1..r} sum_tokens CE(readout(h_t), target_t)
+
+where readout is the coda, the final norm and the LM head (`GRTModel.logits_from_state`),
+target_t the record's step-t target for t up to its depth, and the final answer after it,
+so a state that has arrived learns to stay. Tokens outside the completion have no target at
+any step. This is the intermediate-step supervision of the recurrent retrofit (arXiv
+2608.11233: loop t learns f^t(x)); Ouro's per-step readouts (exit_distribution.py) weigh
+one target by a learned exit distribution instead. Evaluation is the plain final readout.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .args import GRTModelArgs
+from .flops import readout_flops_per_token
+from .output import TrainingOutput
+from .part import Bad, Part
+
+
+def step_supervised_readout(model: nn.Module, states: list[torch.Tensor], step_labels: torch.Tensor | None):
+    """The `TrainingOutput` of a training forward of `model` (a GRTModel) whose steps left
+    `states` h_1..h_r: every step's logits [r, B, S, V], equal weights 1/r, and the batch's
+    step targets [B, S, K] (grt_titan/components/loss.py pairs step t with column t - 1)."""
+    steps = len(states)
+    batch = states[0].shape[0]
+    # One [r * B, S, d] batch through coda, norm and head, as Ouro's readout does.
+    step_logits = model.logits_from_state(torch.cat(states, dim=0)).unflatten(0, (steps, batch))
+    weights = torch.full(step_logits.shape[:3], 1.0 / steps, device=step_logits.device)
+    return TrainingOutput(step_logits[-1], step_logits=step_logits, step_weights=weights, step_labels=step_labels)
+
+
+class StepSupervision(Part):
+    """step_supervision = true: every step read out in training toward its own target."""
+
+    key, choice = "step_supervision", True
+
+    def validate(self, args: GRTModelArgs, bad: Bad) -> None:
+        if args.step_supervision and not args.is_recurrent:
+            raise bad(
+                "step_supervision", True, "needs a recurrent flavor (n_core_layers >= 1); allowed for dense: false"
+            )
+        super().validate(args, bad)
+
+    def check(self, args: GRTModelArgs, bad: Bad) -> None:
+        if not args.step_supervision:
+            return
+        for key, plain in (("objective", "final"), ("router", "none")):
+            if getattr(args, key) != plain:
+                raise bad(
+                    "step_supervision",
+                    True,
+                    f"cannot be combined with {key} = {getattr(args, key)!r} (its own per-step loss); "
+                    f"allowed: {key} = {plain!r}, or step_supervision = false",
+                )
+
+    def extra_flops(self, args: GRTModelArgs, seq_len: int, depth: float, training: bool) -> float:
+        """Training reads steps 1..r-1 out as well: (r - 1) x (coda + LM head). Eval: none."""
+        return max(depth - 1, 0) * readout_flops_per_token(args, seq_len) if training else 0.0

@@ -1,0 +1,147 @@
+"""Per-step supervision (grt_titan/model/step_supervision.py, docs/tasks.md): prepare writes
+one target stream per step, the loader hands step t's labels to the model, and the loss is
+the mean over steps of each step readout's cross-entropy against its own target, computed
+here by hand from the records' text."""
+
+import json
+import types
+
+import numpy as np
+import pytest
+import torch
+from torchtitan.components.loss import IGNORE_INDEX
+
+from grt_titan.components.loss import grt_loss
+from grt_titan.data import tasks
+from grt_titan.data.loader import build_dataloader
+from grt_titan.data.prepare import prepare
+from grt_titan.model import grt_flavors
+from grt_titan.model.flops import forward_flops_per_token, readout_flops_per_token
+from grt_titan.model.model import GRTModel
+from grt_titan.model.output import TrainingOutput
+from grt_titan.tokenizer import load_tokenizer
+
+from data_helpers import job_config, solve_iterated_function
+
+S, B = 64, 4
+
+
+def step_job(dataset, **kwargs):
+    jc = job_config(str(dataset), seq_len=S, batch_size=B, **kwargs)
+    jc.grt = types.SimpleNamespace(step_supervision=True)
+    return jc
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    """Iterated-function records of depths 1-4 over the task vocabulary, prepared."""
+    root = tmp_path_factory.mktemp("steps")
+    words = load_tokenizer(tasks.write_task_tokenizer(root / "vocab"))
+    rows = tasks.generate("iterated-function", range(1, 5), 40, seed=0)
+    (root / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prepare([root / "t.jsonl"], root / "ds", tokenizer_path=root / "vocab", val_fraction=0.0, workers=1, progress=False)
+    return root / "ds", rows, words
+
+
+def test_prepare_writes_one_stream_per_step_with_each_step_in_the_completions_place(task):
+    ds, rows, words = task
+    manifest = json.loads((ds / "manifest.json").read_text())
+    assert manifest["step_targets"] == 4 and len(manifest["splits"]["train"]["step_shards"]) == 4
+    tokens = np.fromfile(ds / "train_000000.bin", dtype="<u2")
+    starts = np.fromfile(ds / "train_records.bin", dtype="<i8")
+    streams = [np.fromfile(ds / f"train_000000.step{t}.bin", dtype="<u2") for t in range(1, 5)]
+    for k, row in enumerate(rows):
+        a, b = int(starts[k]), int(starts[k + 1])
+        answer = b - 2  # the completion is one word, then the end token
+        for t, stream in enumerate(streams):
+            target = row["steps"][t] if t < row["depth"] else row["steps"][-1]  # past the last: the answer
+            assert stream[answer] == words.encode_ordinary(target)[0]
+            assert np.array_equal(np.delete(stream[a:b], answer - a), np.delete(tokens[a:b], answer - a))
+
+
+def test_the_loader_gives_each_steps_labels_masked_like_the_labels(task):
+    """Each answer's step targets recomputed from the prompt the model reads (the table and
+    the query before it), as tests/data/test_tasks.py solves it."""
+    ds, _, words = task
+    loader = build_dataloader(1, 0, words, step_job(ds), infinite=False)
+    answers = 0
+    for inputs, labels in loader:
+        steps = inputs["step_labels"]
+        assert steps.shape == (*labels.shape, 4)
+        assert torch.equal(steps == IGNORE_INDEX, (labels == IGNORE_INDEX)[..., None].expand_as(steps))
+        for x, y, st in zip(inputs["input"], labels, steps):
+            text = words.decode(x.tolist())
+            for p in (y != IGNORE_INDEX).nonzero().flatten().tolist():
+                if y[p] == words.eos_id:
+                    assert st[p].tolist() == [words.eos_id] * 4
+                    continue
+                prompt = words.decode(x[: p + 1].tolist()).split(words.decode([words.eos_id]))[-1]
+                orbit = solve_iterated_function(prompt.strip())
+                wanted = [orbit[min(t, len(orbit) - 1)] for t in range(4)]
+                assert words.decode(st[p].tolist()).split() == wanted, text
+                assert words.decode([int(y[p])]).strip() == orbit[-1]
+                answers += 1
+    assert answers > 20
+
+
+def test_without_aligned_steps_step_supervision_is_refused_by_name(tmp_path, task):
+    _, rows, words = task
+    src = tmp_path / "x.jsonl"
+    bad = [{**rows[0], "steps": ["a b", *rows[0]["steps"][1:]]}, *rows[1:5]]  # two words in place of one
+    src.write_text("".join(json.dumps(r) + "\n" for r in bad))
+    prepare([src], tmp_path / "ds", tokenizer_path=task[0].parent / "vocab", val_fraction=0, workers=1, progress=False)
+    assert not list((tmp_path / "ds").glob("*.step*.bin"))
+    with pytest.raises(ValueError, match=r"step_supervision = true needs per-step targets; .*x.jsonl:1: steps\[0\]"):
+        build_dataloader(1, 0, words, step_job(tmp_path / "ds"))
+    build_dataloader(1, 0, words, job_config(str(tmp_path / "ds"), seq_len=S, batch_size=1))  # answer-only: fine
+
+
+def test_the_loss_is_the_mean_of_each_steps_cross_entropy_against_its_target(task):
+    ds, _, words = task
+    ((inputs, labels),) = [next(iter(build_dataloader(1, 0, words, step_job(ds))))]
+    args = grt_flavors["task_debug_words"].replace(step_supervision=True, state_noise_std=0.0, gate_noise_std=0.0)
+    torch.manual_seed(0)
+    model = GRTModel(args)
+    with torch.no_grad():
+        model.init_weights()
+    model.train()
+    r = 6  # beyond the data's 4 steps: steps 5 and 6 are trained on the answer
+    out = model(inputs["input"], num_recurrences=r, step_labels=inputs["step_labels"])
+    assert isinstance(out, TrainingOutput) and out.step_logits.shape[0] == r
+    # By hand: the states after each step, each read out, CE against that step's target.
+    with torch.no_grad():
+        h_pre = model.prelude(model.embed(inputs["input"]), model.freqs_cis)
+        states = model.recurrence(h_pre, model.freqs_cis, r, all_states=True).step_states
+        by_hand = 0.0
+        for t, h in enumerate(states):
+            target = inputs["step_labels"][..., t] if t < 4 else labels
+            logits = model.logits_from_state(h).double()
+            counted = target != IGNORE_INDEX
+            by_hand += -torch.log_softmax(logits, -1)[counted].gather(1, target[counted, None]).sum() / r
+    assert torch.allclose(grt_loss(out, labels).double(), by_hand, rtol=1e-5)
+    # A target changed at a prompt position changes nothing; at an answer, the loss moves.
+    prompt = labels == IGNORE_INDEX
+    moved = inputs["step_labels"].clone()
+    moved[..., 0] = torch.where(prompt, 7, moved[..., 0])
+    assert torch.equal(
+        grt_loss(out._replace(step_labels=moved.masked_fill(prompt[..., None], IGNORE_INDEX)), labels),
+        grt_loss(out, labels),
+    )
+    moved[..., 0] = torch.where(prompt, IGNORE_INDEX, (moved[..., 0] + 1) % 100)
+    assert not torch.allclose(grt_loss(out._replace(step_labels=moved), labels), grt_loss(out, labels))
+    model.eval()  # evaluation is the plain final readout
+    assert torch.equal(model(inputs["input"], num_recurrences=r), model.logits_from_state(states[-1]))
+
+
+def test_step_supervision_rules_and_flops():
+    grt = grt_flavors["task_debug_words"]
+    with pytest.raises(ValueError, match=r"step_supervision.*needs a recurrent flavor"):
+        grt_flavors["dense_debug"].replace(step_supervision=True).validate()
+    with pytest.raises(ValueError, match=r"step_supervision.*cannot be combined with objective = 'exit_distribution'"):
+        grt.replace(step_supervision=True, objective="exit_distribution").validate()
+    supervised = grt.replace(step_supervision=True)
+    extra = forward_flops_per_token(supervised, 128, 6, training=True) - forward_flops_per_token(
+        grt, 128, 6, training=True
+    )
+    assert extra == 5 * readout_flops_per_token(grt, 128)
+    assert forward_flops_per_token(supervised, 128, 6) == forward_flops_per_token(grt, 128, 6)  # eval: one readout
