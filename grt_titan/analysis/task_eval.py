@@ -8,6 +8,10 @@ scores it: the prompt and the completion, at ``num_recurrences = r``, for r = 0.
 (default 2R where the model extrapolates, else R; a dense model has its one depth). The
 arrival step of a problem is the first r from which it is right at every deeper r scored:
 its distribution by depth is the ignition curve (arXiv 2608.03263).
+
+`--halting RULE:THRESHOLD` scores the same completions with every token halting by a
+per-token rule (grt_titan/model/halting.py, at most R steps): accuracy and the steps the
+completion's tokens ran, by problem depth, beside the smallest fixed r that is as accurate.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 from grt_titan.checkpoint_io import OverridesParser, check_overrides_have_config
 from grt_titan.data.records import Record, ordinary_batch, read_records
+from grt_titan.model.halting import HALTING_RULES
 
 DENSE = "dense"
 
@@ -79,22 +84,94 @@ def score(model, encoded: list[tuple[list[int], int]], depths, batch_size: int, 
     """Per record, per depth: whether the greedy completion is exact."""
     device = next(model.parameters()).device
     correct = [{} for _ in encoded]
+    for batch, ids in _batches(encoded, batch_size, device):
+        length = ids.shape[1]
+        for r in depths:
+            predicted = model(ids, num_recurrences=r).argmax(-1)  # at position t: token t + 1
+            for row, i in enumerate(batch):
+                n = encoded[i][1]
+                correct[i][r] = torch.equal(predicted[row, length - n - 1 : length - 1], ids[row, length - n :])
+        if bar is not None:
+            bar.update(len(batch))
+    return correct
+
+
+def _batches(encoded: list[tuple[list[int], int]], batch_size: int, device):
+    """(record indices, ids [b, length]) of records of one length at a time."""
     by_length = defaultdict(list)
     for i, (ids, _) in enumerate(encoded):
         by_length[len(ids)].append(i)
     for length, indices in sorted(by_length.items()):
         for start in range(0, len(indices), batch_size):
             batch = indices[start : start + batch_size]
-            ids = torch.tensor([encoded[i][0] for i in batch], device=device)
-            for r in depths:
-                predicted = model(ids, num_recurrences=r).argmax(-1)  # at position t: token t + 1
-                for row, i in enumerate(batch):
-                    n = encoded[i][1]
-                    right = torch.equal(predicted[row, length - n - 1 : length - 1], ids[row, length - n :])
-                    correct[i][r] = right
-            if bar is not None:
-                bar.update(len(batch))
-    return correct
+            yield batch, torch.tensor([encoded[i][0] for i in batch], device=device)
+
+
+def parse_halting(text: str) -> tuple[str, float]:
+    """`--halting RULE:THRESHOLD`."""
+    rule, _, value = text.partition(":")
+    try:
+        threshold = float(value)
+    except ValueError:
+        threshold = None
+    if rule not in HALTING_RULES or threshold is None:
+        raise ValueError(f"--halting {text!r}; allowed: RULE:THRESHOLD with RULE one of {', '.join(HALTING_RULES)}")
+    return rule, threshold
+
+
+def score_halting(model, encoded, rule: str, threshold: float, batch_size: int) -> list[tuple[bool, float]]:
+    """Per record: whether the greedy completion is exact when every token halts by `rule`
+    (at most the eval depth), and the mean steps of the positions that predict it."""
+    device = next(model.parameters()).device
+    scored: list = [None] * len(encoded)
+    for batch, ids in _batches(encoded, batch_size, device):
+        logits, steps = model.forward_with_halting(ids, rule, threshold)
+        predicted, length = logits.argmax(-1), ids.shape[1]
+        for row, i in enumerate(batch):
+            at = slice(length - encoded[i][1] - 1, length - 1)
+            right = torch.equal(predicted[row, at], ids[row, at.start + 1 : length])
+            scored[i] = (right, float(steps[row, at].float().mean()))
+    return scored
+
+
+def halting_summary(records: list[Record], scored, correct: list[dict], rule: str, threshold: float) -> dict:
+    """A halting rule's accuracy and mean steps, overall and by problem depth, and the steps it
+    saves against the smallest fixed r >= 1 whose accuracy is at least as high."""
+    by_depth = defaultdict(list)
+    for record, result in zip(records, scored):
+        by_depth[str(record.meta["depth"])].append(result)
+    accuracy = sum(right for right, _ in scored) / len(scored)
+    steps = sum(n for _, n in scored) / len(scored)
+    fixed = {r: sum(c[r] for c in correct) / len(correct) for r in correct[0] if r}
+    equal = min((r for r, a in fixed.items() if a >= accuracy), default=None)
+    return {
+        "rule": rule,
+        "threshold": threshold,
+        "accuracy": accuracy,
+        "mean_steps": steps,
+        "by_depth": {
+            d: {"accuracy": sum(r for r, _ in v) / len(v), "mean_steps": sum(n for _, n in v) / len(v)}
+            for d, v in sorted(by_depth.items(), key=lambda item: int(item[0]))
+        },
+        "fixed_r_as_accurate": equal,
+        "steps_saved": None if equal is None else 1 - steps / equal,
+    }
+
+
+def halting_table(rows: list[dict]) -> str:
+    lines = [
+        "| halting | accuracy | mean steps | steps by problem depth | fixed r as accurate | steps saved |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        depths = ", ".join(f"{d}: {v['mean_steps']:.2f}" for d, v in row["by_depth"].items())
+        saved = "-" if row["steps_saved"] is None else f"{row['steps_saved']:.0%}"
+        equal = "none" if row["fixed_r_as_accurate"] is None else str(row["fixed_r_as_accurate"])
+        lines.append(
+            f"| {row['rule']} {row['threshold']:g} | {row['accuracy']:.3f} | {row['mean_steps']:.2f} | {depths} "
+            f"| {equal} | {saved} |"
+        )
+    return "\n".join(lines)
 
 
 def arrival_step(correct: dict, depths: list) -> int | None:
@@ -172,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="score the first N records")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument(
+        "--halting",
+        action="append",
+        default=[],
+        metavar="RULE:THRESHOLD",
+        help=f"also score with per-token halting ({', '.join(HALTING_RULES)}; repeatable), e.g. kl:0.001",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -187,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_overrides_have_config(opts.config, opts.overrides)  # before the data is read
         trained = parse_depths(opts.trained_depths) if opts.trained_depths else None
+        rules = [parse_halting(text) for text in opts.halting]
         records = task_records(Path(opts.data))[: opts.limit]
         loaded = load_model(opts.model, opts.config, device=device, overrides=opts.overrides)
         args = loaded.args
@@ -201,6 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     result = summarize(records, correct, depths, args)
     result["source"] = {**loaded.source, "data": str(opts.data)}
     print(table(result, trained))
+    if rules:
+        try:
+            halted = [score_halting(loaded.model, encoded, rule, x, opts.batch_size) for rule, x in rules]
+        except ValueError as e:  # a dense model, MoR, or a gate rule without the gate
+            print(f"grt-titan eval-task: error: {e}", file=sys.stderr)
+            return 2
+        result["halting"] = [halting_summary(records, h, correct, *rule) for h, rule in zip(halted, rules)]
+        print("\n" + halting_table(result["halting"]))
     text = json.dumps(result, indent=1, sort_keys=False)
     if opts.json:
         Path(opts.json).write_text(text + "\n")

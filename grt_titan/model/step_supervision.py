@@ -31,10 +31,15 @@ def step_supervised_readout(model: nn.Module, states: list[torch.Tensor], step_l
     step targets [B, S, K] (grt_titan/components/loss.py pairs step t with column t - 1)."""
     steps = len(states)
     batch = states[0].shape[0]
-    # One [r * B, S, d] batch through coda, norm and head, as Ouro's readout does.
-    step_logits = model.logits_from_state(torch.cat(states, dim=0)).unflatten(0, (steps, batch))
+    # One [r * B, S, d] batch through coda, norm and head, as Ouro's readout does. The step
+    # logits and the last step's are tensors of their own, not views of that batch: FSDP warns
+    # of a module that returns views (an in-place op on one would skip its backward hook).
+    flat = model.logits_from_state(torch.cat(states, dim=0))
+    step_logits = flat.unflatten(0, (steps, batch)).clone()
     weights = torch.full(step_logits.shape[:3], 1.0 / steps, device=step_logits.device)
-    return TrainingOutput(step_logits[-1], step_logits=step_logits, step_weights=weights, step_labels=step_labels)
+    return TrainingOutput(
+        step_logits[-1].clone(), step_logits=step_logits, step_weights=weights, step_labels=step_labels
+    )
 
 
 class StepSupervision(Part):

@@ -59,6 +59,48 @@ def test_exact_match_is_what_a_greedy_decode_loop_gives(words):
     assert set(result["accuracy"]) == {"1", "2", "3"} and result["depths"] == [0, 1, 2, 3, 4]
 
 
+def test_halting_scores_and_steps_are_a_halting_decode_loops(words):
+    """`--halting`: exact match when each token halts by its rule equals a decode loop whose
+    every token is forward_with_halting's argmax; its steps are that forward's depths at the
+    completion positions; the saving is against the smallest fixed r as accurate, by hand."""
+    args = grt_flavors["task_debug_words"].replace(vocab_size=words.get_vocab_size(), num_recurrences=4)
+    torch.manual_seed(1)
+    model = GRTModel(args)
+    with torch.no_grad():
+        model.init_weights()
+    model.eval()
+    problems = tasks.generate("iterated-function", range(1, 4), 9, seed=0)
+    records, encoded, loop = [], [], []
+    with torch.no_grad():
+        for k, p in enumerate(problems):
+            prompt, out, steps = words.encode_ordinary(p["prompt"]), [], []
+            ids = list(prompt)
+            for _ in range(2):  # a halting greedy decode of 2 tokens, no cache
+                logits, depths = model.forward_with_halting(torch.tensor([ids]), "state", 0.05)
+                out.append(int(logits[0, -1].argmax()))
+                steps.append(int(depths[0, -1]))
+                ids.append(out[-1])
+            reference = out if k % 2 == 0 else words.encode_ordinary(p["completion"]) + [words.eos_id]
+            records.append(Record(p["prompt"], "x", f"x:{k}", {"depth": p["depth"]}))
+            encoded.append((prompt + reference, len(reference)))
+            loop.append((reference == out, sum(steps) / 2 if reference == out else None))
+        scored = task_eval.score_halting(model, encoded, "state", 0.05, batch_size=4)
+        correct = task_eval.score(model, encoded, [0, 1, 2, 3, 4], batch_size=4)
+    assert [right for right, _ in scored] == [right for right, _ in loop]
+    assert any(right for right, _ in scored)
+    for (right, steps), (_, by_loop) in zip(scored, loop):
+        if right:  # teacher forcing fed the loop's own tokens: the same forwards, the same depths
+            assert steps == by_loop
+    row = task_eval.halting_summary(records, scored, correct, "state", 0.05)
+    accuracy = sum(right for right, _ in scored) / len(scored)
+    fixed = [r for r in range(1, 5) if sum(c[r] for c in correct) / len(correct) >= accuracy]
+    assert row["accuracy"] == accuracy and row["fixed_r_as_accurate"] == (min(fixed) if fixed else None)
+    assert set(row["by_depth"]) == {"1", "2", "3"}
+    assert "| state 0.05 |" in task_eval.halting_table([row])
+    with pytest.raises(ValueError, match=r"--halting 'often:1'; allowed: RULE:THRESHOLD with RULE one of state"):
+        task_eval.parse_halting("often:1")
+
+
 def test_arrival_step_by_hand():
     depths = [0, 1, 2, 3, 4]
     assert task_eval.arrival_step(dict(zip(depths, [0, 1, 0, 1, 1])), depths) == 3
@@ -102,7 +144,7 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     base = [checkpoint, "--data", str(tmp_path / "test.jsonl"), "--no-progress"]
     capsys.readouterr()
     code = cli(["eval-task", *base, "--out", str(tmp_path / "eval"), "--json", str(tmp_path / "e.json"),
-                "--trained-depths", "1-2", "--config", str(TASK_TOML), *overrides])  # fmt: skip
+                "--trained-depths", "1-2", "--halting", "kl:0.001", "--config", str(TASK_TOML), *overrides])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
     result = json.loads((tmp_path / "e.json").read_text())
@@ -110,6 +152,9 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     assert all(len(result["arrival"][d]) == result["counts"][d] == 8 for d in "123")
     assert (tmp_path / "eval" / "task_accuracy.png").stat().st_size > 0
     assert "| 3* | 8 |" in out and "r=9*" in out and "beyond the trained R = 8" in out
+    halting = result["halting"]
+    assert [(h["rule"], h["threshold"]) for h in halting] == [("kl", 0.001)] and "| kl 0.001 |" in out
+    assert 1 <= halting[0]["mean_steps"] <= 8 and set(halting[0]["by_depth"]) == {"1", "2", "3"}
     # The run exported: the transformers-side model and its own tokenizer files score alike.
     export = str(tmp_path / "export")
     assert cli(["export-hf", "--checkpoint", checkpoint, "--config", str(TASK_TOML), "--out", export, *overrides]) == 0

@@ -200,9 +200,10 @@ def test_random_initial_state_is_grt_titans_table_bit_for_bit():
 
 
 # Training parts without a remote twin, each with its reason: the depth laws are how training
-# draws r (an exported model runs the depth a call asks for); MoR's token choice is refused by
-# the export by name (modeling_grt.py has no token-choice routing).
-TRAINING_ONLY_KEYS = {"depth_sampling"}
+# draws r (an exported model runs the depth a call asks for), and per-step supervision is a
+# training loss (its model's inference is the plain final readout); MoR's token choice is
+# refused by the export by name (modeling_grt.py has no token-choice routing).
+TRAINING_ONLY_KEYS = {"depth_sampling", "step_supervision"}
 NOT_EXPORTED = {("router", "token_choice")}
 
 
