@@ -1,8 +1,8 @@
 """The training loss: torchtitan's summed cross-entropy, extended to `TrainingOutput`.
 
 Plain logits go straight to torchtitan's `cross_entropy_loss`, so GRT and dense runs
-compute exactly torchtitan's loss. Methods that supervise every step (Ouro, per-step targets) or add an
-auxiliary loss (MoR's router) return a `TrainingOutput` (grt_titan/model/output.py).
+compute exactly torchtitan's loss. Methods that supervise every step (Ouro, per-step targets)
+or add an auxiliary loss (MoR's router) return a `TrainingOutput` (grt_titan/model/output.py).
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ import torch
 from torch._dynamo.utils import counters
 from torchtitan.config.job_config import ActivationCheckpoint, Compile
 
+from grt_titan.components.loss import grt_loss
 from grt_titan.infra.parallelize import apply_recurrence_ac, apply_recurrence_compile
 from grt_titan.model import grt_flavors
+from grt_titan.model.output import TrainingOutput
 
 from grt_test_helpers import MOR_PARTS, build_model
 
@@ -14,11 +16,17 @@ VOCAB = 512
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("checkpoint", [None, "step"])
-def test_no_recompiles_across_depths_and_steps(checkpoint):
+@pytest.mark.parametrize(
+    "checkpoint, supervised",
+    [(None, False), ("step", False), ("step", True)],
+    ids=["plain", "step_ac", "step_ac_supervised"],
+)
+def test_no_recompiles_across_depths_and_steps(checkpoint, supervised):
+    """`supervised`: per-step supervision (every step read out toward its own target) through
+    the same compiled step, per-step AC and sampled depths."""
     torch._dynamo.reset()
-    model = build_model(vocab_size=VOCAB)
-    reference = build_model(vocab_size=VOCAB)
+    model = build_model(vocab_size=VOCAB, step_supervision=supervised)
+    reference = build_model(vocab_size=VOCAB, step_supervision=supervised)
     if checkpoint:
         apply_recurrence_ac(model, ActivationCheckpoint(mode="full"), checkpoint, compile_enabled=True)
     # Recompiles are dynamo's (guards on depth, step index, grad mode), whatever the backend;
@@ -28,17 +36,25 @@ def test_no_recompiles_across_depths_and_steps(checkpoint):
     assert isinstance(model.recurrence.step, torch._dynamo.eval_frame.OptimizedModule)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(1))
+    step_labels = torch.randint(0, VOCAB, (2, 32, 3), generator=torch.Generator().manual_seed(2))
+
+    def loss_of(net, depth):
+        if not supervised:
+            return net(tokens, num_recurrences=depth).float().square().mean()
+        out = net(tokens, num_recurrences=depth, step_labels=step_labels)
+        assert isinstance(out, TrainingOutput) and out.step_logits is not None  # every step read out
+        return grt_loss(out, tokens) / tokens.numel()
 
     def train_step(depth=None):
         optimizer.zero_grad()
-        loss = model(tokens, num_recurrences=depth).float().square().mean()
+        loss = loss_of(model, depth)
         loss.backward()
         optimizer.step()
         return loss
 
     # Warm-up compiles each distinct graph once (prelude/coda blocks, the step).
     torch.manual_seed(3)
-    eager = reference(tokens, num_recurrences=2).float().square().mean()
+    eager = loss_of(reference, 2)
     torch.manual_seed(3)
     compiled = train_step(depth=2)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
