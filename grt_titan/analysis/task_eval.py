@@ -85,15 +85,19 @@ def score(model, encoded: list[tuple[list[int], int]], depths, batch_size: int, 
     device = next(model.parameters()).device
     correct = [{} for _ in encoded]
     for batch, ids in _batches(encoded, batch_size, device):
-        length = ids.shape[1]
         for r in depths:
             predicted = model(ids, num_recurrences=r).argmax(-1)  # at position t: token t + 1
             for row, i in enumerate(batch):
-                n = encoded[i][1]
-                correct[i][r] = torch.equal(predicted[row, length - n - 1 : length - 1], ids[row, length - n :])
+                correct[i][r] = torch.equal(predicted[row, answered(ids, encoded[i][1])], ids[row, -encoded[i][1] :])
         if bar is not None:
             bar.update(len(batch))
     return correct
+
+
+def answered(ids: torch.Tensor, n: int) -> slice:
+    """The positions whose next-token predictions are the last `n` tokens of `ids` [b, length]."""
+    length = ids.shape[1]
+    return slice(length - n - 1, length - 1)
 
 
 def _batches(encoded: list[tuple[list[int], int]], batch_size: int, device):
@@ -126,10 +130,10 @@ def score_halting(model, encoded, rule: str, threshold: float, batch_size: int) 
     scored: list = [None] * len(encoded)
     for batch, ids in _batches(encoded, batch_size, device):
         logits, steps = model.forward_with_halting(ids, rule, threshold)
-        predicted, length = logits.argmax(-1), ids.shape[1]
+        predicted = logits.argmax(-1)
         for row, i in enumerate(batch):
-            at = slice(length - encoded[i][1] - 1, length - 1)
-            right = torch.equal(predicted[row, at], ids[row, at.start + 1 : length])
+            at = answered(ids, encoded[i][1])
+            right = torch.equal(predicted[row, at], ids[row, -encoded[i][1] :])
             scored[i] = (right, float(steps[row, at].float().mean()))
     return scored
 

@@ -161,7 +161,8 @@ def encode_records(tokenizer, batch: list[Record], prefix: list[int], suffix: li
     for record in batch:
         if record.messages is not None:
             record_ids, record_mask = ChatTemplate.of(tokenizer, record.where).encode(record)
-            step_rows.append(np.tile(np.array(record_ids, dtype=np.int64)[:, None], (1, max_steps)))
+            if steps is not None:  # no per-step targets in a chat: the completion at every step
+                step_rows.append(np.tile(np.array(record_ids, dtype=np.int64)[:, None], (1, max_steps)))
         else:
             prompt, completion = next(prompts), next(completions)
             record_ids = [*prefix, *prompt, *completion, *suffix]

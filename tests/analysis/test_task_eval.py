@@ -11,10 +11,9 @@ from grt_titan.analysis import task_eval
 from grt_titan.data import tasks
 from grt_titan.data.records import Record
 from grt_titan.model import grt_flavors
-from grt_titan.model.model import GRTModel
 from grt_titan.tokenizer import load_tokenizer
 
-from grt_test_helpers import REPO, one_process
+from grt_test_helpers import REPO, build_model, one_process
 
 TASK_TOML = REPO / "train_configs" / "grt_task_debug.toml"
 
@@ -33,12 +32,8 @@ def greedy(model, ids: list[int], n: int, r) -> list[int]:
 
 
 def test_exact_match_is_what_a_greedy_decode_loop_gives(words):
-    args = grt_flavors["task_debug_words"].replace(vocab_size=words.get_vocab_size(), num_recurrences=3)
-    torch.manual_seed(0)
-    model = GRTModel(args)
-    with torch.no_grad():
-        model.init_weights()
-    model.eval()
+    model = build_model("task_debug_words", 0, vocab_size=words.get_vocab_size(), num_recurrences=3).eval()
+    args = model.model_args
     problems = tasks.generate("mano", range(1, 4), 12, seed=0)
     records, encoded = [], []
     with torch.no_grad():
@@ -63,12 +58,7 @@ def test_halting_scores_and_steps_are_a_halting_decode_loops(words):
     """`--halting`: exact match when each token halts by its rule equals a decode loop whose
     every token is forward_with_halting's argmax; its steps are that forward's depths at the
     completion positions; the saving is against the smallest fixed r as accurate, by hand."""
-    args = grt_flavors["task_debug_words"].replace(vocab_size=words.get_vocab_size(), num_recurrences=4)
-    torch.manual_seed(1)
-    model = GRTModel(args)
-    with torch.no_grad():
-        model.init_weights()
-    model.eval()
+    model = build_model("task_debug_words", 1, vocab_size=words.get_vocab_size(), num_recurrences=4).eval()
     problems = tasks.generate("iterated-function", range(1, 4), 9, seed=0)
     records, encoded, loop = [], [], []
     with torch.no_grad():

@@ -17,11 +17,11 @@ from grt_titan.data.loader import build_dataloader
 from grt_titan.data.prepare import prepare
 from grt_titan.model import grt_flavors
 from grt_titan.model.flops import forward_flops_per_token, readout_flops_per_token
-from grt_titan.model.model import GRTModel
 from grt_titan.model.output import TrainingOutput
 from grt_titan.tokenizer import load_tokenizer
 
 from data_helpers import job_config, solve_iterated_function
+from grt_test_helpers import build_model
 
 S, B = 64, 4
 
@@ -99,12 +99,7 @@ def test_without_aligned_steps_step_supervision_is_refused_by_name(tmp_path, tas
 def test_the_loss_is_the_mean_of_each_steps_cross_entropy_against_its_target(task):
     ds, _, words = task
     ((inputs, labels),) = [next(iter(build_dataloader(1, 0, words, step_job(ds))))]
-    args = grt_flavors["task_debug_words"].replace(step_supervision=True, state_noise_std=0.0, gate_noise_std=0.0)
-    torch.manual_seed(0)
-    model = GRTModel(args)
-    with torch.no_grad():
-        model.init_weights()
-    model.train()
+    model = build_model("task_debug_words", 0, step_supervision=True, state_noise_std=0.0, gate_noise_std=0.0)
     r = 6  # beyond the data's 4 steps: steps 5 and 6 are trained on the answer
     out = model(inputs["input"], num_recurrences=r, step_labels=inputs["step_labels"])
     assert isinstance(out, TrainingOutput) and out.step_logits.shape[0] == r
