@@ -34,3 +34,9 @@ class DataConfig:
     """Prompt/completion data (docs/data.md): a record longer than seq_len + 1 tokens fits no
     training sequence. "error" stops at start-up naming its file and line; "drop" leaves such
     records out and logs how many."""
+
+    pack_records: bool = True
+    """Prompt/completion data: true packs whole records in order into each sequence (a record
+    attends to the records before it in its sequence); false gives every record a sequence of
+    its own, the rest padding, so no record sees another's tokens: what a task whose records
+    reuse one set of symbols needs (docs/tasks.md), at the cost of the padding."""

@@ -59,6 +59,7 @@ class TokenSequenceDataset(Dataset):
         shuffle: bool,
         long_records: str = "error",
         step_targets: bool = False,
+        pack_records: bool = True,
     ):
         if seq_len < 1:
             raise ValueError(f"seq_len = {seq_len}: must be >= 1")
@@ -78,7 +79,7 @@ class TokenSequenceDataset(Dataset):
         if stream.record_starts is None:
             self.num_sequences = max(0, (stream.num_tokens - 1) // seq_len)
         else:
-            self._pack_records(long_records)
+            self._pack_records(long_records, pack_records)
         self.per_rank = self.num_sequences // dp_world_size
         if self.per_rank == 0:
             raise ValueError(
@@ -92,12 +93,12 @@ class TokenSequenceDataset(Dataset):
         self.start = 0
         self.skips: list[tuple[int, int]] = []
 
-    def _pack_records(self, long_records: str) -> None:
+    def _pack_records(self, long_records: str, pack_records: bool) -> None:
         """Prompt/completion data: sequences are whole records packed in order (records.pack)
-        into seq_len + 1 tokens, never one split across two."""
+        into seq_len + 1 tokens, never one split across two; one record each unless `pack_records`."""
         if long_records not in ("error", "drop"):
             raise ValueError(f"[data] long_records = {long_records!r}; allowed: 'error', 'drop'")
-        starts, ends, too_long = records.pack(self.stream.record_starts, self.seq_len + 1)
+        starts, ends, too_long = records.pack(self.stream.record_starts, self.seq_len + 1, pack_records)
         if too_long.size and long_records == "error":
             first = int(too_long[0])
             length = int(self.stream.record_starts[first + 1] - self.stream.record_starts[first])
@@ -356,11 +357,15 @@ def _build(
     allow_global_batch_change: bool = False,
     long_records: str = "error",
     step_targets: bool = False,
+    pack_records: bool = True,
 ) -> GlobalPositionDataloader:
-    ds = TokenSequenceDataset(stream, seq_len, dp_rank, dp_world_size, seed, shuffle, long_records, step_targets)
+    ds = TokenSequenceDataset(
+        stream, seq_len, dp_rank, dp_world_size, seed, shuffle, long_records, step_targets, pack_records
+    )
     packed = ""
     if stream.record_starts is not None:
-        packed = f" (prompt/completion records packed whole, loss on completions; {ds.dropped_records} dropped as longer than seq_len)"
+        how = "packed whole" if pack_records else "one per sequence"
+        packed = f" (prompt/completion records {how}, loss on completions; {ds.dropped_records} dropped as longer than seq_len)"
         if step_targets:
             packed += f", per-step targets of {len(stream.steps)} steps ([grt] step_supervision)"
     logger.info(
@@ -406,6 +411,7 @@ def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, in
         cfg.allow_global_batch_change,
         cfg.long_records,
         step_targets=getattr(getattr(job_config, "grt", None), "step_supervision", None) is True,
+        pack_records=cfg.pack_records,
     )
 
 
@@ -431,4 +437,5 @@ def build_validation_dataloader(
         infinite,
         v.local_batch_size * dp_world_size,
         long_records=cfg.long_records,
+        pack_records=cfg.pack_records,
     )

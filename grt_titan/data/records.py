@@ -295,11 +295,14 @@ class RecordIndex:
         return {"records": len(self.starts) - 1, "records_file": name, "meta_file": self.meta_file}
 
 
-def pack(starts: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack(starts: np.ndarray, capacity: int, together: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Greedy in-order packing of whole records into sequences of at most ``capacity``
-    tokens: (sequence start, sequence end) token offsets, and the records that did not fit
-    in any (longer than ``capacity``), which are left out."""
+    tokens (one record each unless ``together``): (sequence start, sequence end) token
+    offsets, and the records that did not fit in any (longer than ``capacity``), left out."""
     lengths = np.diff(starts)
+    if not together:
+        fits = lengths <= capacity
+        return starts[:-1][fits].astype(np.int64), starts[1:][fits].astype(np.int64), np.flatnonzero(~fits)
     seq_starts, seq_ends, too_long = [], [], []
     open_at, used = None, 0
     for i, length in enumerate(lengths.tolist()):

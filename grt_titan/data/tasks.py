@@ -10,7 +10,8 @@ for models too small to pay for 50k embedding rows.
   x and d: the answer is f^d(x). The orbit x, f(x), ..., f^d(x) is d + 1 distinct symbols,
   so no cycle ends the walk early (the iterated-function task of the recurrent-retrofit study).
 - ``chains``: variable assignments ``b = a ;`` forming a chain of d hops from the queried
-  variable to a digit, among distractor chains, shuffled (p-hop / variable tracking).
+  variable to a digit, among two distractor chains of the same depth with digits of their
+  own, shuffled (p-hop / variable tracking).
 - ``mano``: a prefix expression of d operators (+, -, *) over 0..22, mod 23 (Ouro's Mano).
 
 Splits are disjoint by construction: a problem's split is decided by the hash of its prompt
@@ -33,6 +34,7 @@ SPLIT_BUCKETS = {"train": range(0, 80), "val": range(80, 90), "test": range(90, 
 SYMBOLS = string.ascii_lowercase
 MANO_MODULUS = 23
 MAX_TRIES_PER_PROBLEM = 200
+CHAINS = 3  # chains per `chains` problem: the query's and two distractors
 
 
 def iterated_function(rng: random.Random, depth: int, symbols: int) -> dict:
@@ -52,16 +54,19 @@ def iterated_function(rng: random.Random, depth: int, symbols: int) -> dict:
 
 
 def chains(rng: random.Random, depth: int, symbols: int) -> dict:
-    """Chains of d variables, the first set to a digit, each next to the one before; the
-    query is the queried chain's last variable, d lookups from its digit."""
-    chain_count = max(2, symbols // depth)
-    if chain_count * depth > symbols:
-        raise ValueError(f"chains: depth {depth} needs at least {2 * depth} symbols; got --symbols {symbols}")
-    names = rng.sample(SYMBOLS[:symbols], chain_count * depth)
+    """CHAINS chains of d variables, each first set to its own digit, each next to the one
+    before; the query is one chain's last variable, d lookups from its digit. Every chain has
+    the query's depth and a digit of its own, so a guess among the prompt's digits is right
+    1 time in CHAINS at every depth: only following the query's chain does better."""
+    if CHAINS * depth > symbols:
+        raise ValueError(
+            f"chains: depth {depth} needs at least {CHAINS * depth} symbols ({CHAINS} chains); got --symbols {symbols}"
+        )
+    names = rng.sample(SYMBOLS[:symbols], CHAINS * depth)
+    digits = rng.sample("0123456789", CHAINS)
     assignments, query, steps = [], None, None
-    for c in range(chain_count):
+    for c, value in enumerate(digits):
         chain = names[c * depth : (c + 1) * depth]
-        value = str(rng.randrange(10))
         assignments.append(f"{chain[0]} = {value} ;")
         assignments += [f"{var} = {prev} ;" for prev, var in zip(chain, chain[1:])]
         if c == 0:

@@ -128,7 +128,7 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert "prompt/completion records packed whole" in proc.stdout + proc.stderr
+    assert "prompt/completion records one per sequence" in proc.stdout + proc.stderr  # the preset: pack_records = false
     assert "per-step targets of 3 steps ([grt] step_supervision)" in proc.stdout + proc.stderr
     checkpoint = str(tmp_path / "run" / "checkpoint")
     base = [checkpoint, "--data", str(tmp_path / "test.jsonl"), "--no-progress"]

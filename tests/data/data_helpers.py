@@ -197,10 +197,13 @@ def solve_iterated_function(prompt: str) -> list[str]:
 def solve_chains(prompt: str) -> list[str]:
     table, query = prompt.split(" | ")
     value = dict(re.findall(r"(\w) = (\w) ;", table))
+    digits = [v for v in value.values() if v.isdigit()]
+    assert len(digits) == len(set(digits)) == 3, "three chains, each to a digit of its own"
     var, steps = re.fullmatch(r"(\w) =", query).group(1), []
     while not var.isdigit():
         var = value[var]
         steps.append(var)
+    assert len(value) == 3 * len(steps), "three chains of the query's depth"
     return steps
 
 

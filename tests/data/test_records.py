@@ -213,6 +213,32 @@ def test_packing_by_hand():
     starts = np.array([0, 3, 5, 12, 14, 15])  # records of 3, 2, 7, 2, 1 tokens
     seq_starts, seq_ends, too_long = records.pack(starts, capacity=5)
     assert list(zip(seq_starts, seq_ends)) == [(0, 5), (12, 15)] and too_long.tolist() == [2]
+    seq_starts, seq_ends, too_long = records.pack(starts, capacity=5, together=False)
+    assert list(zip(seq_starts, seq_ends)) == [(0, 3), (3, 5), (12, 14), (14, 15)] and too_long.tolist() == [2]
+
+
+def test_one_record_per_sequence_sees_no_other_record(sft, tokenizer):
+    """[data] pack_records = false: each sequence is one whole record, then padding that no
+    label counts, so no record attends to another's tokens; every record once per epoch."""
+    ds, _ = sft
+    jc = job_config(str(ds), seq_len=S, batch_size=B)
+    jc.data.pack_records = False
+    loader = build_dataloader(1, 0, tokenizer, jc, infinite=False)
+    stream, dataset = loader.dataset.stream, loader.dataset
+    record_starts = stream.record_starts
+    assert dataset.num_sequences == len(record_starts) - 1  # every record fits S + 1 here
+    seen = 0
+    for inputs, labels in loader:
+        for x, y in zip(inputs["input"], labels):
+            k = int(np.searchsorted(record_starts, dataset.pack_starts[dataset.sequence_index(seen)]))
+            a, b = int(record_starts[k]), int(record_starts[k + 1])
+            n = min(b - a, S)
+            assert x[:n].tolist() == stream.read(a, b - a)[:n].tolist()
+            assert (x[b - a :] == 0).all() and (y[b - a - 1 :] == IGNORE_INDEX).all()  # padding, uncounted
+            seen += 1
+    assert seen == dataset.num_sequences
+    packed = build_dataloader(1, 0, tokenizer, job_config(str(ds), seq_len=S, batch_size=B), infinite=False)
+    assert packed.dataset.num_sequences < dataset.num_sequences  # packing put several records together
 
 
 CHATML = (

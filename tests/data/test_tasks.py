@@ -64,4 +64,4 @@ def test_cli_writes_jsonl_and_the_task_tokenizer_reads_it(tmp_path, capsys):
     tokens = np.fromfile(tmp_path / "ds" / "train_000000.bin", dtype="<u2")
     assert tokens[-1] == tokenizer.eos_id and tokens.max() < tokenizer.get_vocab_size()
     assert tasks.main(["chains", "--depths", "9", "--out", str(tmp_path / "x.jsonl"), "--symbols", "10"]) == 2
-    assert "depth 9 needs at least 18 symbols" in capsys.readouterr().err
+    assert "depth 9 needs at least 27 symbols (3 chains)" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from tests.launcher import Job, free_port, job_env, rank_environment, start
 
 FT_LINE = re.compile(r"FT step=(\d+) committed=(\d+) live=(\d+) weights=(\w+) sent=(\d+)")
 HEALED_LINE = re.compile(r"FT healed bytes=(\d+)")
+UNCOMMITTED_LINE = re.compile(r"Fault tolerance: step (\d+) was not committed")
 WORKER = "tests.reliability.ft_worker"
 # A small, fast job: the debug GRT at batch 2 x 64 tokens, every step logged.
 FT_RUN = [*SHORT_DEBUG_RUN, "--training.local_batch_size", "2", "--metrics.no-enable-tensorboard"]
@@ -162,6 +163,11 @@ def wait_until(condition, timeout: float, what: str, groups: list[Group]) -> flo
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails(groups, 3000)}")
         time.sleep(0.2)
     return time.monotonic() - start
+
+
+def uncommitted_steps(group: Group) -> set[int]:
+    """The trainer steps this group's log names as not committed (the trainer's warning)."""
+    return {int(s) for s in UNCOMMITTED_LINE.findall(group.text())}
 
 
 def digests_by_step(group: Group) -> dict[int, str]:
