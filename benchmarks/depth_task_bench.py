@@ -47,7 +47,7 @@ ROWS: dict[str, tuple[str | None, list[str]]] = {
     "grt_steps": (None, ["--grt.step_supervision", "True"]),
     "grt": (None, []),
     "unlooped": (None, ["--grt.num_recurrences", "1", "--grt.min_recurrences", "1", "--grt.depth_sampling", "fixed"]),
-    "dense": (None, ["--model.flavor", "task_debug_words_dense"]),
+    "dense": (None, ["--model.flavor", "dense_task_debug_words"]),
     "poisson_steps": ("small_poisson", ["--grt.step_supervision", "True", "--grt.backprop_recurrences", "8"]),
     "mor": ("small_mor", []),
     "ouro": ("small_ouro", []),
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for the task, the runs and the summary")
     p.add_argument("--task", default="chains", choices=["chains", "iterated-function", "mano"])
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    p.add_argument("--steps", type=int, default=1500, help="the first row's steps; the FLOP budget of every row")
+    p.add_argument("--steps", type=int, default=1000, help="the first row's steps; the FLOP budget of every row")
     p.add_argument("--problems", type=int, default=30000, help="training problems")
     p.add_argument("--test-depths", default="1-8", help="A-B: test problem depths (training: 1-6)")
     p.add_argument("--test-problems", type=int, default=400)

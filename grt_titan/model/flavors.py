@@ -73,7 +73,8 @@ grt_flavors: dict[str, GRTModelArgs] = {
     "task_debug_words": dataclasses.replace(
         _gpt2(dim=128, n_heads=4, prelude=1, core=1, recurrences=8, coda=1), vocab_size=256
     ),
-    "task_debug_words_dense": _dense(layers=10, dim=128, n_heads=4, vocab_size=256),
+    # Its isoFLOP twin at R: 10 unshared layers (benchmarks/depth_task_bench.py's dense row).
+    "dense_task_debug_words": _dense(layers=10, dim=128, n_heads=4, vocab_size=256),
     # Paper table 1 / table 5 (GPT-2 blocks, learned positions, tied embeddings).
     "small": _gpt2(dim=768, n_heads=12, prelude=1, core=1, recurrences=10, coda=1),
     "medium": _gpt2(dim=1024, n_heads=16, prelude=2, core=5, recurrences=4, coda=2),

@@ -77,6 +77,17 @@ def test_realised_flops_average_eq1_over_the_tokens_depths():
     )
 
 
+@pytest.mark.parametrize("twin", sorted(name for name in grt_flavors if name.startswith("dense_")))
+def test_each_dense_twin_has_its_flavors_block_applications(twin):
+    """`dense_X` is X's isoFLOP twin (model/flavors.py): p + n R + c unshared layers of X's
+    width, heads, block style and vocabulary, no core."""
+    dense, grt = grt_flavors[twin], grt_flavors[twin.removeprefix("dense_")]
+    applications = grt.n_prelude_layers + grt.n_core_layers * grt.num_recurrences + grt.n_coda_layers
+    assert dense.n_core_layers == 0 and dense.n_prelude_layers + dense.n_coda_layers == applications
+    same = ("dim", "n_heads", "n_kv_heads", "block_style", "vocab_size")
+    assert [getattr(dense, f) for f in same] == [getattr(grt, f) for f in same]
+
+
 def test_dense_flops_are_eq1_without_recurrence():
     args = grt_flavors["dense_small"]
     assert args.forward_flops_per_token(1024) == eq1_by_hand(12, 0, 0, 0, 768, 1024, 50257)
