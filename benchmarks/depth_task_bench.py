@@ -87,18 +87,11 @@ def row_overrides(row: str, data: Path, vocab: Path) -> list[str]:
 
 def flops_per_token(overrides: list[str]) -> tuple[int, float]:
     """(parameters, training FLOPs per token) of the preset with `overrides`, on the meta device."""
-    import torch
-    from torchtitan.config import ConfigManager
-    from torchtitan.protocols.train_spec import get_train_spec
+    from grt_titan.checkpoint_io import load_model_args
+    from grt_titan.model.model import build_meta_model
 
-    import grt_titan  # noqa: F401  (registers the spec)
-
-    config = ConfigManager().parse_args(["--job.config_file", str(PRESET), *overrides])
-    args = get_train_spec("grt").model_args[config.model.flavor].replace()
-    args.update_from_config(config)
-    with torch.device("meta"):
-        model = get_train_spec("grt").model_cls(args)
-    return args.get_nparams_and_flops(model, config.training.seq_len)
+    args, config = load_model_args(PRESET, overrides, training_schedule=True)
+    return args.get_nparams_and_flops(build_meta_model(args), config.training.seq_len)
 
 
 def run(command: list[str], log: Path, threads: int = 1) -> float:
@@ -217,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(opts.parallel) as pool:
         futures = [pool.submit(train_and_score, row, steps[row], opts, vocab, data, test) for row in opts.rows]
         results = [f.result() for f in futures]
+    from grt_titan.checkpoint_io import load_model_args
     from grt_titan.data.tasks import parse_depths
 
-    recurrences = 8
+    recurrences = load_model_args(PRESET, row_overrides("grt", data, vocab))[0].num_recurrences
     text = summary(results, parse_depths(opts.test_depths), recurrences)
     print(text)
     (opts.out / "summary.md").write_text(text + "\n")
