@@ -27,6 +27,7 @@ no claim beyond the task, sizes and budget it ran.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -66,6 +67,7 @@ def paper_parts(stem: str) -> list[str]:
     return out
 
 
+@functools.cache
 def sequence_length(data: Path) -> int:
     """The preset trains one record per sequence: the longest record's, to a multiple of 8."""
     import numpy as np
@@ -122,8 +124,8 @@ def train_and_score(row: str, steps: int, opts, vocab: Path, data: Path, test: P
     """One row trained and scored; a row already done in --out (its result.json) is read back."""
     folder = opts.out / row
     done = folder / "result.json"
-    if done.exists() and json.loads(done.read_text())["steps"] == steps:
-        return json.loads(done.read_text())
+    if done.exists() and (finished := json.loads(done.read_text()))["steps"] == steps:
+        return finished
     folder.mkdir(parents=True, exist_ok=True)
     overrides = row_overrides(row, data, vocab)
     train = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv-backend=c10d"]
