@@ -91,6 +91,7 @@ class Generator:
             raise ValueError(f"Generator: halting={halting} decodes eagerly; pass compiled=False")
         self.model, self.device = model, device
         self.halting = dict(halting or {})
+        self.depths: list[torch.Tensor] = []  # each call's recurrence_depths, with halting
         self.prompt, self.new_tokens = prompt, new_tokens
         total = prompt + new_tokens
         self.compiled = compiled
@@ -120,16 +121,19 @@ class Generator:
         )
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens = [token]
+        self.depths = [out.recurrence_depths] if self.halting else []
         for i in range(self.new_tokens - 1):
             t = self.prompt + i
-            logits = self.step(
+            out = self.step(
                 token,
                 past_key_values=self.cache,
                 cache_slots=self.slots[t],
                 position_ids=self.positions[t],
                 **self.halting,
-            ).logits
-            token = logits[:, -1].argmax(-1, keepdim=True)
+            )
+            if self.halting:
+                self.depths.append(out.recurrence_depths)
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
             if self.compiled:
                 token = token.clone()  # CUDA graphs reuse their output buffers
             tokens.append(token)
@@ -176,6 +180,9 @@ def measure(model, strategy, compiled, opts, batch, halting: dict | None = None)
         "weights_bytes": weight_bytes(model),
         "kv_bytes": gen.cache.nbytes(),
     }
+    if gen.depths:  # the depth range the halting rule gave the last run's tokens
+        depths = torch.cat([d.flatten() for d in gen.depths])
+        result["depth_range"] = (int(depths.min()), int(depths.max()))
     if cuda:  # this model's weights + cache + activations + logits at their peak
         result["peak_bytes"] = torch.cuda.max_memory_allocated() - held + weight_bytes(model)
     return result

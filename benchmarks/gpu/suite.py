@@ -426,7 +426,10 @@ def part_halting(size: SuiteSize, device: str) -> dict:
     for rule in HALTING_RULES:
         never = {"halting": rule, "halting_threshold": float("inf") if rule == "argmax" else 0.0}
         r = gb.measure(model, "per_step", False, opts, size.gen_batch, halting=never)
-        assert torch.equal(r["tokens"], fixed["tokens"]), f"{rule} at {never['halting_threshold']} left r = R"
+        # Every token ran R steps. Not the tokens' equality: bf16 kernels differ between the two
+        # paths, and a random model's near-tied logits flip (2026-12-04, H200: the state rule).
+        depth = model.config.eval_depth
+        assert r["depth_range"] == (depth, depth), f"{rule} at {never['halting_threshold']}: depths {r['depth_range']}"
         rows.append(
             {"rule": rule, "latency_s": r["latency_s"], "over_fixed_eager": r["latency_s"] / fixed["latency_s"]}
         )

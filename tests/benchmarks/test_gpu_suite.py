@@ -92,12 +92,33 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     # Fewer cached core layers than per_step: first/last/average keep one step's KV.
     by = {(m["batch"], m["strategy"]): m["ratio"] for m in gen["memory"]}
     assert by[(2, "average")] < by[(2, "per_step")]
-    # Every halting rule decoded (its tokens equal to fixed r = R's: the suite asserts it).
+    # Every halting rule decoded, every token at depth R (the suite asserts it).
     halting = results["halting"]
     assert [r["rule"] for r in halting["rules"]] == ["state", "gate", "kl", "entropy", "argmax"]
     assert all(math.isfinite(r["over_fixed_eager"]) and r["over_fixed_eager"] > 0 for r in halting["rules"])
     assert "| MFU GRT / dense" in proc.stdout and "seconds per part:" in proc.stdout
     assert "| halting decode latency / fixed r = R eager, kl never halting" in proc.stdout
+
+
+def test_halting_decode_records_each_tokens_depth():
+    """The halting part's check that no token halted reads these depths (not the tokens: in
+    bf16 on the H200 a never-halting decode's tokens differed from the fixed decode's)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import generate_bench as gb
+
+    suite = load_suite()
+    model = gb.build_model(suite.generation_args("debug", suite.CPU_SMOKE), torch.float32, "cpu")
+    depth = model.config.eval_depth
+    opts = SimpleNamespace(device="cpu", prompt=8, new_tokens=4, warmup=0, repeats=1)
+    never = gb.measure(model, "per_step", False, opts, 2, halting={"halting": "state", "halting_threshold": 0.0})
+    always = gb.measure(model, "per_step", False, opts, 2, halting={"halting": "state", "halting_threshold": 1e9})
+    assert never["depth_range"] == (depth, depth)
+    assert always["depth_range"] == (1, 1) and depth > 1
+    assert "depth_range" not in gb.measure(model, "per_step", False, opts, 2)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao prints nothing if absent")
