@@ -17,7 +17,9 @@ training FLOPs per token (torchtitan's count, `get_nparams_and_flops`) allow. Ro
 - dense: the isoFLOP twin, 1 + R + 1 unshared layers (the GRT's block applications at R);
 - poisson_steps, mor, ouro, rrt_steps: table 1's four rows, their [grt] parts from
   train_configs/paper/small_*.toml at the task's size and R; per-step supervision where the
-  method takes it (Ouro's exit distribution and MoR's router do not).
+  method takes it (Ouro's exit distribution and MoR's router do not);
+- scse_steps: SCSE (train_configs/paper/small_scse.toml's parts, its llama blocks), per-step
+  supervision.
 
 Results: `summary.md` (the tables printed at the end) and `results.json` in --out, every run's
 folder beside them; run again with the same --out, it reuses the rows it finished. It makes
@@ -53,6 +55,7 @@ ROWS: dict[str, tuple[str | None, list[str]]] = {
     "mor": ("small_mor", []),
     "ouro": ("small_ouro", []),
     "rrt_steps": ("small_rrt", ["--grt.step_supervision", "True", "--grt.lora_rank", "16"]),
+    "scse_steps": ("small_scse", ["--grt.step_supervision", "True"]),  # llama blocks, as its TOML
 }
 PART_KEYS_KEPT_FROM_THE_PRESET = {"num_recurrences", "min_recurrences"}
 
@@ -87,12 +90,12 @@ def row_overrides(row: str, data: Path, vocab: Path) -> list[str]:
     return args + (paper_parts(stem) if stem else []) + extra
 
 
-def flops_per_token(overrides: list[str]) -> tuple[int, float]:
-    """(parameters, training FLOPs per token) of the preset with `overrides`, on the meta device."""
+def flops_per_token(overrides: list[str], preset: Path = PRESET) -> tuple[int, float]:
+    """(parameters, training FLOPs per token) of `preset` with `overrides`, on the meta device."""
     from grt_titan.checkpoint_io import load_model_args
     from grt_titan.model.model import build_meta_model
 
-    args, config = load_model_args(PRESET, overrides, training_schedule=True)
+    args, config = load_model_args(preset, overrides, training_schedule=True)
     return args.get_nparams_and_flops(build_meta_model(args), config.training.seq_len)
 
 

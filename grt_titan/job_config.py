@@ -102,14 +102,17 @@ class GRTSection:
 
     injection: Injection | None = None
     """proj: the step's input is W_proj [h + eps_x ; h_pre] (GRT eq. 2, Huginn's adapter);
-    none: h + eps_x, the prelude output is not re-injected."""
+    none: h + eps_x, the prelude output is not re-injected; deviation: h - h*, the deviation
+    from SCSE's anchor (with update and initial_state of the same row, docs/methods.md)."""
 
     update: Update | None = None
-    """gate: h <- g h + (1 - g) o (GRT eq. 4); overwrite: h <- o."""
+    """gate: h <- g h + (1 - g) o (GRT eq. 4); overwrite: h <- o; deviation: SCSE's
+    h <- h + m s (o - (h - h*)), m = 0 for a sequence at its anchor."""
 
     initial_state: InitialState | None = None
     """prelude: h_0 = h_pre (GRT); random: a fresh TruncNormal(0, initial_state_std) state
-    every forward (heavy-tail Poisson)."""
+    every forward (heavy-tail Poisson); anchor: SCSE's learned anchor h* = e + a A e and
+    h_0 = e + b B e from the prelude output e."""
 
     initial_state_std: float | None = None
     """Std of the random initial state (default 0.02, cut at 3 std)."""
@@ -117,6 +120,19 @@ class GRTSection:
     depth_mean: float | None = None
     """poisson_lognormal depth sampling: the mean training depth E[r]; default the uniform
     sampler's (r_min + R) / 2, so both spend the same expected compute."""
+
+    anchor_scale: float | None = None
+    """SCSE: a, the anchor's scale in h* = e + a A e (default 0.1)."""
+
+    initial_deviation_scale: float | None = None
+    """SCSE: b, the initial state's scale in h_0 = e + b B e (default 0.1)."""
+
+    deviation_step_size: float | None = None
+    """SCSE: s, the step's scale in Delta <- Delta + m s G(Delta) (default 0.5)."""
+
+    deviation_mask_eps: float | None = None
+    """SCSE: epsilon of the zero-deviation mask m = 1{||Delta||_F^2 > epsilon}, per sequence
+    (default 1e-8)."""
 
     step_adapter: StepAdapter | None = None
     """lora: one LoRA adapter per (core block, recurrence step) on every linear of the core

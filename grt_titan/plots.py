@@ -130,10 +130,13 @@ def step_dynamics_figure(
     angle: Sequence[float],
     radial: Sequence[float],
     trained_depth: int,
+    anchor: Sequence[float] | None = None,
 ) -> Figure:
     """Why tokens halt: per recurrence step, (a) the readout's decision margin, (b) the angle
-    the state turns, (c) the radial share of its displacement; dotted line at R."""
-    fig, (ax_margin, ax_angle, ax_radial) = _figure(3, width=4.0)
+    the state turns, (c) the radial share of its displacement; with `anchor`, (d) the anchor
+    response ||T_s(a; e) - a|| / ||e|| (the forcing bias: 0 for SCSE); dotted line at R."""
+    fig, axes = _figure(3 if anchor is None else 4, width=4.0)
+    ax_margin, ax_angle, ax_radial = axes[:3]
     ax_margin.plot(steps, margin, "o-", color="C0")
     ax_margin.set_ylabel("top-1 minus top-2 logit of the step's readout")
     ax_margin.set_title("(a) decision margin")
@@ -143,9 +146,13 @@ def step_dynamics_figure(
     ax_radial.plot(steps, radial, "o-", color="C2")
     ax_radial.set_ylabel("|cos(h_s - h_{s-1}, h_{s-1})|")
     ax_radial.set_title("(c) radial share of the step")
-    for ax in (ax_margin, ax_angle, ax_radial):
+    if anchor is not None:
+        axes[3].plot(steps, anchor, "o-", color="C3")
+        axes[3].set_ylabel("||T_s(a; e) - a|| / ||e||")
+        axes[3].set_title("(d) anchor response (forcing bias)")
+    for ax in axes:
         ax.axvline(trained_depth, color="grey", ls=":", lw=1)
-    _recurrence_step_axes((ax_margin, ax_angle, ax_radial), steps)
+    _recurrence_step_axes(tuple(axes), steps)
     return fig
 
 

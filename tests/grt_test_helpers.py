@@ -94,6 +94,7 @@ RRT_PARTS = dict(methods.RRT.parts, lora_rank=3)
 MOR_PARTS = dict(methods.MOR.parts)
 MOR_OVERRIDES = parts_overrides(MOR_PARTS)
 OURO_PARTS = dict(methods.OURO.parts)
+SCSE_PARTS = dict(methods.SCSE.parts, block_style="llama")  # its paper's bias-free core
 
 
 # A gloo rank of a finished job can abort (SIGABRT) while the process tears down, after

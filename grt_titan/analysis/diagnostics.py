@@ -17,7 +17,10 @@ plus, per recurrence step i, the `STATISTICS` of grt_titan/model/step_stats.py (
 std and saturation shares, update ratio rho, update / proposal norms and cosines, relative
 update; figures 10, 11a-b, 14b); the training metrics log the first five, same definitions;
 and the `STEP_DYNAMICS` of the same pass (decision margin, angle, radial share), which tell
-why tokens halt where they do.
+why tokens halt where they do, with the anchor response (`anchor_response`): per step s,
+||T_s(a; e) - a|| / ||e||, one step taken from the method's anchor a (the prelude output e;
+SCSE's h*), the zero-deviation forcing bias of the SCSE paper (arXiv 2607.27656): 0 for SCSE
+by construction, not for a method that re-injects its source at every step.
 
 `HaltingSweep`: per-token halting (grt_titan/model/halting.py) on the same batches, one
 `forward_with_halting` per (rule, threshold) point: loss against the mean forward FLOPs per
@@ -50,7 +53,7 @@ from grt_titan.model.step_stats import (
     summarize,
 )
 
-STEP_DYNAMICS = ("decision_margin", "angle_degrees", "radial_share")
+STEP_DYNAMICS = ("decision_margin", "angle_degrees", "radial_share", "anchor_response")
 
 
 def step_dynamics(logits: torch.Tensor, h: torch.Tensor, previous: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -72,6 +75,22 @@ def step_dynamics(logits: torch.Tensor, h: torch.Tensor, previous: torch.Tensor,
     along = (displacement * previous).sum(-1).abs() / previous.norm(dim=-1).clamp_min(tiny)
     radial = along / displacement.norm(dim=-1).clamp_min(tiny)
     return torch.stack([margin.sum(), torch.rad2deg(torch.arccos(cosine)).sum(), radial.sum()])
+
+
+def anchor_response(recurrence: Recurrence, h_pre: torch.Tensor, freqs_cis, steps: int) -> torch.Tensor:
+    """Per step s = 1..`steps`, the sum over tokens of ||T_s(a; e) - a|| / ||e|| (float64): the
+    step s taken from the anchor a (`Recurrence.start`'s source: e = h_pre, or SCSE's h*),
+    whatever the state. NaN for a routed recurrence (MoR), whose steps take no source."""
+    if recurrence.router is not None:
+        return torch.full((steps,), float("nan"), dtype=torch.float64)
+    _, anchor = recurrence.start(h_pre, None)
+    scale = h_pre.double().norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+    sums = []
+    for index in range(steps):
+        step_index = torch.tensor(index, device=h_pre.device) if recurrence.has_step_adapters else None
+        moved = recurrence.step(anchor, anchor, freqs_cis, step_index=step_index)
+        sums.append(((moved - anchor).double().norm(dim=-1) / scale).sum())
+    return torch.stack(sums).cpu()
 
 
 def require_recurrence(model: nn.Module) -> Recurrence:
@@ -115,13 +134,20 @@ class DepthAnalysis:
                 states.append(record.state)
             states.append(record.new_state)
             self.step_sums[record.index - 1] += step_row(record).cpu()
-            self.gate_counts[record.index - 1] += gate_histogram(record.gate).cpu()
+            # No gate (update = overwrite, SCSE's deviation): g = 0 everywhere, as step_row counts it.
+            gate = torch.zeros_like(record.state) if record.gate is None else record.gate
+            self.gate_counts[record.index - 1] += gate_histogram(gate).cpu()
 
+        inputs_of_recurrence = []
+        hook = recurrence.register_forward_pre_hook(lambda _, args: inputs_of_recurrence.append(args[:2]))
         previous, recurrence.observer = recurrence.observer, observe
         try:
             final_logits = model(inputs, num_recurrences=self.max_depth)
         finally:
             recurrence.observer = previous
+            hook.remove()
+        (h_pre, freqs_cis), steps = inputs_of_recurrence[0], self.max_depth
+        self.dynamics_sums[:, -1] += anchor_response(recurrence, h_pre, freqs_cis, steps)
         assert len(states) == self.max_depth + 1, len(states)
 
         def readout(r: int) -> torch.Tensor:
@@ -139,7 +165,7 @@ class DepthAnalysis:
             # KL(p_final || p_r); exactly 0 at the final depth (same tensor).
             self.kl_sum[r] += (p_ref * (ref - logp)).sum().item()
             if r >= 1:
-                self.dynamics_sums[r - 1] += step_dynamics(logits, states[r], states[r - 1], vocab_size).cpu()
+                self.dynamics_sums[r - 1, :-1] += step_dynamics(logits, states[r], states[r - 1], vocab_size).cpu()
         self.tokens += labels.numel()
         self.scored_tokens += int((labels != IGNORE_INDEX).sum())  # prompt/completion data: completions
         self.sequences += labels.shape[0]

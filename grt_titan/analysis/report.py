@@ -226,6 +226,11 @@ def _figures(result: dict[str, Any]) -> dict[str, Any]:
             depths, loss, flops, R, halting["rules"], halting["min_depth"], halting["max_depth"], title=title
         ),
         "step_dynamics": plots.step_dynamics_figure(
-            dynamics["steps"], dynamics["decision_margin"], dynamics["angle_degrees"], dynamics["radial_share"], R
+            dynamics["steps"],
+            dynamics["decision_margin"],
+            dynamics["angle_degrees"],
+            dynamics["radial_share"],
+            R,
+            anchor=dynamics["anchor_response"],
         ),
     }

@@ -57,6 +57,10 @@ def hf_config_kwargs(args: GRTModelArgs, eos_id: int | None = None, bos_id: int 
             lora_rank=args.lora_rank,
             lora_scale=args.lora_scale,
             exit_threshold=args.exit_threshold,  # Ouro's Q-exit threshold q
+            anchor_scale=args.anchor_scale,  # SCSE
+            initial_deviation_scale=args.initial_deviation_scale,
+            deviation_step_size=args.deviation_step_size,
+            deviation_mask_eps=args.deviation_mask_eps,
             router_capacity=args.router_capacity,
             router_scale=args.router_scale,
             router_update=args.router_update,  # MoR: the update it was trained with
@@ -127,6 +131,10 @@ def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
             ("lora_rank",) * 2,
             ("lora_scale",) * 2,
             ("exit_threshold",) * 2,
+            ("anchor_scale",) * 2,
+            ("initial_deviation_scale",) * 2,
+            ("deviation_step_size",) * 2,
+            ("deviation_mask_eps",) * 2,
             ("router_capacity",) * 2,
             ("router_scale",) * 2,
             ("router_update",) * 2,

@@ -27,9 +27,11 @@ DepthSampling = Literal["uniform", "fixed", "poisson_lognormal"]
 DepthCurriculumShape = Literal["linear", "1-sqrt"]
 # The named parts of one recurrence step (docs/architecture.md, "Methods as parts"): every
 # method of the paper's table 1 and every rung of its figure 5 is one choice of each.
-Injection = Literal["proj", "none"]  # proj: W_proj [h (+ eps_x); h_pre] (eq. 2); none: h (+ eps_x)
-Update = Literal["gate", "overwrite"]  # gate: eq. 4; overwrite: h <- core output
-InitialState = Literal["prelude", "random"]  # h_0 = h_pre, or TruncNormal(0, initial_state_std)
+Injection = Literal[
+    "proj", "none", "deviation"
+]  # proj: W_proj [h (+ eps_x); h_pre] (eq. 2); none: h (+ eps_x); deviation: h - h* (SCSE)
+Update = Literal["gate", "overwrite", "deviation"]  # gate: eq. 4; overwrite: h <- core output; deviation: SCSE
+InitialState = Literal["prelude", "random", "anchor"]  # h_0 = h_pre, TruncNormal(0, initial_state_std), or SCSE's
 StepAdapter = Literal["none", "lora"]  # lora: one LoRA per (core block, step) on its linears (RRT)
 Objective = Literal["final", "exit_distribution"]  # CE at the last step, or Ouro's expected loss
 Router = Literal["none", "expert_choice", "token_choice"]  # MoR: which tokens each recursion step updates
@@ -65,6 +67,10 @@ CONFIGURABLE_FIELDS = (
     "initial_state",
     "initial_state_std",
     "depth_mean",
+    "anchor_scale",
+    "initial_deviation_scale",
+    "deviation_step_size",
+    "deviation_mask_eps",
     "step_adapter",
     "lora_rank",
     "lora_scale",
@@ -140,6 +146,12 @@ class GRTModelArgs(BaseModelArgs):
     initial_state: InitialState = "prelude"
     initial_state_std: float = 0.02  # std of the random h_0 (heavy-tail Poisson), cut at 3 std
     depth_mean: float | None = None  # poisson_lognormal: E[r]; None = (r_min + R) / 2
+    # SCSE (grt_titan/model/scse.py): h* = e + anchor_scale A e, h_0 = e + initial_deviation_scale B e,
+    # Delta <- Delta + m s G(Delta) with s = deviation_step_size, m = 1{||Delta||^2 > deviation_mask_eps}.
+    anchor_scale: float = 0.1
+    initial_deviation_scale: float = 0.1
+    deviation_step_size: float = 0.5
+    deviation_mask_eps: float = 1e-8
     step_adapter: StepAdapter = "none"
     lora_rank: int = 64  # RRT: rank of each per-step adapter
     lora_scale: float = 2.0  # RRT: alpha / rank, the adapter's output scale

@@ -154,7 +154,7 @@ def halting_recurrence(recurrence, h_pre: torch.Tensor, freqs_cis, halting: Halt
     `coda.layers` and `logits_from_state` give the logits; their first `vocab_size` columns are
     the vocabulary's); the state rules return no logits."""
     step = recurrence.step
-    h = recurrence.initial_state(h_pre, None)
+    h, source = recurrence.start(h_pre, None)
     depths = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
     kv = HaltedTokensKeepTheirKV(torch.ones(h.shape[:2], dtype=torch.bool, device=h.device))
     reads_out = halting.rule in READOUT_RULES
@@ -164,7 +164,7 @@ def halting_recurrence(recurrence, h_pre: torch.Tensor, freqs_cis, halting: Halt
         index = 0
         while index < halting.max_depth and bool(kv.running.any()):
             step_index = torch.tensor(index, device=h.device) if recurrence.has_step_adapters else None
-            new_h, gate, _ = step(h, h_pre, freqs_cis, None, None, return_parts=True, step_index=step_index)
+            new_h, gate, _ = step(h, source, freqs_cis, None, None, return_parts=True, step_index=step_index)
             new_h = torch.where(kv.running[..., None], new_h, h)
             depths += kv.running
             if reads_out:  # step s's readout; a token's logits are those of the step it halts at

@@ -109,7 +109,17 @@ GRT = Method(
     settings=_frozen(gate_temperature=1.0, gate_bias_init=4.0),
     config="grt",
 )
-TABLE_1: tuple[Method, ...] = (DENSE, MOR_TOKEN_CHOICE, MOR, OURO, RRT, POISSON, GRT)
+# Not a row of the GRT paper's table 1: Source-Centered State Evolution (arXiv 2607.27656,
+# grt_titan/model/scse.py), compared on equal terms. Its paper's core is llama-style (bias-free,
+# zero-preserving), which its TOMLs set; its depth is sampled uniformly from 1..R, as there.
+SCSE = Method(
+    "SCSE",
+    _frozen(injection="deviation", update="deviation", initial_state="anchor", depth_sampling="uniform", **_NO_NOISE),
+    key=("update",),
+    settings=_frozen(anchor_scale=0.1, initial_deviation_scale=0.1, deviation_step_size=0.5, deviation_mask_eps=1e-8),
+    config="scse",
+)
+TABLE_1: tuple[Method, ...] = (DENSE, MOR_TOKEN_CHOICE, MOR, OURO, RRT, POISSON, SCSE, GRT)
 
 # Figure 5's components, in the ladder's order: (label, the bare recurrence's values). Parts
 # have a component when any of its values differs from the bare recurrence's.

@@ -16,6 +16,7 @@ from .exit_distribution import ExitDistribution
 from .part import Part
 from .recurrence import GateUpdate, ProjInjection, RandomInitialState
 from .routing import ExpertChoice
+from .scse import AnchorInitialState, DeviationInjection, DeviationUpdate
 from .step_supervision import StepSupervision
 from .token_choice import TokenChoice
 
@@ -23,6 +24,9 @@ PARTS: tuple[Part, ...] = (
     ProjInjection(),  # injection = "proj": W_proj (GRT, Poisson)
     GateUpdate(),  # update = "gate": the gate (GRT)
     RandomInitialState(),  # initial_state = "random" (heavy-tail Poisson)
+    DeviationInjection(),  # injection = "deviation" (SCSE)
+    DeviationUpdate(),  # update = "deviation" (SCSE)
+    AnchorInitialState(),  # initial_state = "anchor" (SCSE)
     *LAWS,  # depth_sampling: uniform (GRT), fixed, poisson_lognormal (heavy-tail Poisson)
     LoraAdapters(),  # step_adapter = "lora" (RRT)
     ExitDistribution(),  # objective = "exit_distribution" (Ouro)

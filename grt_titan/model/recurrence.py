@@ -14,6 +14,11 @@ of this one loop (docs/architecture.md, "Methods as parts"):
     update = overwrite     h       = o                          (no gate)
     initial_state = random h_0     = TruncNormal(0, s^2)        (heavy-tail Poisson)
     step_adapter = lora    core_t  = core + the step's LoRA     (RRT)
+    SCSE (scse.py)         h_tilde = h - h*,  h = h + m s (o - h_tilde)  (injection, update =
+                           deviation; initial_state = anchor: h*, h_0 from h_pre)
+
+The steps read a source where the equations say h_pre: h_pre itself, or SCSE's anchor h*
+(`Recurrence.start`), computed once per forward outside the step.
 
 The parts of GRT itself (W_proj, the gate, the random initial state) are `Part`s here, beside
 their math, with their rules and FLOPs terms; the step and the loop hold each slot's module as
@@ -40,6 +45,7 @@ from .blocks import BlockStack
 from .depth_law import curriculum_fraction
 from .part import Bad, JobSettings, Part, build_module, tensor_parallel_problems
 from .routing import RoutedStep
+from .scse import SourceAnchor
 
 
 class DepthSampler(nn.Module):
@@ -212,7 +218,10 @@ class RecurrenceStep(nn.Module):
         # W_proj (injection = "proj"), the gate (update = "gate"), RRT's adapters (step_adapter = "lora").
         self.proj = build_module(args, "injection")
         self.core = BlockStack(args, args.n_core_layers, first_layer_id=args.n_prelude_layers)
-        self.gate = build_module(args, "update")
+        # The update slot: the gate (a module g(h, h_pre, noise)), or SCSE's deviation step.
+        update = build_module(args, "update")
+        self.deviation = update if args.update == "deviation" else None
+        self.gate = None if self.deviation is not None else update
         self.adapters = build_module(args, "step_adapter")
 
     def forward(
@@ -225,12 +234,20 @@ class RecurrenceStep(nn.Module):
         return_parts: bool = False,
         step_index: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """`step_index` (0-dim int64 tensor, 0-based): selects the step's adapters (RRT)."""
+        """`h_pre`: the source (the prelude output, or SCSE's anchor h*). `step_index` (0-dim
+        int64 tensor, 0-based): selects the step's adapters (RRT)."""
         noisy = h if state_noise is None else h + state_noise
-        core_input = noisy if self.proj is None else self.proj(torch.cat([noisy, h_pre], dim=-1))
+        if self.deviation is not None:
+            core_input = noisy - h_pre  # SCSE: the deviation from the anchor
+        elif self.proj is None:
+            core_input = noisy
+        else:
+            core_input = self.proj(torch.cat([noisy, h_pre], dim=-1))
         adapters = None if self.adapters is None else self.adapters.at_step(step_index)
         proposal = self.core(core_input, freqs_cis, adapters)
-        if self.gate is None:
+        if self.deviation is not None:
+            g, new_h = None, self.deviation(h, core_input, proposal)
+        elif self.gate is None:
             g, new_h = None, proposal
         else:
             g = self.gate(h, h_pre, gate_noise)
@@ -306,6 +323,9 @@ class Recurrence(nn.Module):
         self.noise_seed = args.depth_seed
         self.noise_rank: int | None = None
         self.random_initial_state = isinstance(args.part("initial_state"), RandomInitialState)
+        # SCSE's anchor and initial state (recurrence.anchor.*), None for every other row.
+        anchor = build_module(args, "initial_state")
+        self.anchor = anchor if isinstance(anchor, SourceAnchor) else None
         self.initial_state_std = args.initial_state_std
         self.has_step_adapters = args.part("step_adapter") is not None  # RRT: one adapter set per step
         self.max_recurrences = args.num_recurrences
@@ -348,6 +368,8 @@ class Recurrence(nn.Module):
         forward (Huginn's "like-init"). In eval mode the random state is one fixed draw per
         position (`eval_initial_state`), so eval forwards are deterministic and a cached
         decode step sees the state a full forward gives its position."""
+        if self.anchor is not None:
+            return self.anchor.initial_state(h_pre)
         if not self.random_initial_state:
             # A distinct tensor, not h_pre itself: a compiled step guards on its inputs
             # aliasing, and step 1 would otherwise compile a second graph.
@@ -360,6 +382,10 @@ class Recurrence(nn.Module):
             return table[: h_pre.shape[-2]].expand_as(h_pre).clone()
         std = self.initial_state_std
         return nn.init.trunc_normal_(torch.empty_like(h_pre), std=std, a=-3 * std, b=3 * std, generator=generator)
+
+    def start(self, h_pre: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h_0, the source the steps read): the source is h_pre, or SCSE's anchor h*."""
+        return self.initial_state(h_pre, generator), h_pre if self.anchor is None else self.anchor(h_pre)
 
     def forward(
         self,
@@ -376,7 +402,7 @@ class Recurrence(nn.Module):
             # A distinct tensor, not h_pre itself: a compiled step guards on input aliasing.
             return self._routed_forward(h_pre.clone(), freqs_cis, depth)
         generator = self._noise_generator(h_pre)
-        h = self.initial_state(h_pre, generator)
+        h, source = self.start(h_pre, generator)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
         grad_enabled = torch.is_grad_enabled()
         states: list[torch.Tensor] | None = [] if all_states else None
@@ -395,7 +421,9 @@ class Recurrence(nn.Module):
                 h = h.detach().requires_grad_(tracked)
             with torch.set_grad_enabled(tracked):
                 # Always with its parts: one compiled graph whether an observer looks or not.
-                new_h, gate, proposal = self.step(h, h_pre, freqs_cis, *noise, return_parts=True, step_index=step_index)
+                new_h, gate, proposal = self.step(
+                    h, source, freqs_cis, *noise, return_parts=True, step_index=step_index
+                )
             if self.observer is not None:
                 self.observer(StepRecord(index + 1, depth, h, new_h, gate, proposal))
             if states is not None:
@@ -420,6 +448,8 @@ class Recurrence(nn.Module):
 
     def init_weights(self) -> None:
         self.step.init_weights()
+        if self.anchor is not None:
+            self.anchor.init_weights()
         if self.router is not None:
             self.router.init_weights()
         self.depth_sampler.reset()

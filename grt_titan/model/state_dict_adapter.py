@@ -11,6 +11,7 @@ The HF names are those of grt_titan/hf/remote/modeling_grt.py (a `trust_remote_c
 | recurrence.step.proj.weight                  | model.proj.weight (W_proj)                   |
 | recurrence.step.gate.{state_norm,anchor_norm,w_in,w_out}.* | model.gate.{same}.*            |
 | recurrence.step.adapters.{a,b}.{qkv,attention_out,mlp_in,mlp_out} (RRT) | model.adapters.{same} |
+| recurrence.anchor.{anchor_proj,init_delta_proj}.weight (SCSE) | model.anchor.{same}.weight |
 | recurrence.router.steps.{i}.weight (MoR)     | model.router.{i}.weight                      |
 | recurrence.router.depth.weight (MoR, token choice) | model.depth_router.weight (HF saves only) |
 | coda.layers.{i}.<block>                      | model.coda.{i}.<block>                       |
@@ -94,6 +95,8 @@ _TOP_LEVEL = {
     "recurrence.step.gate.w_out": "model.gate.w_out",
     "recurrence.step.adapters.a": "model.adapters.a",  # RRT: A [R, n, r, in] per adapted linear
     "recurrence.step.adapters.b": "model.adapters.b",  # RRT: B [R, n, out, r]
+    "recurrence.anchor.anchor_proj": "model.anchor.anchor_proj",  # SCSE: A of h* = e + a A e
+    "recurrence.anchor.init_delta_proj": "model.anchor.init_delta_proj",  # SCSE: B of h_0 = e + b B e
     "norm": "model.norm",
     "output": "lm_head",
     "exit_gate": "model.exit_gate",  # Ouro (objective = "exit_distribution")

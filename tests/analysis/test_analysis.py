@@ -126,7 +126,8 @@ def test_analyze_writes_every_plot_and_the_json(tmp_path):
         assert curve["mean_depth"][deepest] == 5, rule
 
     dynamics = result["step_dynamics"]
-    assert set(dynamics) == {"steps", "decision_margin", "angle_degrees", "radial_share"}
+    assert set(dynamics) == {"steps", "decision_margin", "angle_degrees", "radial_share", "anchor_response"}
+    assert all(a > 0 for a in dynamics["anchor_response"])  # GRT re-injects h_pre: its anchor moves
     assert dynamics["steps"] == [1, 2, 3, 4, 5] and all(len(v) == 5 for v in dynamics.values())
     assert all(0 < a < 180 for a in dynamics["angle_degrees"])
     assert all(0 < r < 1 for r in dynamics["radial_share"])

@@ -146,6 +146,32 @@ def test_step_dynamics_equal_independent_forwards():
         assert len({round(v, 6) for v in result[key]}) == 4, (key, result[key])
 
 
+def test_anchor_response_is_one_step_from_the_anchor_and_zero_for_scse():
+    """||T_s(a; e) - a|| / ||e|| per token, by hand: the GRT's step from a = e = h_pre (W_proj
+    [e ; e], the core, the gate), nonzero; SCSE's from a = h*, exactly 0 (the mask and G(0) = 0),
+    also with GPT-2 blocks."""
+    tokens, labels = batch()
+    grt = tiny_model().eval()
+    acc = DepthAnalysis(max_depth=3, final_depth=3)
+    acc.add_batch(grt, tokens, labels)
+    with torch.no_grad():
+        e = grt.prelude(grt.embed(tokens), grt.freqs_cis)
+        moved = grt.recurrence.step(e, e, grt.freqs_cis)
+        want = ((moved - e).double().norm(dim=-1) / e.double().norm(dim=-1)).mean().item()
+    response = acc.result()["anchor_response"]
+    assert response == pytest.approx([want] * 3, rel=1e-9) and want > 0.01
+    from grt_titan.model.methods import SCSE
+
+    scse = build_model(tiny_args(**{**SCSE.parts, "gate_noise_std": 0.0}), 0).eval()
+    with torch.no_grad():
+        for name, p in scse.recurrence.step.core.named_parameters():
+            if name.endswith("bias"):  # GPT-2 blocks as trained: G(0) != 0, the mask holds h*
+                p.normal_(0, 0.1)
+    acc = DepthAnalysis(max_depth=3, final_depth=3)
+    acc.add_batch(scse, tokens, labels)
+    assert acc.result()["anchor_response"] == [0.0, 0.0, 0.0]
+
+
 def test_halting_skips_the_rules_a_model_refuses():
     no_gate = build_model(tiny_args(update="overwrite"), 0).eval()
     sweep = HaltingSweep(1, 3)

@@ -4,7 +4,7 @@ tolerances of test_parallel_parity.py; a module of its own so CI spreads the run
 
 import pytest
 
-from grt_test_helpers import LOGGED_GRAD_NORM_REL, MOR_PARTS, parts_overrides
+from grt_test_helpers import LOGGED_GRAD_NORM_REL, MOR_PARTS, SCSE_PARTS, parts_overrides
 from infra.test_parallel_parity import STEPS, layout_args, make_seed_checkpoint, scalars, train
 from tests.cases import ONE_RANK
 
@@ -32,6 +32,7 @@ PARTS = {
         "--grt.lora_rank",
         "4",
     ],
+    "scse": parts_overrides(SCSE_PARTS),  # the anchor outside the compiled step, its mask inside
 }
 
 

@@ -1,5 +1,5 @@
 """Exact resume of every baseline (docs/reliability.md, "Exact resume"): heavy-tail Poisson, RRT,
-Ouro and MoR with either router (expert choice, token choice), each trained from its parts
+Ouro, MoR with either router (expert choice, token choice) and SCSE, each trained from its parts
 (docs/architecture.md, "Methods as parts"). A run resumed from the checkpoint of step 3
 reproduces steps 4..6 of the uninterrupted run bit for bit: every logged scalar that is a
 function of the training state (loss, grad norm, LR, depth, the per-step recurrence
@@ -22,7 +22,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from grt_test_helpers import MOR_PARTS, OURO_PARTS, POISSON_PARTS, RRT_PARTS, build_model, parts_overrides, torchrun
+from grt_test_helpers import (
+    MOR_PARTS,
+    OURO_PARTS,
+    POISSON_PARTS,
+    RRT_PARTS,
+    SCSE_PARTS,
+    build_model,
+    parts_overrides,
+    torchrun,
+)
 from reliability_helpers import COMMON, STEPS, WORKER, checkpoint_state, model_tensors, scalars
 
 STOP = 3
@@ -34,6 +43,7 @@ METHODS = {
     "ouro": OURO_PARTS,
     "mor": MOR_PARTS,
     "mor_token_choice": {**MOR_PARTS, "router": "token_choice"},
+    "scse": SCSE_PARTS,
 }
 # Scalars that depend on timing or the allocator, not on the training state.
 UNTIMED = ("memory/", "time_metrics/", "tflops", "throughput")

@@ -25,9 +25,9 @@ EXPLICIT_HEAD_DIM_STYLES = ("qwen3",)
 # this model implements, each with its allowed choices; the first choice is GRT's. The
 # choices other than the plain loop's have a part in parts_grt.py.
 RECURRENCE_PARTS = {
-    "injection": ("proj", "none"),
-    "update": ("gate", "overwrite"),
-    "initial_state": ("prelude", "random"),
+    "injection": ("proj", "none", "deviation"),
+    "update": ("gate", "overwrite", "deviation"),
+    "initial_state": ("prelude", "random", "anchor"),
     "step_adapter": ("none", "lora"),
     "objective": ("final", "exit_distribution"),
     "router": ("none", "expert_choice"),
@@ -101,11 +101,17 @@ class GRTConfig(PretrainedConfig):
         gate_override: constant gate in [0, 1] (ablation models), None = learned gate.
         kv_cache_strategy: default KV cache across recurrence steps: "per_step" (exact),
             "first", "last" or "average" (one cache for the core; see modeling_grt.py).
-        injection: "proj" (core input W_proj [h ; h_pre], GRT) or "none" (core input h).
-        update: "gate" (h = g h + (1 - g) o, GRT) or "overwrite" (h = o, no gate).
-        initial_state: "prelude" (h_0 = h_pre, GRT) or "random" (h_0 of position t is row t
+        injection: "proj" (core input W_proj [h ; h_pre], GRT), "none" (core input h) or
+            "deviation" (core input h - h*, SCSE's deviation from its anchor h*).
+        update: "gate" (h = g h + (1 - g) o, GRT), "overwrite" (h = o, no gate) or
+            "deviation" (SCSE: h = h + m s (o - (h - h*)), s = `deviation_step_size`, m = 0 for
+            a sequence whose ||h - h*||^2 over the call's tokens is <= `deviation_mask_eps`).
+        initial_state: "prelude" (h_0 = h_pre, GRT), "random" (h_0 of position t is row t
             of one fixed TruncNormal(0, initial_state_std^2) table cut at 3 std, drawn on
-            the CPU from `initial_state_seed`: heavy-tail Poisson's state at inference).
+            the CPU from `initial_state_seed`: heavy-tail Poisson's state at inference) or
+            "anchor" (SCSE: `model.anchor` holds bias-free A, B: Linear(d, d); the anchor
+            h* = h_pre + anchor_scale A h_pre, which the steps read where the others read
+            h_pre, and h_0 = h_pre + initial_deviation_scale B h_pre). SCSE's three go together.
         step_adapter: "none", or "lora" (RRT: one LoRA per (core block, step) on the gpt2
             block's fused q/k/v, attention output, MLP input and output, of rank
             `lora_rank` and output scale `lora_scale`; depths above R = num_recurrences
@@ -176,6 +182,10 @@ class GRTConfig(PretrainedConfig):
         lora_scale=2.0,
         objective="final",
         exit_threshold=1.0,
+        anchor_scale=0.1,
+        initial_deviation_scale=0.1,
+        deviation_step_size=0.5,
+        deviation_mask_eps=1e-8,
         router="none",
         router_capacity=None,
         router_scale=0.1,
@@ -221,6 +231,8 @@ class GRTConfig(PretrainedConfig):
         self.lora_scale = lora_scale
         self.objective = objective
         self.exit_threshold = exit_threshold
+        self.anchor_scale, self.initial_deviation_scale = anchor_scale, initial_deviation_scale  # SCSE's a, b
+        self.deviation_step_size, self.deviation_mask_eps = deviation_step_size, deviation_mask_eps  # s, eps
         self.router = router
         self.router_capacity = None if router_capacity is None else [float(c) for c in router_capacity]
         self.router_scale = router_scale

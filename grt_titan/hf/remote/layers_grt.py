@@ -247,6 +247,37 @@ def eval_initial_state(seed: int, max_seq_len: int, dim: int, std: float) -> tor
     return nn.init.trunc_normal_(state, std=std, a=-3 * std, b=3 * std, generator=generator)
 
 
+class GRTSourceAnchor(nn.Module):
+    """SCSE's anchor h* = e + a A e and initial state h_0 = e + b B e from the prelude output
+    e (A, B: bias-free Linear(d, d); `model.anchor.{anchor_proj,init_delta_proj}`)."""
+
+    def __init__(self, config: PretrainedConfig):
+        super().__init__()
+        self.anchor_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.init_delta_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.anchor_scale = config.anchor_scale
+        self.initial_deviation_scale = config.initial_deviation_scale
+
+    # Copied from grt_titan.model.scse.SourceAnchor.forward
+    def forward(self, h_pre: torch.Tensor) -> torch.Tensor:
+        """The anchor h*."""
+        return h_pre + self.anchor_scale * self.anchor_proj(h_pre)
+
+    # Copied from grt_titan.model.scse.SourceAnchor.initial_state
+    def initial_state(self, h_pre: torch.Tensor) -> torch.Tensor:
+        """h_0."""
+        return h_pre + self.initial_deviation_scale * self.init_delta_proj(h_pre)
+
+
+# Copied from grt_titan.model.scse.deviation_step
+def deviation_step(h, delta, proposal, step_size: float, mask_eps: float) -> torch.Tensor:
+    """h + m_b s (proposal - Delta), m_b = 1{||Delta^(b)||_F^2 > eps} per sequence b."""
+    wide = delta.to(torch.promote_types(delta.dtype, torch.float32))  # bf16 sums in fp32
+    energy = wide.pow(2).sum(dim=tuple(range(1, delta.dim())), keepdim=True)
+    mask = (energy > mask_eps).to(h.dtype)
+    return h + mask * (step_size * (proposal - delta))
+
+
 class InitialStateTable(nn.Module):
     """The random initial state at inference: h_0 of a token at position t is row t of
     `eval_initial_state`'s table (a cached decode step sees what a full forward gives it).

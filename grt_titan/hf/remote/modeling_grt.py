@@ -29,6 +29,9 @@ That is GRT; the config's recurrence parts give the paper's other recurrent mode
     update = "overwrite"      h = o                              (no gate)
     initial_state = "random"  h_0 = row t of a fixed TruncNormal table for position t
     step_adapter = "lora"     core at step s = core + step s's LoRA (RRT, r <= R)
+    SCSE (injection, update = "deviation", initial_state = "anchor"): h* = h_pre + a A h_pre,
+                              h_0 = h_pre + b B h_pre; o = core(h - h*),
+                              h = h + m s (o - (h - h*)), m = 0 for a sequence at its anchor
     objective = "exit_distribution"   Ouro: with exit_threshold q < 1, every step's state is
                               read out, hidden_t = norm(coda(h_t)), an exit gate gives
                               lambda_t = sigmoid(exit_gate(hidden_t)), and each token's
@@ -252,7 +255,8 @@ class GRTModel(GRTPreTrainedModel):
         self.slots = slots(self.parts)
         self.cache_class = cache_class(self.parts)
         for part in PARTS:
-            setattr(self, part.module_name, part.build(config) if part in self.parts else None)
+            if part.module_name is not None:  # SCSE's injection and update hold no module
+                setattr(self, part.module_name, part.build(config) if part in self.parts else None)
         self.coda = nn.ModuleList(GRTBlock(config) for _ in range(config.num_coda_layers))
         self.norm = make_norm(config)
         self.post_init()
@@ -465,15 +469,17 @@ class GRTModel(GRTPreTrainedModel):
         the initial state's slot gives h_0, the router's runs the steps (the plain loop, or MoR's
         routed steps; `keep` [B, T]: False for padding, which never enters MoR's core), or the
         plain loop with per-token halting."""
-        h = self.slots["initial_state"].initial_state(self, h_pre, call.position_ids)
+        start = self.slots["initial_state"]
+        h = start.initial_state(self, h_pre, call.position_ids)
+        source = start.source(self, h_pre)  # h_pre, or SCSE's anchor h*
         record.states.append(h)  # depth 0 too: r = 0 reads out h_0
         depths = None
         if call.halting is not None:
             h, depths, call.halted_readout = halting_steps(
-                self, h, h_pre, call, record, call.halting, keep, call.halting_head
+                self, h, source, call, record, call.halting, keep, call.halting_head
             )
         else:
-            h = self.slots["router"].run_steps(self, h, h_pre, call, record, router_inference, keep)
+            h = self.slots["router"].run_steps(self, h, source, call, record, router_inference, keep)
         if call.cache is not None:
             call.cache.end_recurrence(call.depth, call.cache_slots)
         return h, depths

@@ -13,7 +13,7 @@ expert-choice router. Everything the model does for it lives in its class:
 | `check_at_call(config)` | the rules on settings a call may see changed after loading | `GRTConfig.check_call_settings` (every forward) |
 | `module_name`, `build(config)` | the module it adds, `GRTModel.<module_name>` (weights `model.<module_name>.*`) | `GRTModel.__init__` |
 | `per_step` | one module per step up to R: the default depth and a call's depth <= R (`check_depth`) | its `check`, `GRTModel.resolve_depth` |
-| hooks of its key's slot | `initial_state`, `core_input`, `core_lora`, `update` (`gated`: it returns a gate), `run_steps`, `reads_every_step`, `readout` | `GRTModel.forward` |
+| hooks of its key's slot | `initial_state`, `source` (what the steps read for h_pre: SCSE's anchor), `core_input`, `core_lora`, `update` (`gated`: it returns a gate), `run_steps`, `reads_every_step`, `readout` | `GRTModel.forward` |
 | cache hooks | `cache_class`, `keeps_cache`, `check_cache`, `check_cache_strategy` | `GRTModel`, `GRTCache` |
 
 The base `RemotePart` is the plain loop's choice of every key (injection "none", update
@@ -38,8 +38,11 @@ from transformers import PretrainedConfig
 
 from .cache_grt import GRTCache, MoRCache
 from .exit_grt import EXIT_KV_CACHE_STRATEGIES, ExitGate, exit_readout
-from .layers_grt import GRTGate, GRTStepAdapters, InitialStateTable
+from .layers_grt import GRTGate, GRTSourceAnchor, GRTStepAdapters, InitialStateTable, deviation_step
 from .routing_grt import ROUTER_INFERENCE, ROUTER_UPDATES, MoRRouter
+
+# SCSE's three parts, which go together (grt_titan/model/scse.py).
+SCSE_CHOICES = {"injection": "deviation", "update": "deviation", "initial_state": "anchor"}
 
 
 class RemotePart:
@@ -101,6 +104,10 @@ class RemotePart:
 
     def initial_state(self, model, h_pre: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """h_0 (initial_state slot): the prelude output."""
+        return h_pre
+
+    def source(self, model, h_pre: torch.Tensor) -> torch.Tensor:
+        """What the steps read where the equations say h_pre (initial_state slot): h_pre."""
         return h_pre
 
     def core_input(self, model, h: torch.Tensor, h_pre: torch.Tensor) -> torch.Tensor:
@@ -188,6 +195,60 @@ class RandomInitialState(RemotePart):
 
     def initial_state(self, model, h_pre, position_ids):
         return model.initial_state_table(h_pre, position_ids)
+
+
+class DeviationInjection(RemotePart):
+    """injection = "deviation": the core's input Delta = h - h* (SCSE; the steps' source is h*)."""
+
+    key, choice = "injection", "deviation"
+
+    def check(self, config: PretrainedConfig) -> None:
+        chosen = {key: getattr(config, key) == choice for key, choice in SCSE_CHOICES.items()}
+        if any(chosen.values()) and not all(chosen.values()):
+            key = next(key for key, on in chosen.items() if not on)
+            together = ", ".join(f"{k} = {v!r}" for k, v in SCSE_CHOICES.items())
+            raise ValueError(f"{key} = {getattr(config, key)!r} is invalid; SCSE's parts go together: {together}")
+
+    def core_input(self, model, h, h_pre):
+        return h - h_pre
+
+
+class DeviationUpdate(RemotePart):
+    """update = "deviation": h = h + m s (o - (h - h*)), m per sequence (SCSE)."""
+
+    key, choice = "update", "deviation"
+    settings = ("deviation_step_size", "deviation_mask_eps")
+
+    def check(self, config: PretrainedConfig) -> None:
+        if config.deviation_step_size <= 0:
+            raise ValueError(f"deviation_step_size = {config.deviation_step_size!r} is invalid; must be > 0")
+        if config.deviation_mask_eps < 0:
+            raise ValueError(f"deviation_mask_eps = {config.deviation_mask_eps!r} is invalid; must be >= 0")
+
+    def update(self, model, h, h_pre, o):
+        config = model.config
+        return deviation_step(h, h - h_pre, o, config.deviation_step_size, config.deviation_mask_eps), None
+
+
+class AnchorInitialState(RemotePart):
+    """initial_state = "anchor": SCSE's anchor h* and h_0 from the prelude output (`GRTSourceAnchor`)."""
+
+    key, choice, module_name = "initial_state", "anchor", "anchor"
+    settings = ("anchor_scale", "initial_deviation_scale")
+
+    def check(self, config: PretrainedConfig) -> None:
+        for name in ("anchor_scale", "initial_deviation_scale"):
+            if getattr(config, name) < 0:
+                raise ValueError(f"{name} = {getattr(config, name)!r} is invalid; must be >= 0")
+
+    def build(self, config: PretrainedConfig) -> GRTSourceAnchor:
+        return GRTSourceAnchor(config)
+
+    def initial_state(self, model, h_pre, position_ids):
+        return model.anchor.initial_state(h_pre)
+
+    def source(self, model, h_pre):
+        return model.anchor(h_pre)
 
 
 class LoraAdapters(RemotePart):
@@ -341,6 +402,9 @@ PARTS: tuple[RemotePart, ...] = (
     ProjInjection(),  # injection = "proj" (GRT, Poisson)
     GateUpdate(),  # update = "gate" (GRT)
     RandomInitialState(),  # initial_state = "random" (heavy-tail Poisson)
+    DeviationInjection(),  # injection = "deviation" (SCSE)
+    DeviationUpdate(),  # update = "deviation" (SCSE)
+    AnchorInitialState(),  # initial_state = "anchor" (SCSE)
     LoraAdapters(),  # step_adapter = "lora" (RRT)
     ExitDistribution(),  # objective = "exit_distribution" (Ouro)
     ExpertChoice(),  # router = "expert_choice" (MoR)
