@@ -5,8 +5,8 @@ import shutil
 import sys
 from pathlib import Path
 
-# Under pytest-xdist (`-n 3`, as CI runs) each worker shares the cores with the other workers
-# and with the jobs they start: one intra-op thread per worker, as every job already has
+# Under pytest-xdist (`-n 2`, as CI runs) each worker shares the cores with the other worker
+# and with the jobs both start: one intra-op thread per worker, as every job already has
 # (tests/launcher.py). Two threads per process oversubscribe the cores, and a parallel region
 # then waits for its descheduled thread (a dense_debug step ran up to 3x slower so). Set
 # before torch is imported; the commands tests start inherit it. A single pytest process
@@ -27,11 +27,11 @@ TESTS = Path(__file__).resolve().parent
 # The modules that take longest, with roughly what each takes in a full run on CI's 2 cores
 # (its shared fixture's setup included; `--durations=0` of such a run gives them, and
 # `python tests/budget.py LOG` sums them by area: tests/README.md, "Budget"). CI runs
-# `-n 3 --dist loadscope --no-loadscope-reorder`: each worker takes the next whole module in
+# `-n 2 --dist loadscope --no-loadscope-reorder`: each worker takes the next whole module in
 # collection order whenever it is nearly done with its own, so collection puts these first,
 # longest first, and every other module after them in its usual order. The run then ends on
-# short modules on every worker instead of one training module on one worker while the others
-# idle. (xdist's default reorder puts the modules with the most tests first, which left the
+# short modules on both workers instead of one training module on one worker while the other
+# idles. (xdist's default reorder puts the modules with the most tests first, which left the
 # one-test training modules for the end.) The seconds only order; tests/test_schedule.py
 # checks that each module exists.
 LONGEST_FIRST = {
