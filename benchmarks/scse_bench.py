@@ -80,14 +80,16 @@ def summary(results: list[dict], costs: dict, R: int) -> str:
     lines = [head + " | anchor response s=1 / R |", "|" + "---|" * (4 + len(depths))]
     for res in results:
         loss = res["loss"]
-        if res["row"] == "dense":
-            cells = [f"{loss[0]:.4f}"] + ["-"] * (len(depths) - 1)
+        if res["row"] == "dense":  # one depth: the trainer's validation, in the r = R column
+            cells = ["-"] * (R - 1) + [f"{loss[0]:.4f}*"] + ["-"] * (len(depths) - R)
             anchor = "-"
         else:
             cells = [f"{loss[r]:.4f}" for r in depths]
             anchor = "{:.4f} / {:.4f}".format(res["anchor_response"][0], res["anchor_response"][R - 1])
         flops = costs[res["row"]][1] / 1e9
         lines.append(f"| {res['row']} | {res['steps']} | {flops:.4f} | " + " | ".join(cells) + f" | {anchor} |")
+    if any(res["row"] == "dense" for res in results):
+        lines.append("\n* dense: the trainer's validation loss (another sample of the split than analyze's)")
     return "\n".join(lines)
 
 
