@@ -99,6 +99,16 @@ def flops_per_token(overrides: list[str], preset: Path = PRESET) -> tuple[int, f
     return args.get_nparams_and_flops(build_meta_model(args), config.training.seq_len)
 
 
+def equal_flop_steps(costs: dict[str, tuple[int, float]], reference: str, steps: int, shown) -> dict[str, int]:
+    """Each row's steps at `reference`'s training FLOPs over `steps` steps, from (parameters,
+    training FLOPs per token) per row; the `shown` rows printed with theirs."""
+    budget = costs[reference][1] * steps
+    out = {row: max(1, round(budget / flops)) for row, (_, flops) in costs.items()}
+    for row in shown:
+        print(f"{row}: {costs[row][0]:,} parameters, {costs[row][1]:,.0f} training FLOPs/token, {out[row]} steps")
+    return out
+
+
 def run(command: list[str], log: Path, threads: int = 1) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
@@ -206,10 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     opts.out.mkdir(parents=True, exist_ok=True)
     vocab, data, test = prepare_task(opts, opts.out)
     costs = {row: flops_per_token(row_overrides(row, data, vocab)) for row in opts.rows}
-    budget = costs[opts.rows[0]][1] * opts.steps
-    steps = {row: max(1, round(budget / flops)) for row, (_, flops) in costs.items()}
-    for row in opts.rows:
-        print(f"{row}: {costs[row][0]:,} parameters, {costs[row][1]:,.0f} training FLOPs/token, {steps[row]} steps")
+    steps = equal_flop_steps(costs, opts.rows[0], opts.steps, opts.rows)
     if opts.plan:
         return 0
     with ThreadPoolExecutor(opts.parallel) as pool:

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from depth_task_bench import flops_per_token, run  # noqa: E402
+from depth_task_bench import equal_flop_steps, flops_per_token, run  # noqa: E402
 
 CONFIGS = REPO / "train_configs"
 LLAMA = ["--grt.block_style", "llama"]
@@ -103,11 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan", action="store_true", help="print each row's FLOPs and steps, stop")
     opts = p.parse_args(argv)
     opts.out.mkdir(parents=True, exist_ok=True)
-    costs = {row: flops_per_token(ROWS[row][1], CONFIGS / f"{ROWS[row][0]}.toml") for row in ROWS}
-    budget = costs["grt"][1] * opts.steps
-    steps = {row: max(1, round(budget / flops)) for row, (_, flops) in costs.items()}
-    for row in opts.rows:
-        print(f"{row}: {costs[row][0]:,} parameters, {costs[row][1]:,.0f} training FLOPs/token, {steps[row]} steps")
+    # The asked rows and the GRT, whose steps set the budget.
+    costs = {row: flops_per_token(ROWS[row][1], CONFIGS / f"{ROWS[row][0]}.toml") for row in {"grt", *opts.rows}}
+    steps = equal_flop_steps(costs, "grt", opts.steps, opts.rows)
     if opts.plan:
         return 0
     from grt_titan.checkpoint_io import load_model_args

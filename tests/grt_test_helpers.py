@@ -223,6 +223,15 @@ def build_model(flavor="debug", seed: int = 0, *, before_init=None, **changes):
     return model.train()
 
 
+def nonzero_biases(module: torch.nn.Module, std: float = 0.1) -> None:
+    """Give `module`'s biases a trained model's nonzero values (GPT-2 blocks start them at 0,
+    where the core still maps 0 to 0; trained, G(0) != 0)."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, std)
+
+
 def flip_byte(file, where: float = 0.5) -> None:
     """Invert one byte of a file at the fraction `where` of its length (a silent disk corruption)."""
     n = os.path.getsize(file)

@@ -85,12 +85,13 @@ def anchor_response(recurrence: Recurrence, h_pre: torch.Tensor, freqs_cis, step
         return torch.full((steps,), float("nan"), dtype=torch.float64)
     _, anchor = recurrence.start(h_pre, None)
     scale = h_pre.double().norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+    # Without per-step adapters (RRT) every step is the same function of its inputs: one call.
     sums = []
-    for index in range(steps):
+    for index in range(steps if recurrence.has_step_adapters else 1):
         step_index = torch.tensor(index, device=h_pre.device) if recurrence.has_step_adapters else None
         moved = recurrence.step(anchor, anchor, freqs_cis, step_index=step_index)
         sums.append(((moved - anchor).double().norm(dim=-1) / scale).sum())
-    return torch.stack(sums).cpu()
+    return torch.stack(sums).expand(steps).cpu()
 
 
 def require_recurrence(model: nn.Module) -> Recurrence:

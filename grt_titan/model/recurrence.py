@@ -45,7 +45,6 @@ from .blocks import BlockStack
 from .depth_law import curriculum_fraction
 from .part import Bad, JobSettings, Part, build_module, tensor_parallel_problems
 from .routing import RoutedStep
-from .scse import SourceAnchor
 
 
 class DepthSampler(nn.Module):
@@ -323,9 +322,9 @@ class Recurrence(nn.Module):
         self.noise_seed = args.depth_seed
         self.noise_rank: int | None = None
         self.random_initial_state = isinstance(args.part("initial_state"), RandomInitialState)
-        # SCSE's anchor and initial state (recurrence.anchor.*), None for every other row.
-        anchor = build_module(args, "initial_state")
-        self.anchor = anchor if isinstance(anchor, SourceAnchor) else None
+        # The initial state's module, SCSE's anchor (recurrence.anchor.*: h_0 and the steps'
+        # source); None for every other row (the random state has no module).
+        self.anchor = build_module(args, "initial_state")
         self.initial_state_std = args.initial_state_std
         self.has_step_adapters = args.part("step_adapter") is not None  # RRT: one adapter set per step
         self.max_recurrences = args.num_recurrences

@@ -24,7 +24,7 @@ from grt_titan.cli import main as cli_main
 from grt_titan.model.halting import HALTING_RULES, READOUT_RULES
 
 from components_helpers import ByteTokenizer, make_dataset, tiny_args, tiny_model
-from grt_test_helpers import MOR_PARTS, build_model
+from grt_test_helpers import MOR_PARTS, build_model, nonzero_biases
 
 MIN_DEPTH, MAX_DEPTH = 2, 5
 
@@ -163,10 +163,7 @@ def test_anchor_response_is_one_step_from_the_anchor_and_zero_for_scse():
     from grt_titan.model.methods import SCSE
 
     scse = build_model(tiny_args(**{**SCSE.parts, "gate_noise_std": 0.0}), 0).eval()
-    with torch.no_grad():
-        for name, p in scse.recurrence.step.core.named_parameters():
-            if name.endswith("bias"):  # GPT-2 blocks as trained: G(0) != 0, the mask holds h*
-                p.normal_(0, 0.1)
+    nonzero_biases(scse.recurrence.step.core)  # GPT-2 blocks as trained: G(0) != 0, the mask holds h*
     acc = DepthAnalysis(max_depth=3, final_depth=3)
     acc.add_batch(scse, tokens, labels)
     assert acc.result()["anchor_response"] == [0.0, 0.0, 0.0]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grt_test_helpers import SCSE_PARTS, build_model
+from grt_test_helpers import SCSE_PARTS, build_model, nonzero_biases
 
 VOCAB = 50257
 
@@ -54,11 +54,9 @@ def test_the_anchor_is_a_fixed_point_bitwise_at_every_depth(block_style):
     """B = A gives h_0 = h* (Delta_0 = 0), and then every depth reads out exactly r = 0's
     logits: llama blocks map 0 to 0, and for GPT-2 blocks (G(0) != 0) the mask holds it."""
     model = scse_model(block_style)
+    nonzero_biases(model.recurrence.step.core)  # GPT-2's: G(0) != 0
     with torch.no_grad():
         model.recurrence.anchor.init_delta_proj.weight.copy_(model.recurrence.anchor.anchor_proj.weight)
-        for name, p in model.recurrence.step.core.named_parameters():
-            if name.endswith("bias"):  # GPT-2's, nonzero as trained: G(0) != 0
-                p.normal_(0, 0.1)
         x = tokens()
         at_anchor = model(x, num_recurrences=0)
         for depth in (1, 2, 5, 16):
@@ -78,10 +76,7 @@ def test_the_mask_is_per_sequence(block_style):
     core does not (G(0) = 0)."""
     model = scse_model(block_style)
     torch.manual_seed(0)
-    with torch.no_grad():  # GPT-2's biases start at 0: give them a trained model's nonzero values
-        for name, p in model.recurrence.step.core.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.1)
+    nonzero_biases(model.recurrence.step.core)
     source = torch.randn(2, 12, model.model_args.dim)
     h = source.clone()
     h[1, 5] += 0.5  # sequence 1: deviation at position 5 only
