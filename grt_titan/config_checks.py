@@ -33,6 +33,7 @@ from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
 from grt_titan.fake_backend import is_fake_backend
 from grt_titan.field_checks import field_problems
+from grt_titan.infra.trainable import ALL, trainable_problems
 from grt_titan.job_config import FLOAT8_CONVERTER, fault_tolerance_enabled
 from grt_titan.model.flavors import flavor_from_file
 from grt_titan.model.model import build_meta_model
@@ -261,6 +262,13 @@ def _distill_problems(job_config, args) -> list[str]:
     return problems
 
 
+def _trainable_problems(job_config, args) -> list[str]:
+    entries = getattr(job_config.training, "trainable", [ALL])
+    if entries == [ALL]:
+        return []
+    return trainable_problems(build_meta_model(args), entries)
+
+
 def _plain_trainer_initial_load_problems(job_config) -> list[str]:
     """torchtitan's own trainer skips `initial_load_path` with checkpointing off (grt_titan's
     loads it): refused there rather than a silent start from random weights."""
@@ -475,6 +483,7 @@ def check_job_config(job_config, model_args) -> None:
     problems += _float8_problems(job_config, model_args)
     problems += _dataset_problems(job_config)
     problems += _distill_problems(job_config, model_args)
+    problems += _trainable_problems(job_config, model_args)
     problems += resume_problems(job_config)
     problems += initial_load_problems(job_config)
     problems += _plain_trainer_initial_load_problems(job_config)

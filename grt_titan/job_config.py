@@ -235,6 +235,19 @@ class GRTOptimizerConfig:
 
 
 @dataclass
+class GRTTrainingConfig:
+    """Fields grt_titan adds to torchtitan's `[training]` section (merged into it)."""
+
+    trainable: list[str] = field(default_factory=lambda: ["*"])
+    """Parameters the optimizer trains: fnmatch patterns over the model's parameter names
+    (`recurrence.step.gate.*`) or the shorthands `recurrent` (W_proj, the gate and the core),
+    `parts` (the recurrence outside the core: W_proj and the gate) and `adapter` (RRT's
+    per-step adapters). Every other parameter is frozen: bitwise unchanged, outside the
+    optimizer and its checkpointed state, still in the model checkpoint and the export
+    (docs/training.md). Default: every parameter."""
+
+
+@dataclass
 class GRTCheckpointConfig:
     """Fields grt_titan adds to torchtitan's `[checkpoint]` section (merged into it); they act
     only under `python -m grt_titan.train` (docs/reliability.md)."""
@@ -337,6 +350,7 @@ class JobConfig:
     grt: GRTSection = field(default_factory=GRTSection)
     data: DataConfig = field(default_factory=DataConfig)
     optimizer: GRTOptimizerConfig = field(default_factory=GRTOptimizerConfig)
+    training: GRTTrainingConfig = field(default_factory=GRTTrainingConfig)
     checkpoint: GRTCheckpointConfig = field(default_factory=GRTCheckpointConfig)
     loss_spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
     grt_metrics: GRTMetricsConfig = field(default_factory=GRTMetricsConfig)

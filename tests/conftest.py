@@ -55,6 +55,7 @@ LONGEST_FIRST = {
     "reliability/test_method_resume.py": 35,
     "components/test_observability_e2e.py": 33,
     "reliability/test_resume.py": 30,
+    "reliability/test_frozen_training.py": 30,
     "infra/test_paper_configs.py": 29,
     "hf/test_hf_torchtitan_checkpoint.py": 28,
     "reliability/test_layouts.py": 24,

@@ -217,6 +217,27 @@ CASES = [
         {},
         [r"\[loss_spike\] enable = True is invalid; allowed: false unless \[checkpoint\] enable = true"],
     ),
+    (
+        "trainable_matches_nothing",
+        ["--training.trainable", "parts,encoder.*"],
+        None,
+        {},
+        [r"\[training\] trainable entry 'encoder\.\*' matches nothing", r"'prelude\.", r"recurrent, parts, adapter"],
+    ),
+    (
+        "trainable_adapter_without_adapters",
+        ["--training.trainable", "adapter"],
+        None,
+        {},
+        [r"entry 'adapter' matches nothing: this model has no per-step adapters", r'step_adapter = "lora"'],
+    ),
+    (
+        "trainable_empty",
+        [],
+        set_value("training", "trainable", []),
+        {},
+        [r"\[training\] trainable = \[\] freezes every"],
+    ),
 ]
 
 
@@ -291,8 +312,9 @@ def test_real_toml_value_is_checked(tmp_path):
         ["--parallelism.tensor_parallel_degree", "2"],
         ["--checkpoint.enable", "--checkpoint.keep_latest_k", "2", "--optimizer.on_nonfinite", "skip"],
         ["--checkpoint.enable", "--loss_spike.enable", "--checkpoint.no-checksums"],
+        ["--training.trainable", "recurrent,coda.layers.*.attention.*"],
     ],
-    ids=["debug", "float8", "tp2", "checkpoint", "loss_spike"],
+    ids=["debug", "float8", "tp2", "checkpoint", "loss_spike", "trainable"],
 )
 def test_good_configs_pass(overrides):
     start_up(parse_config(*overrides))

@@ -52,11 +52,13 @@ from torchtitan.models.llama3.infra.parallelize import (
 from torchtitan.tools.logging import logger
 
 from grt_titan.infra.torch_workarounds import (
+    checkpoint_only_where_gradients_flow,
     clone_embedding_output,
     disable_autocast_weight_cache,
     disable_autograd_cache_for_uneven_shards,
     install_rng_state_order_fix,
 )
+from grt_titan.infra.trainable import ALL, freeze_untrained
 from grt_titan.job_config import FLOAT8_CONVERTER, RecurrenceCheckpoint, fault_tolerance_enabled
 from grt_titan.model import GRTModel
 
@@ -76,6 +78,18 @@ def noise_rank(job_config) -> int:
     if not fault_tolerance_enabled(job_config):
         return dist.get_rank()
     return job_config.fault_tolerance.replica_id * dist.get_world_size() + dist.get_rank()
+
+
+def freeze_untrained_parameters(model: GRTModel, job_config) -> None:
+    """`[training] trainable` (grt_titan/infra/trainable.py)."""
+    entries = getattr(job_config.training, "trainable", [ALL])
+    if entries == [ALL]:
+        return
+    trained, total = freeze_untrained(model, entries)
+    logger.info(
+        f"[training] trainable = {entries}: {trained:,} of {total:,} parameters trained "
+        f"({trained / total:.1%}); the rest frozen"
+    )
 
 
 def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) -> GRTModel:
@@ -102,6 +116,9 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
             enable_float8_tensorwise_tp=float8_tensorwise_tp(job_config),
         )
         maybe_enable_async_tp(job_config, tp_mesh)
+    # After TP (its SequenceParallel and replicated parameters are new Parameters that require
+    # grad), before the wrappers that rename (AC) or register (FSDP2, DDP) parameters.
+    freeze_untrained_parameters(model, job_config)
 
     compile_enabled = job_config.compile.enable and "model" in job_config.compile.components
     ac_enabled = job_config.activation_checkpoint.mode != "none"
@@ -120,6 +137,11 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
             )
     if ac_enabled:
         apply_recurrence_ac(model, job_config.activation_checkpoint, recurrence_checkpoint, compile_enabled)
+        if compile_enabled and not all(p.requires_grad for p in model.parameters()):
+            wrapped = checkpoint_only_where_gradients_flow(model)
+            logger.info(
+                f"Frozen parameters under compile: {wrapped} checkpointed regions run unchecked where no gradient reaches them (torch_workarounds.py 5)"
+            )
     if (
         uses_op_sac(job_config.activation_checkpoint)
         and model.recurrence is not None

@@ -54,6 +54,19 @@ tests/infra/test_torch_workarounds.py reproduces each defect without the workaro
    the core's weights per call (r casts instead of 1, small beside its matmuls). Installed
    by `parallelize_grt` before torchtitan builds its autocast, for a recurrent model with op
    SAC and without FSDP. Remove once SAC tolerates autocast's cache (pytorch#193338).
+
+5. A compiled, checkpointed block that no gradient reaches (torch 2.13, `[training]
+   trainable`). A frozen prelude block fed frozen embeddings has no input or parameter that
+   requires grad, so AOTAutograd compiles it as an inference graph; the activation-checkpoint
+   tags in it send that graph through the "forward-loss-backward" rematerialization pass,
+   which refuses any recomputable op tagged `nondeterministic_seeded` (the CPU SDPA kernel,
+   even at dropout 0) although the graph has no backward: "Activation checkpoint
+   rematerialization in `forward-loss-backward` graph does not support RNG ops". A region
+   nothing differentiates has nothing to recompute, so the workaround makes each of the
+   model's checkpoint wrappers call its module directly when no input or parameter requires
+   grad (or grad is off), and checkpoint as before otherwise. Installed by `parallelize_grt`
+   when a parameter is frozen, so every other run keeps torchtitan's wrappers unchanged.
+   Remove once the pass leaves graphs without a backward region alone.
 """
 
 from __future__ import annotations
@@ -63,6 +76,8 @@ import operator
 
 import torch
 from torch import fx
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.utils._pytree import tree_leaves
 
 _RNG_STATE_PLACEHOLDER = "rng_state_output_"
 
@@ -179,3 +194,25 @@ def disable_autocast_weight_cache() -> bool:
     was_on = torch.is_autocast_cache_enabled()
     torch.set_autocast_cache_enabled(False)
     return was_on
+
+
+class _CheckpointWhereGradientsFlow(CheckpointWrapper):
+    """Workaround 5: checkpoint only a call that a backward will reach."""
+
+    def forward(self, *args, **kwargs):
+        if torch.is_grad_enabled() and _needs_backward(self, args, kwargs):
+            return super().forward(*args, **kwargs)
+        return self._checkpoint_wrapped_module(*args, **kwargs)
+
+
+def _needs_backward(module: torch.nn.Module, args, kwargs) -> bool:
+    inputs = (t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))
+    return any(t.requires_grad for t in inputs) or any(p.requires_grad for p in module.parameters())
+
+
+def checkpoint_only_where_gradients_flow(model: torch.nn.Module) -> int:
+    """Workaround 5 on every checkpoint wrapper in `model`; how many there were."""
+    wrappers = [m for m in model.modules() if type(m) is CheckpointWrapper]
+    for wrapper in wrappers:
+        wrapper.__class__ = _CheckpointWhereGradientsFlow
+    return len(wrappers)

@@ -283,6 +283,10 @@ def _distill_run(dump, teacher) -> list[str]:
         "--debug.seed",
         "7",
         "--debug.deterministic",
+        # The student trains its recurrence alone over a frozen prelude and coda (docs/training.md,
+        # "Training a subset"): the KD gradient reaches it through the frozen coda.
+        "--training.trainable",
+        "recurrent",
     ]
 
 
@@ -307,7 +311,8 @@ def test_distillation_trains_logs_and_resumes_exactly(run_torchrun, tmp_path):
     given on the command line) into grt_debug: the KD term, the student's CE and the teacher's
     time share are logged in training and validation; the checkpoint holds the student only;
     a run resumed at step 2 repeats steps 3-4 of the uninterrupted run bit for bit (the
-    teacher read again from its source)."""
+    teacher read again from its source). The student trains only its recurrence
+    (`[training] trainable = ["recurrent"]`), so freezing composes with distillation too."""
     import shutil
 
     from torch.distributed.checkpoint import FileSystemReader
@@ -325,6 +330,7 @@ def test_distillation_trains_logs_and_resumes_exactly(run_torchrun, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "Distillation teacher:" in out and "distill  kd:" in out
+    assert "[training] trainable = ['recurrent']:" in out
 
     expected = scalars(full)
     for tag in (*EXACT_TAGS, "distill/teacher_time(%)"):

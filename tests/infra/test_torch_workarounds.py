@@ -137,3 +137,49 @@ def test_op_sac_of_a_weight_tied_core_under_autocast():
     if torch.__version__ >= "2.13":  # torch 2.11's SAC replay does not count _to_copy: no defect there
         assert error is not None and "_to_copy" in error and "not found in storage" in error
     assert _op_sac_backward_under_autocast(cache=False) is None
+
+
+def _frozen_compiled_prelude_backward(workaround: bool) -> str | None:
+    """A tiny GRT trained only in its recurrence: full AC on every block, the prelude's blocks
+    compiled (aot_eager_decomp_partition), one forward at r = 2 and its backward; the error,
+    or None."""
+    import torch
+    from torchtitan.config import ActivationCheckpoint
+    from torchtitan.config.job_config import Compile
+    from torchtitan.models.llama3.infra.parallelize import apply_compile
+
+    from grt_titan.infra.parallelize import apply_recurrence_ac
+    from grt_titan.infra.torch_workarounds import checkpoint_only_where_gradients_flow
+    from grt_titan.model import GRTModel, grt_flavors
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GRTModel(grt_flavors["debug"].replace(vocab_size=256))
+    with torch.no_grad():
+        model.init_weights()
+    model.requires_grad_(False)
+    model.recurrence.requires_grad_(True)
+    apply_recurrence_ac(model, ActivationCheckpoint(mode="full"), "block", True)
+    if workaround:
+        assert checkpoint_only_where_gradients_flow(model) == 4  # prelude, 2 core blocks, coda
+    apply_compile(model.prelude, Compile(enable=True, backend="aot_eager_decomp_partition"))
+    try:
+        model(torch.randint(0, 256, (2, 16)), num_recurrences=2).mean().backward()
+    except Exception as e:  # dynamo wraps the backend's RuntimeError
+        return str(e)
+    assert model.recurrence.step.proj.weight.grad is not None
+    return None
+
+
+def test_compiled_checkpointed_block_that_no_gradient_reaches():
+    """Workaround 5: a frozen prelude block (frozen embeddings in, nothing requiring grad) is
+    compiled as an inference graph whose checkpoint tags meet the remat pass that refuses CPU
+    SDPA as an RNG op; with the workaround the region runs unchecked and the recurrence trains.
+    `parallelize_grt` installs it when a parameter is frozen under compile + AC."""
+    import importlib.util
+
+    error = _frozen_compiled_prelude_backward(workaround=False)
+    remat = "torch._functorch._activation_checkpointing.remat_using_tags_for_fwd_loss_bwd_graph_pass"
+    if importlib.util.find_spec(remat) is not None:  # the pass that raises (torch 2.13)
+        assert error is not None and "does not support RNG ops" in error
+    assert _frozen_compiled_prelude_backward(workaround=True) is None
