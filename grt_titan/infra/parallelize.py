@@ -36,6 +36,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -367,11 +368,38 @@ def apply_tp(
                 if getattr(step, name.split(".")[0]) is not None  # parts a method leaves out are None
             },
         )
+    if model.recurrence is not None and model.recurrence.anchor is not None:
+        apply_scse_tp(model.recurrence, tp_mesh)
     if model.exit_gate is not None:
         # Ouro's exit gate reads the sequence-sharded output of `norm`: replicated weights on
         # sequence shards, as the norm; its logits stay a DTensor (the loss gathers them).
         parallelize_module(model.exit_gate, tp_mesh, SequenceParallel())
     logger.info(f"Applied {'Float8 tensorwise ' if enable_float8_tensorwise_tp else ''}Tensor Parallelism to the GRT")
+
+
+def apply_scse_tp(recurrence: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """SCSE under TP: A and B act per token (replicated weights on sequence shards, as W_proj);
+    the deviation step takes h, Delta and the core's proposal as sequence-sharded DTensors, so
+    its zero-deviation mask's sum over the sequence is the whole sequence's (an all-reduce of
+    one scalar per sequence), and hands back the local shard like every other step part."""
+    parallelize_module(
+        recurrence,
+        tp_mesh,
+        {name: SequenceParallel(use_local_output=True) for name in ("anchor.anchor_proj", "anchor.init_delta_proj")},
+    )
+    sharded = (Shard(1), Shard(1), Shard(1))
+    parallelize_module(
+        recurrence.step.deviation,
+        tp_mesh,
+        PrepareModuleInputOutput(
+            input_layouts=sharded,
+            desired_input_layouts=sharded,
+            use_local_input=False,
+            output_layouts=Shard(1),
+            desired_output_layouts=Shard(1),
+            use_local_output=True,
+        ),
+    )
 
 
 # ---- activation checkpointing and compile ----------------------------------------------

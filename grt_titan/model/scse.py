@@ -31,7 +31,7 @@ from torch import nn
 from torchtitan.models.utils import trunc_normal_
 
 from .args import GRTModelArgs
-from .part import Bad, JobSettings, Part, tensor_parallel_problems
+from .part import Bad, Part
 
 SCSE_CHOICES = {"injection": "deviation", "update": "deviation", "initial_state": "anchor"}
 SCSE_FIELDS = {
@@ -126,14 +126,6 @@ class DeviationUpdate(Part):
             raise bad("deviation_mask_eps", args.deviation_mask_eps, "must be >= 0")
         if args.update == self.choice and args.router != "none":
             raise bad("router", args.router, "cannot be combined with update = 'deviation' (one method per run)")
-
-    def job_problems(self, job: JobSettings, args: GRTModelArgs) -> list[str]:
-        return tensor_parallel_problems(
-            job,
-            "[grt] update = 'deviation' (SCSE) does not support [parallelism] tensor_parallel_degree = {tp}: "
-            "its zero-deviation mask sums over the whole sequence, which tensor parallelism shards; "
-            "allowed: tensor_parallel_degree = 1 (FSDP/HSDP)",
-        )
 
     def build(self, args: GRTModelArgs) -> DeviationStep:
         return DeviationStep(args)

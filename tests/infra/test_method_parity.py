@@ -6,7 +6,7 @@ import pytest
 
 from grt_test_helpers import LOGGED_GRAD_NORM_REL, MOR_PARTS, SCSE_PARTS, parts_overrides
 from infra.test_parallel_parity import STEPS, layout_args, make_seed_checkpoint, scalars, train
-from tests.cases import ONE_RANK
+from tests.cases import ONE_RANK, PARITY_LAYOUTS
 
 # The baselines' parts (docs/architecture.md, "Methods as parts"). Heavy-tail Poisson's random
 # initial state is drawn per rank like the training noise, so, like the noise, it is off here;
@@ -34,6 +34,9 @@ PARTS = {
     ],
     "scse": parts_overrides(SCSE_PARTS),  # the anchor outside the compiled step, its mask inside
 }
+# SCSE on FSDP 2 x TP 2: its zero-deviation mask sums over the whole sequence, which TP shards
+# (the deviation step's sequence-sharded DTensor inputs all-reduce it), and A, B act per token.
+LAYOUTS = {"scse": (4, PARITY_LAYOUTS["fsdp2_tp2"][1])}
 
 
 @pytest.mark.slow
@@ -46,14 +49,16 @@ def test_method_parts_compiled_fsdp_with_ac_match_one_rank_without_recompiles(me
     # depth laws sample another r for every step, and one deep last step may sit above the first.
     assert min(ref_losses[1:]) < ref_losses[0], ref_losses
     run_dir = tmp_path / "fsdp2_compile_ac"
+    nproc, layout = LAYOUTS.get(method, (2, {}))
     # aot_eager_decomp_partition: dynamo's graphs and guards (what a recompile is), AOTAutograd,
     # decompositions and the partitioner as inductor has them, without inductor's C++ code
     # generation; inductor compiles the GRT step in test_parallel_parity.py.
     args = layout_args(
         run_dir,
         seed,
-        2,
+        nproc,
         {
+            **layout,
             "args": [
                 *parts,
                 "--compile.enable",
@@ -63,10 +68,10 @@ def test_method_parts_compiled_fsdp_with_ac_match_one_rank_without_recompiles(me
                 "selective",
                 "--activation_checkpoint.selective_ac_option",
                 "op",
-            ]
+            ],
         },
     )
-    proc = run_torchrun(2, args, tmp_path / "compile-log", env={"TORCH_LOGS": "recompiles"})
+    proc = run_torchrun(nproc, args, tmp_path / "compile-log", env={"TORCH_LOGS": "recompiles"})
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert "Compiled the recurrence step once" in output
