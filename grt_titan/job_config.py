@@ -160,6 +160,11 @@ class GRTSection:
     trains it toward the record's t-th step target (prompt/completion data with `steps`);
     steps past the last target keep the final answer. Default false."""
 
+    step_supervision_steps: int | None = None
+    """With step_supervision: per-step supervision for the first N optimizer steps, then the
+    final answer alone for the rest of the run (the outcome-only annealing of arXiv 2608.11233);
+    0 (default): per-step supervision throughout (docs/tasks.md)."""
+
     router: Router | None = None
     """expert_choice: Mixture-of-Recursions, a router per step picks the tokens it updates;
     token_choice: MoR's token choice, one router picks each token's number of steps."""

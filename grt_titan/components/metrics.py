@@ -368,6 +368,11 @@ def depth_line(args: GRTModelArgs, seq_len: int) -> str:
             f"over the first {steps} optimizer steps ({steps * args.forwards_per_step} forwards, "
             f"{args.forwards_per_step} per step), which cost less than the start-up value"
         )
+    if args.step_supervision and args.step_supervision_steps:
+        line += (
+            f"; per-step supervision for the first {args.step_supervision_steps} optimizer steps, then the final "
+            "answer alone (outcome-only annealing; those steps skip the per-step readouts the start-up FLOPs count)"
+        )
     return line
 
 

@@ -78,6 +78,7 @@ CONFIGURABLE_FIELDS = (
     "exit_entropy_weight",
     "exit_threshold",
     "step_supervision",
+    "step_supervision_steps",
     "router",
     "router_capacity",
     "router_scale",
@@ -160,6 +161,9 @@ class GRTModelArgs(BaseModelArgs):
     exit_threshold: float = 1.0  # Ouro: inference exits at the first step with CDF >= q
     # Training reads out every step t toward the record's t-th target (step_supervision.py).
     step_supervision: bool = False
+    # ... for the first N optimizer steps, then the final answer alone (outcome-only annealing);
+    # 0: the whole run.
+    step_supervision_steps: int = 0
     router: Router = "none"
     router_capacity: list[float] | None = None  # MoR: share of tokens kept per step; None = (R-i)/R
     router_scale: float = 0.1  # MoR: alpha, the router weight is sigmoid(logit) * alpha

@@ -127,7 +127,7 @@ class GRTModel(ModelProtocol):
         h = self.prelude(self.embed(tokens), self.freqs_cis)
         if self.exit_gate is not None and (self.training or self.model_args.exit_threshold < 1):
             return self.exit_readout(h, num_recurrences)
-        if self.training and self.model_args.step_supervision:
+        if self.training and self.model_args.step_supervision and self.supervises_steps():
             states = self.recurrence(h, self.freqs_cis, num_recurrences, all_states=True).step_states
             return step_supervised_readout(self, states, step_labels) if states else self.logits_from_state(h)
         aux_loss_sum = None
@@ -140,6 +140,14 @@ class GRTModel(ModelProtocol):
         if aux_loss_sum is not None:
             return TrainingOutput(logits, aux_loss_sum=aux_loss_sum)
         return logits
+
+    def supervises_steps(self) -> bool:
+        """Per-step supervision this training forward: within the first `step_supervision_steps`
+        optimizer steps (0: every step). The depth sampler's count is this forward's index
+        (it draws inside the recurrence), persistent, so a resume switches at the same step."""
+        until = self.model_args.step_supervision_steps
+        sampler = self.recurrence.depth_sampler
+        return until == 0 or sampler.forwards // sampler.forwards_per_step < until
 
     def forward_with_halting(
         self,

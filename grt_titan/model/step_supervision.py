@@ -55,7 +55,15 @@ class StepSupervision(Part):
         super().validate(args, bad)
 
     def check(self, args: GRTModelArgs, bad: Bad) -> None:
+        if args.step_supervision_steps < 0:
+            raise bad("step_supervision_steps", args.step_supervision_steps, "must be >= 0 (0: the whole run)")
         if not args.step_supervision:
+            if args.step_supervision_steps:
+                raise bad(
+                    "step_supervision_steps",
+                    args.step_supervision_steps,
+                    "needs step_supervision = true (it ends per-step supervision after that many steps)",
+                )
             return
         for key, plain in (("objective", "final"), ("router", "none")):
             if getattr(args, key) != plain:

@@ -124,12 +124,15 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     proc = one_process(
         ["--job.config_file", str(TASK_TOML), "--job.dump_folder", str(tmp_path / "run"), *overrides,
          "--training.steps", "3", "--checkpoint.interval", "3", "--validation.freq", "3", "--lr_scheduler.warmup_steps", "1",
-         "--grt.step_supervision", "True"],
+         "--grt.step_supervision", "True", "--grt.step_supervision_steps", "2"],
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "prompt/completion records one per sequence" in proc.stdout + proc.stderr  # the preset: pack_records = false
     assert "per-step targets of 3 steps ([grt] step_supervision)" in proc.stdout + proc.stderr
+    assert (
+        "per-step supervision for the first 2 optimizer steps, then the final answer alone" in proc.stdout + proc.stderr
+    )
     checkpoint = str(tmp_path / "run" / "checkpoint")
     base = [checkpoint, "--data", str(tmp_path / "test.jsonl"), "--no-progress"]
     capsys.readouterr()

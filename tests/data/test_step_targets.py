@@ -128,12 +128,38 @@ def test_the_loss_is_the_mean_of_each_steps_cross_entropy_against_its_target(tas
     assert torch.equal(model(inputs["input"], num_recurrences=r), model.logits_from_state(states[-1]))
 
 
+def test_step_supervision_ends_after_its_steps_and_the_answer_alone_trains(task):
+    """`step_supervision_steps = 2` at 2 forwards per optimizer step: forwards 0-3 (steps 0-1)
+    read every step out, forward 4 on reads out the final answer alone, the same logits as a
+    model without per-step supervision; the switch follows the persistent forward count, so a
+    model restored at forward 4 (a resume) is past it too."""
+    ds, _, words = task
+    ((inputs, _),) = [next(iter(build_dataloader(1, 0, words, step_job(ds))))]
+    settings = dict(step_supervision=True, step_supervision_steps=2, forwards_per_step=2)
+    model = build_model("task_debug_words", 0, state_noise_std=0.0, gate_noise_std=0.0, **settings)
+    # Sampled depths, as the trainer's forwards: each draw counts one forward.
+    outputs = [model(inputs["input"], step_labels=inputs["step_labels"]) for _ in range(5)]
+    assert [o.step_logits is not None for o in outputs[:4]] == [True] * 4
+    assert isinstance(outputs[4], torch.Tensor)  # the answer alone: plain logits, CE on the labels
+    answer_only = build_model("task_debug_words", 0, state_noise_std=0.0, gate_noise_std=0.0)
+    answer_only.load_state_dict(model.state_dict())
+    depth = model.recurrence.depth_sampler.history[-1]
+    assert torch.equal(outputs[4], answer_only(inputs["input"], num_recurrences=depth))
+    restored = build_model("task_debug_words", 1, state_noise_std=0.0, gate_noise_std=0.0, **settings)
+    restored.load_state_dict(model.state_dict())  # recurrence.depth_sampler.draws = 5
+    assert isinstance(restored(inputs["input"], step_labels=inputs["step_labels"]), torch.Tensor)
+
+
 def test_step_supervision_rules_and_flops():
     grt = grt_flavors["task_debug_words"]
     with pytest.raises(ValueError, match=r"step_supervision.*needs a recurrent flavor"):
         grt_flavors["dense_debug"].replace(step_supervision=True).validate()
     with pytest.raises(ValueError, match=r"step_supervision.*cannot be combined with objective = 'exit_distribution'"):
         grt.replace(step_supervision=True, objective="exit_distribution").validate()
+    with pytest.raises(ValueError, match=r"step_supervision_steps = 100 is invalid; needs step_supervision = true"):
+        grt.replace(step_supervision_steps=100).validate()
+    with pytest.raises(ValueError, match=r"step_supervision_steps = -1 is invalid; must be >= 0"):
+        grt.replace(step_supervision=True, step_supervision_steps=-1).validate()
     supervised = grt.replace(step_supervision=True)
     extra = forward_flops_per_token(supervised, 128, 6, training=True) - forward_flops_per_token(
         grt, 128, 6, training=True
