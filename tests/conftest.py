@@ -41,7 +41,7 @@ LONGEST_FIRST = {
     "infra/test_presets.py": 95,
     "reliability/test_rank_failure.py": 90,
     "benchmarks/test_gpu_suite.py": 70,
-    "infra/test_method_parity.py": 95,
+    "infra/test_method_parity.py": 75,
     "infra/test_tp_compile_ac.py": 65,
     "reliability/test_startup_errors.py": 15,
     "analysis/test_task_eval.py": 25,

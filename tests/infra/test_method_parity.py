@@ -1,5 +1,5 @@
-"""The baselines' parts under the parallel plans: a 2-rank FSDP run with compile (and AC)
-against one eager rank from the same seed checkpoint, with no recompile (the helpers and
+"""The baselines' parts under the parallel plans: a 2-rank FSDP run (SCSE: TP) with compile
+(and AC) against one eager rank from the same seed checkpoint, with no recompile (the helpers and
 tolerances of test_parallel_parity.py; a module of its own so CI spreads the runs)."""
 
 import pytest
@@ -34,21 +34,23 @@ PARTS = {
     ],
     "scse": parts_overrides(SCSE_PARTS),  # the anchor outside the compiled step, its mask inside
 }
-# SCSE on FSDP 2 x TP 2: its zero-deviation mask sums over the whole sequence, which TP shards
-# (the deviation step's sequence-sharded DTensor inputs all-reduce it), and A, B act per token.
-LAYOUTS = {"scse": (4, PARITY_LAYOUTS["fsdp2_tp2"][1])}
+# SCSE on TP 2: its zero-deviation mask sums over the whole sequence, which TP shards (the
+# deviation step's sequence-sharded DTensor inputs all-reduce it), and A, B act per token. It
+# trains under FSDP 2 in tests/reliability/test_method_resume.py (exact resume; A and B are plain
+# linears to FSDP); 4 ranks of FSDP x TP cost three times this run on two cores.
+LAYOUTS = {"scse": (2, PARITY_LAYOUTS["tp2"][1])}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(PARTS))
-def test_method_parts_compiled_fsdp_with_ac_match_one_rank_without_recompiles(method, run_torchrun, tmp_path):
+def test_method_parts_compiled_sharded_with_ac_match_one_rank_without_recompiles(method, run_torchrun, tmp_path):
     parts = PARTS[method]
     seed = make_seed_checkpoint(tmp_path / "seed", parts)
     ref_losses, _ = train(run_torchrun, tmp_path, seed, "one_rank", 1, {**ONE_RANK, "args": parts})
     # The reference trains: a later step's loss below the first. Not the last step's alone: the
     # depth laws sample another r for every step, and one deep last step may sit above the first.
     assert min(ref_losses[1:]) < ref_losses[0], ref_losses
-    run_dir = tmp_path / "fsdp2_compile_ac"
+    run_dir = tmp_path / "sharded_compile_ac"
     nproc, layout = LAYOUTS.get(method, (2, {}))
     # aot_eager_decomp_partition: dynamo's graphs and guards (what a recompile is), AOTAutograd,
     # decompositions and the partitioner as inductor has them, without inductor's C++ code

@@ -1,0 +1,253 @@
+"""Depth that pays, on one CPU core in minutes: pointer chasing over one table per sequence,
+every query answered (docs/tasks.md, "Where depth pays"; docs/benchmarks.md).
+
+    python benchmarks/depth_pays_bench.py --out /tmp/depth_pays                      # every row
+    python benchmarks/depth_pays_bench.py --rows grt_steps dense --out /tmp/depth_pays
+
+A sequence is the table of f, a random single cycle over N symbols (slot i holds f(i), so a
+lookup is "attend to slot i", one attention layer), then K query tokens, each one id for a
+pair (x, d); the answer at the query's position is f^d(x), d ~ Uniform{1..R} per query. A
+single cycle makes f^a(x) != f^b(x) for a != b < N: an answer one step short is wrong, and
+chance is 1/N. Problems are fresh every batch (nothing is memorized) and every query is in
+the loss, so a batch of 64 sequences holds 1,024 answers: the signal per token that the
+one-answer records of `grt-titan task` lack (docs/tasks.md, "What has been measured").
+
+Rows, all the project's GRTModel (GPT-2 blocks, learned positions, d 64, no noise), trained in
+process through the model's own training forward and loss (`grt_titan.components.loss.grt_loss`,
+the depth sampler, `[grt] step_supervision`'s readouts), AdamW, one thread:
+
+- `grt_steps`: 1 + 1 x R + 1 blocks, R = 6, r ~ Uniform{1..R}, per-step supervision (step t's
+  readout toward f^min(t, d)(x));
+- `grt`: the same, the answer alone at the sampled r;
+- `dense`: 8 unshared blocks, the answer alone.
+
+The first row's --steps fix the FLOP budget; the others train for as many steps as their
+training FLOPs per token allow (`get_nparams_and_flops`). `--align` (default 1, every row
+alike) starts table slot i's position embedding as a fixed rotation of symbol i's embedding
+and each query's as its symbol's: an initialisation aid so that the lookup is learnable in
+minutes; nothing is frozen; `--align 0` turns it off. Accuracy by problem depth x r = 0..2R
+(r = 0: prelude and coda alone) on fresh problems, and each query's arrival step (the first r
+from which it stays right). Each row writes `--out/ROW/result.json`; a second run with the
+same --out reuses the rows it finished; `summary.md` gathers them. It claims nothing beyond
+the sizes and budgets it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from depth_task_bench import equal_flop_steps  # noqa: E402
+
+from grt_titan.components.loss import grt_loss  # noqa: E402
+from grt_titan.model.args import GRTModelArgs  # noqa: E402
+from grt_titan.model.model import GRTModel  # noqa: E402
+
+IGNORE = -100
+ROWS = ("grt_steps", "grt", "dense")
+
+
+def model_args(row: str, opts) -> GRTModelArgs:
+    common = dict(block_style="gpt2", dim=opts.dim, n_heads=4, vocab_size=opts.symbols * (1 + opts.recurrences))
+    common["max_seq_len"] = opts.symbols + opts.queries
+    if row == "dense":
+        return GRTModelArgs(**common, n_prelude_layers=opts.dense_layers, n_core_layers=0, n_coda_layers=0)
+    return GRTModelArgs(
+        **common,
+        n_prelude_layers=1,
+        n_core_layers=1,
+        n_coda_layers=1,
+        num_recurrences=opts.recurrences,
+        min_recurrences=1,
+        state_noise_std=0.0,
+        gate_noise_std=0.0,
+        step_supervision=row == "grt_steps",
+    )
+
+
+def problems(opts, batch: int, generator: torch.Generator, depth: int | None = None) -> dict[str, torch.Tensor]:
+    """`batch` sequences: tokens [B, N + K], the answers at the query positions (labels [B, S],
+    ignore elsewhere), step t's target f^min(t, d)(x) (step_labels [B, S, R]) and each query's d."""
+    n, k, r = opts.symbols, opts.queries, opts.recurrences
+    order = torch.argsort(torch.rand(batch, n, generator=generator), dim=1)
+    f = torch.empty_like(order).scatter_(1, order, order.roll(-1, dims=1))  # one cycle through all n
+    x = torch.randint(0, n, (batch, k), generator=generator)
+    d = torch.randint(1, r + 1, (batch, k), generator=generator) if depth is None else torch.full((batch, k), depth)
+    orbit = [x]
+    for _ in range(r):
+        orbit.append(torch.gather(f, 1, orbit[-1]))
+    orbit = torch.stack(orbit, dim=2)  # [B, K, R + 1]: f^t(x)
+    tokens = torch.cat([f, n + x * r + (d - 1)], dim=1)
+    labels = torch.full(tokens.shape, IGNORE)
+    labels[:, n:] = torch.gather(orbit, 2, d[..., None])[..., 0]
+    step_labels = torch.full((*tokens.shape, r), IGNORE)
+    steps = torch.minimum(torch.arange(1, r + 1)[None, None], d[..., None])  # [B, K, R]
+    step_labels[:, n:] = torch.gather(orbit, 2, steps)
+    return {"tokens": tokens, "labels": labels, "step_labels": step_labels, "depth": d}
+
+
+def align(model: GRTModel, opts) -> None:
+    """Slot i's position embedding = a fixed rotation of symbol i's embedding; query (x, d)'s
+    embedding gains symbol x's (initialisation only)."""
+    n, r = opts.symbols, opts.recurrences
+    generator = torch.Generator().manual_seed(opts.seed)
+    rotation = torch.linalg.qr(torch.randn(opts.dim, opts.dim, generator=generator))[0]
+    with torch.no_grad():
+        tok = model.tok_embeddings.weight
+        model.pos_embeddings.weight[:n] = opts.align * tok[:n] @ rotation
+        tok[n:] += tok[:n].repeat_interleave(r, dim=0)
+
+
+def train(row: str, steps: int, opts) -> tuple[GRTModel, list]:
+    torch.manual_seed(opts.seed)
+    model = GRTModel(model_args(row, opts))
+    with torch.no_grad():
+        model.init_weights()
+    if opts.align:
+        align(model, opts)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = max(1, min(200, steps // 10))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * s / steps)))
+    )
+    generator = torch.Generator().manual_seed(opts.seed)
+    model.train()
+    log, start = [], time.perf_counter()
+    for step in range(1, steps + 1):
+        batch = problems(opts, opts.batch, generator)
+        out = model(batch["tokens"], step_labels=batch["step_labels"])  # r sampled by the model
+        loss = grt_loss(out, batch["labels"]) / (batch["labels"] != IGNORE).sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if step % 100 == 0 or step == steps:
+            log.append((step, round(loss.item(), 4), round(time.perf_counter() - start, 1)))
+            print(f"{row} step {step} loss {loss.item():.4f} {log[-1][2]:.0f} s", flush=True)
+    return model, log
+
+
+@torch.no_grad()
+def evaluate(model: GRTModel, opts) -> dict:
+    """Accuracy by depth x r (r = 0..2R; the dense row: its one depth) and mean arrival."""
+    model.eval()
+    generator = torch.Generator().manual_seed(opts.seed + 1000)
+    depths = list(range(2 * opts.recurrences + 1)) if model.recurrence is not None else [None]
+    out = {}
+    for depth in range(1, opts.recurrences + 1):
+        batch = problems(opts, opts.eval_sequences, generator, depth)
+        answers = batch["labels"][:, opts.symbols :]
+        right = torch.stack(
+            [model(batch["tokens"], num_recurrences=r)[:, opts.symbols :].argmax(-1) == answers for r in depths]
+        ).flatten(1)  # [depths, queries]
+        entry = {"accuracy": right.float().mean(1).tolist()}
+        if model.recurrence is not None:  # eval-task's arrival: the first r right at every deeper r
+            stays = right.flip(0).cumprod(0).flip(0).bool()
+            arrived = stays.any(0)
+            first = stays.float().argmax(0)
+            entry["arrival"] = first[arrived].float().mean().item() if arrived.any() else None
+            entry["arrived"] = arrived.float().mean().item()
+        out[str(depth)] = entry
+    return out
+
+
+def run_row(row: str, steps: int, opts) -> dict:
+    done = opts.out / row / "result.json"
+    if done.exists() and (finished := json.loads(done.read_text()))["steps"] == steps:
+        return finished
+    start = time.perf_counter()
+    model, log = train(row, steps, opts)
+    train_s = time.perf_counter() - start
+    nparams, flops = model.model_args.get_nparams_and_flops(model, opts.symbols + opts.queries)
+    result = {"row": row, "steps": steps, "params": nparams, "train_flops_per_token": flops}
+    result |= {"train_s": round(train_s, 1), "log": log, "depths": evaluate(model, opts)}
+    done.parent.mkdir(parents=True, exist_ok=True)
+    done.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def table(result: dict, recurrences: int) -> list[str]:
+    depths = result["depths"]
+    columns = len(next(iter(depths.values()))["accuracy"])
+    head = ["depth", *(f"r={r}" for r in range(columns))] if columns > 1 else ["depth", "accuracy"]
+    lines = ["| " + " | ".join(head + (["mean arrival (share arrived)"] if columns > 1 else [])) + " |"]
+    lines.append("|" + "---|" * (len(head) + (columns > 1)))
+    for depth, entry in depths.items():
+        cells = [f"{a:.2f}" for a in entry["accuracy"]]
+        if columns > 1:
+            arrival = "-" if entry["arrival"] is None else f"{entry['arrival']:.2f}"
+            cells.append(f"{arrival} ({entry['arrived']:.2f})")
+        lines.append(f"| {depth} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def summary(results: dict[str, dict], opts) -> str:
+    lines = [f"N = {opts.symbols} symbols, K = {opts.queries} queries, R = {opts.recurrences}, align {opts.align}", ""]
+    for row, result in results.items():
+        lines += [f"## {row}: {result['params']:,} parameters, {result['steps']} steps, {result['train_s']:.0f} s", ""]
+        lines += table(result, opts.recurrences) + [""]
+        deep = [e["accuracy"] for d, e in result["depths"].items() if int(d) >= 4]
+        if not deep:  # R < 4: no deep problems to sum up
+            continue
+        if len(deep[0]) > 1:
+            r1, r_big = (sum(a[r] for a in deep) / len(deep) for r in (1, opts.recurrences))
+            lines += [f"depth >= 4: r = 1 {r1:.3f}, r = R {r_big:.3f}, rise {r_big - r1:+.3f}", ""]
+        else:
+            lines += [f"depth >= 4: {sum(a[0] for a in deep) / len(deep):.3f}", ""]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--steps", type=int, default=3000, help="grt_steps' steps; the FLOP budget of every row")
+    parser.add_argument("--symbols", type=int, default=12)
+    parser.add_argument("--queries", type=int, default=16)
+    parser.add_argument("--recurrences", type=int, default=6)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--dense-layers", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--align", type=float, default=1.0)
+    parser.add_argument("--eval-sequences", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def plan(opts) -> dict[str, int]:
+    """Each row's steps at grt_steps' training FLOPs over --steps."""
+    tokens = opts.symbols + opts.queries
+    costs = {}
+    for row in ROWS:
+        with torch.device("meta"):
+            model = GRTModel(model_args(row, opts))
+        costs[row] = model.model_args.get_nparams_and_flops(model, tokens)
+    return equal_flop_steps(costs, "grt_steps", opts.steps, opts.rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = build_parser().parse_args(argv)
+    torch.set_num_threads(1)
+    steps = plan(opts)
+    for row in opts.rows:
+        run_row(row, steps[row], opts)
+    results = {p.parent.name: json.loads(p.read_text()) for p in sorted(opts.out.glob("*/result.json"))}
+    text = summary({row: results[row] for row in ROWS if row in results}, opts)
+    (opts.out / "summary.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
