@@ -141,7 +141,8 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
         if compile_enabled and not all(p.requires_grad for p in model.parameters()):
             wrapped = checkpoint_only_where_gradients_flow(model)
             logger.info(
-                f"Frozen parameters under compile: {wrapped} checkpointed regions run unchecked where no gradient reaches them (torch_workarounds.py 5)"
+                f"Frozen parameters under compile: {wrapped} checkpointed regions run unchecked "
+                "where no gradient reaches them (torch_workarounds.py 5)"
             )
     if (
         uses_op_sac(job_config.activation_checkpoint)

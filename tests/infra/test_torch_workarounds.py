@@ -176,10 +176,9 @@ def test_compiled_checkpointed_block_that_no_gradient_reaches():
     compiled as an inference graph whose checkpoint tags meet the remat pass that refuses CPU
     SDPA as an RNG op; with the workaround the region runs unchecked and the recurrence trains.
     `parallelize_grt` installs it when a parameter is frozen under compile + AC."""
-    import importlib.util
+    import torch
 
     error = _frozen_compiled_prelude_backward(workaround=False)
-    remat = "torch._functorch._activation_checkpointing.remat_using_tags_for_fwd_loss_bwd_graph_pass"
-    if importlib.util.find_spec(remat) is not None:  # the pass that raises (torch 2.13)
+    if torch.__version__ >= "2.13":  # torch 2.11 compiles the inference graph: no defect there
         assert error is not None and "does not support RNG ops" in error
     assert _frozen_compiled_prelude_backward(workaround=True) is None
