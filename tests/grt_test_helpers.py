@@ -180,6 +180,13 @@ def one_process(
     return launch(module, args, job_env({**rank_environment(0, 1, free_port()), **(env or {})}), timeout)
 
 
+def worker_env(test_file: str) -> dict[str, str]:
+    """The environment of a test's own torchrun worker module: it imports from the test's
+    folder (its helpers) and from tests/ (grt_test_helpers)."""
+    here = os.path.dirname(os.path.abspath(test_file))
+    return {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
+
+
 def mesh_degrees(output: str) -> dict[str, int] | None:
     """The parallel degrees torchtitan built its device mesh with (pp, dp_replicate, dp_shard,
     cp, tp, ep, etp), from a job's output; None if it logged no mesh."""

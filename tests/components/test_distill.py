@@ -3,7 +3,6 @@ the vocabulary-sharded KL against the gathered one on 2 gloo ranks."""
 
 import json
 import math
-import os
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from grt_titan.components import distill_loss
 from grt_titan.components.distill_loss import IGNORE_INDEX, distillation_loss, kd_loss_sum, kl_per_token
 from grt_titan.components.loss import grt_loss
 
-from grt_test_helpers import REPO
+from grt_test_helpers import REPO, worker_env
 from tests.reliability.reliability_helpers import scalars
 
 
@@ -78,8 +77,7 @@ def test_sharded_vocabulary_kl_equals_gathered(run_torchrun, tmp_path):
     """TP 2 on gloo: each rank holds half the vocabulary; loss, per-token KL and each rank's
     gradient equal the full-row computation (float64)."""
     out = tmp_path / "kd.json"
-    here = os.path.dirname(__file__)
-    env = {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
+    env = worker_env(__file__)  # the worker imports its folder's helpers and grt_test_helpers
     proc = run_torchrun(2, [str(out)], tmp_path, timeout=300, module="distill_shard_worker", env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     for rank in json.loads(out.read_text()):

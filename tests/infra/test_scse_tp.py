@@ -4,16 +4,16 @@ FSDP 2 x TP 2 with compile is in test_method_parity.py; a training run never mee
 deviation, so this case plants one on one shard."""
 
 import json
-import os
 
 import pytest
+
+from grt_test_helpers import worker_env
 
 
 @pytest.mark.slow
 def test_the_mask_sums_over_the_whole_sequence_under_tp(run_torchrun, tmp_path):
     out = tmp_path / "scse_tp.json"
-    here = os.path.dirname(__file__)
-    env = {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
+    env = worker_env(__file__)  # the worker imports its folder's helpers and grt_test_helpers
     proc = run_torchrun(2, [str(out)], tmp_path, timeout=300, module="scse_tp_worker", env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     result = json.loads(out.read_text())
