@@ -33,7 +33,7 @@ from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
 from grt_titan.fake_backend import is_fake_backend
 from grt_titan.field_checks import field_problems
-from grt_titan.infra.trainable import ALL, trainable_problems
+from grt_titan.infra.trainable import configured_entries, trainable_problems
 from grt_titan.job_config import FLOAT8_CONVERTER, fault_tolerance_enabled
 from grt_titan.model.flavors import flavor_from_file
 from grt_titan.model.model import build_meta_model
@@ -263,10 +263,8 @@ def _distill_problems(job_config, args) -> list[str]:
 
 
 def _trainable_problems(job_config, args) -> list[str]:
-    entries = getattr(job_config.training, "trainable", [ALL])
-    if entries == [ALL]:
-        return []
-    return trainable_problems(build_meta_model(args), entries)
+    entries = configured_entries(job_config)
+    return [] if entries is None else trainable_problems(build_meta_model(args), entries)
 
 
 def _plain_trainer_initial_load_problems(job_config) -> list[str]:

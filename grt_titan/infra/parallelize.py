@@ -59,7 +59,7 @@ from grt_titan.infra.torch_workarounds import (
     disable_autograd_cache_for_uneven_shards,
     install_rng_state_order_fix,
 )
-from grt_titan.infra.trainable import ALL, freeze_untrained
+from grt_titan.infra.trainable import configured_entries, freeze_untrained
 from grt_titan.job_config import FLOAT8_CONVERTER, RecurrenceCheckpoint, fault_tolerance_enabled
 from grt_titan.model import GRTModel
 
@@ -83,8 +83,8 @@ def noise_rank(job_config) -> int:
 
 def freeze_untrained_parameters(model: GRTModel, job_config) -> None:
     """`[training] trainable` (grt_titan/infra/trainable.py)."""
-    entries = getattr(job_config.training, "trainable", [ALL])
-    if entries == [ALL]:
+    entries = configured_entries(job_config)
+    if entries is None:
         return
     trained, total = freeze_untrained(model, entries)
     logger.info(

@@ -2,8 +2,9 @@
 
 A retrofit's recurrent parts can be trained over a frozen source (arXiv 2608.11233 trains a
 6M-parameter adapter over frozen base weights), and a frozen parameter must stay bitwise
-what it was. Freezing is `requires_grad = False`, set before any parallel plan wraps the
-model: FSDP2 shards frozen and trainable parameters in one module and reduces only the
+what it was. Freezing is `requires_grad = False`, set after the TP plan (whose replicated and
+sequence-parallel parameters are new Parameters) and before AC, FSDP2 or DDP wrap the model:
+FSDP2 shards frozen and trainable parameters in one module and reduces only the
 gradients that exist, DDP skips frozen ones, and torchtitan's optimizer container takes only
 parameters that require grad, so the optimizer, its weight decay and its checkpointed state
 hold the trainable ones alone. The model checkpoint and the export still hold every weight.
@@ -24,20 +25,11 @@ KEY = "[training] trainable"
 CORE = "recurrence.step.core."
 ADAPTERS = "recurrence.step.adapters."
 
-# shorthand -> (what it trains, the test on a parameter name)
+# shorthand -> the test on a parameter name (docs/training.md's table says what each trains)
 SHORTHANDS = {
-    "recurrent": (
-        "the whole recurrence: W_proj, the gate and the core (and a method's anchor, router or adapters)",
-        lambda name: name.startswith("recurrence."),
-    ),
-    "parts": (
-        "the recurrence outside the core's blocks: W_proj and the gate (SCSE's anchor, a router)",
-        lambda name: name.startswith("recurrence.") and not name.startswith((CORE, ADAPTERS)),
-    ),
-    "adapter": (
-        'RRT\'s per-step low-rank adapters alone ([grt] step_adapter = "lora")',
-        lambda name: name.startswith(ADAPTERS),
-    ),
+    "recurrent": lambda name: name.startswith("recurrence."),  # W_proj, the gate, the core, ...
+    "parts": lambda name: name.startswith("recurrence.") and not name.startswith((CORE, ADAPTERS)),
+    "adapter": lambda name: name.startswith(ADAPTERS),  # RRT's per-step LoRA adapters
 }
 
 NOTHING_TO_NAME = {
@@ -57,8 +49,14 @@ def _names(model: nn.Module) -> dict[nn.Parameter, list[str]]:
 
 def _matches(entry: str, name: str) -> bool:
     if entry in SHORTHANDS:
-        return SHORTHANDS[entry][1](name)
+        return SHORTHANDS[entry](name)
     return fnmatchcase(name, entry)
+
+
+def configured_entries(job_config) -> list[str] | None:
+    """`[training] trainable`, or None for the default (every parameter trains)."""
+    entries = getattr(job_config.training, "trainable", [ALL])
+    return None if entries == [ALL] else entries
 
 
 def trainable_problems(model: nn.Module, entries: list[str]) -> list[str]:
@@ -90,13 +88,13 @@ def _help() -> str:
 
 def freeze_untrained(model: nn.Module, entries: list[str]) -> tuple[int, int]:
     """Set `requires_grad = False` on every parameter no entry names; (trainable, all) element
-    counts. Call before any parallel plan (FSDP2, DDP) wraps the model."""
+    counts. Call after the TP plan and before AC, FSDP2 or DDP wrap the model."""
     problems = trainable_problems(model, entries)
     if problems:  # the start-up check reports these first; a direct caller gets them here
         raise ValueError("; ".join(problems))
     trained = total = 0
     for param, names in _names(model).items():
-        keep = ALL in entries or any(_matches(e, n) for e in entries for n in names)
+        keep = any(_matches(e, n) for e in entries for n in names)
         param.requires_grad_(keep)
         total += param.numel()
         trained += param.numel() if keep else 0

@@ -32,7 +32,7 @@ def parameter_names() -> set[str]:
 
 
 def trained_names(shorthand: str) -> set[str]:
-    return {n for n in parameter_names() if SHORTHANDS[shorthand][1](n)}
+    return {n for n in parameter_names() if SHORTHANDS[shorthand](n)}
 
 
 def optimizer_params(state: dict) -> set[str]:
