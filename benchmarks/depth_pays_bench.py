@@ -176,7 +176,7 @@ def run_row(row: str, steps: int, opts) -> dict:
     return result
 
 
-def table(result: dict, recurrences: int) -> list[str]:
+def table(result: dict) -> list[str]:
     depths = result["depths"]
     columns = len(next(iter(depths.values()))["accuracy"])
     head = ["depth", *(f"r={r}" for r in range(columns))] if columns > 1 else ["depth", "accuracy"]
@@ -195,7 +195,7 @@ def summary(results: dict[str, dict], opts) -> str:
     lines = [f"N = {opts.symbols} symbols, K = {opts.queries} queries, R = {opts.recurrences}, align {opts.align}", ""]
     for row, result in results.items():
         lines += [f"## {row}: {result['params']:,} parameters, {result['steps']} steps, {result['train_s']:.0f} s", ""]
-        lines += table(result, opts.recurrences) + [""]
+        lines += table(result) + [""]
         deep = [e["accuracy"] for d, e in result["depths"].items() if int(d) >= 4]
         if not deep:  # R < 4: no deep problems to sum up
             continue
