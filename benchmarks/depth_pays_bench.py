@@ -27,9 +27,11 @@ alike) starts table slot i's position embedding as a fixed rotation of symbol i'
 and each query's as its symbol's: an initialisation aid so that the lookup is learnable in
 minutes; nothing is frozen; `--align 0` turns it off. Accuracy by problem depth x r = 0..2R
 (r = 0: prelude and coda alone) on fresh problems, and each query's arrival step (the first r
-from which it stays right). Each row writes `--out/ROW/result.json`; a second run with the
-same --out reuses the rows it finished; `summary.md` gathers them. It claims nothing beyond
-the sizes and budgets it ran.
+from which it stays right); for the recurrent rows, each per-token halting rule of HALTING on
+a uniform mix of depths against the fixed depths. Each row writes `--out/ROW/result.json`
+and its weights `model.pt`; a second run with the same --out scores the rows it trained
+again without training them; `summary.md` gathers them. It claims nothing beyond the sizes
+and budgets it ran.
 """
 
 from __future__ import annotations
@@ -48,12 +50,24 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from depth_task_bench import equal_flop_steps  # noqa: E402
 
+from grt_titan.analysis.task_eval import halting_summary, halting_table  # noqa: E402
 from grt_titan.components.loss import grt_loss  # noqa: E402
 from grt_titan.model.args import GRTModelArgs  # noqa: E402
 from grt_titan.model.model import GRTModel  # noqa: E402
 
 IGNORE = -100
 ROWS = ("grt_steps", "grt", "dense")
+# Per-token halting rules scored on a uniform mix of depths (grt_titan/model/halting.py).
+HALTING = (
+    ("argmax", 1),
+    ("argmax", 2),
+    ("kl", 0.1),
+    ("kl", 0.01),
+    ("state", 0.3),
+    ("state", 0.1),
+    ("state", 0.02),
+    ("gate", 0.02),
+)
 
 
 def model_args(row: str, opts) -> GRTModelArgs:
@@ -161,17 +175,53 @@ def evaluate(model: GRTModel, opts) -> dict:
     return out
 
 
+@torch.no_grad()
+def evaluate_halting(model: GRTModel, opts) -> list[dict]:
+    """Each rule of HALTING on fresh problems of depths drawn uniformly from 1..R, at most R
+    steps: accuracy, the mean steps of the query positions (by problem depth), and the steps
+    saved against the smallest fixed r as accurate (eval-task's halting summary)."""
+    model.eval()
+    generator = torch.Generator().manual_seed(opts.seed + 2000)
+    batch = problems(opts, opts.eval_sequences, generator)
+    queries = slice(opts.symbols, None)
+    answers, depths = batch["labels"][:, queries].flatten(), batch["depth"].flatten().tolist()
+    fixed = {
+        r: (model(batch["tokens"], num_recurrences=r)[:, queries].argmax(-1).flatten() == answers).tolist()
+        for r in range(1, opts.recurrences + 1)
+    }
+    correct = [{r: fixed[r][q] for r in fixed} for q in range(len(answers))]
+    rows = []
+    for rule, threshold in HALTING:
+        logits, steps = model.forward_with_halting(batch["tokens"], rule, threshold)
+        right = (logits[:, queries].argmax(-1).flatten() == answers).tolist()
+        scored = list(zip(right, steps[:, queries].flatten().float().tolist()))
+        row = halting_summary(depths, scored, correct, rule, threshold)
+        row["every_token_mean_steps"] = steps.float().mean().item()  # the table's tokens too
+        rows.append(row)
+    return rows
+
+
 def run_row(row: str, steps: int, opts) -> dict:
-    done = opts.out / row / "result.json"
-    if done.exists() and (finished := json.loads(done.read_text()))["steps"] == steps:
+    """Train and score one row, or reuse `--out/ROW`: its result when it ran these steps, its
+    saved weights (model.pt) to score again."""
+    done, weights = opts.out / row / "result.json", opts.out / row / "model.pt"
+    finished = json.loads(done.read_text()) if done.exists() else {}
+    if finished.get("steps") == steps and weights.exists():
+        model = GRTModel(model_args(row, opts))
+        model.load_state_dict(torch.load(weights))
+        result = finished
+    elif finished.get("steps") == steps:  # scored before the weights were kept
         return finished
-    start = time.perf_counter()
-    model, log = train(row, steps, opts)
-    train_s = time.perf_counter() - start
+    else:
+        start = time.perf_counter()
+        model, log = train(row, steps, opts)
+        weights.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), weights)
+        result = {"row": row, "steps": steps, "train_s": round(time.perf_counter() - start, 1), "log": log}
     nparams, flops = model.model_args.get_nparams_and_flops(model, opts.symbols + opts.queries)
-    result = {"row": row, "steps": steps, "params": nparams, "train_flops_per_token": flops}
-    result |= {"train_s": round(train_s, 1), "log": log, "depths": evaluate(model, opts)}
-    done.parent.mkdir(parents=True, exist_ok=True)
+    result |= {"params": nparams, "train_flops_per_token": flops, "depths": evaluate(model, opts)}
+    if model.recurrence is not None:
+        result["halting"] = evaluate_halting(model, opts)
     done.write_text(json.dumps(result, indent=1))
     return result
 
@@ -196,14 +246,19 @@ def summary(results: dict[str, dict], opts) -> str:
     for row, result in results.items():
         lines += [f"## {row}: {result['params']:,} parameters, {result['steps']} steps, {result['train_s']:.0f} s", ""]
         lines += table(result) + [""]
-        deep = [e["accuracy"] for d, e in result["depths"].items() if int(d) >= 4]
-        if not deep:  # R < 4: no deep problems to sum up
-            continue
-        if len(deep[0]) > 1:
+        deep = [e["accuracy"] for d, e in result["depths"].items() if int(d) >= 4]  # none when R < 4
+        if deep and len(deep[0]) > 1:
             r1, r_big = (sum(a[r] for a in deep) / len(deep) for r in (1, opts.recurrences))
             lines += [f"depth >= 4: r = 1 {r1:.3f}, r = R {r_big:.3f}, rise {r_big - r1:+.3f}", ""]
-        else:
+        elif deep:
             lines += [f"depth >= 4: {sum(a[0] for a in deep) / len(deep):.3f}", ""]
+        if "halting" in result:
+            halting = result["halting"]
+            fixed = ", ".join(f"r = {r}: {a:.3f}" for r, a in halting[0]["fixed_accuracy"].items())
+            lines += ["Halting on a uniform mix of depths 1..R (at most R steps; steps of the query positions):", ""]
+            lines += [halting_table(halting), "", f"Fixed depth on the same queries: {fixed}.", ""]
+            every = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['every_token_mean_steps']:.2f}" for h in halting)
+            lines += [f"Mean steps of every token (the table's too): {every}.", ""]
     return "\n".join(lines)
 
 

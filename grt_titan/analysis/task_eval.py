@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from grt_titan.checkpoint_io import OverridesParser, check_overrides_have_config
-from grt_titan.data.records import Record, ordinary_batch, read_records
+from grt_titan.data.records import ChatTemplate, Record, ordinary_batch, read_records
 from grt_titan.model.halting import HALTING_RULES
 
 DENSE = "dense"
@@ -46,20 +46,33 @@ def task_records(path: Path) -> list[Record]:
     return out
 
 
-def encode(tokenizer, record: Record, vocab_size: int, max_len: int | None) -> tuple[list[int], int]:
+def encode(tokenizer, record: Record, vocab_size: int, max_len: int) -> tuple[list[int], int]:
     """(prompt + completion ids, completion length), or ValueError when the model's tokenizer
-    does not read the record back, or the model cannot hold it."""
-    prompt, completion = ordinary_batch(tokenizer, [record.prompt, record.completion])
-    ids = prompt + completion
-    if tokenizer.decode(ids) != record.prompt + record.completion or max(ids) >= vocab_size:
+    does not read the record back, or the model cannot hold it. A chat record is rendered by
+    the tokenizer's chat template; its completion is the last assistant turn (with its end)."""
+    if record.messages is None:
+        prompt, completion = ordinary_batch(tokenizer, [record.prompt, record.completion])
+        ids, n = prompt + completion, len(completion)
+        reads_back = tokenizer.decode(ids) == record.prompt + record.completion
+    else:
+        template = ChatTemplate.of(tokenizer, record.where)
+        ids, mask = template.encode(record)
+        end = max(i for i, counted in enumerate(mask) if counted) + 1
+        n = end - next(i for i in range(end - 1, -1, -1) if not mask[i]) - 1
+        ids = ids[:end]  # the turns after the last assistant turn are not scored
+        reads_back = template.render(record.messages, False).startswith(tokenizer.decode(ids))
+    if not reads_back or max(ids) >= vocab_size:
         raise ValueError(
             f"{record.where}: the model's tokenizer {getattr(tokenizer, 'name', '?')!r} does not read this record "
             f"back (decodes to {tokenizer.decode(ids)[:60]!r}); allowed: data written for the tokenizer the model "
             "was trained with ([model] hf_assets_path)"
         )
-    if max_len is not None and len(ids) > max_len:
-        raise ValueError(f"{record.where}: {len(ids)} tokens exceed the model's max_seq_len = {max_len}")
-    return ids, len(completion)
+    if len(ids) - 1 > max_len:  # the last token is only predicted, never read
+        raise ValueError(
+            f"{record.where}: {len(ids) - 1} tokens read (the prompt and the completion less its last token) exceed "
+            f"the model's max_seq_len = {max_len} (its positions / RoPE table)"
+        )
+    return ids, n
 
 
 def depths_to_score(args, max_depth: int | None) -> list[int | None]:
@@ -86,7 +99,7 @@ def score(model, encoded: list[tuple[list[int], int]], depths, batch_size: int, 
     correct = [{} for _ in encoded]
     for batch, ids in _batches(encoded, batch_size, device):
         for r in depths:
-            predicted = model(ids, num_recurrences=r).argmax(-1)  # at position t: token t + 1
+            predicted = model(ids[:, :-1], num_recurrences=r).argmax(-1)  # at position t: token t + 1
             for row, i in enumerate(batch):
                 correct[i][r] = torch.equal(predicted[row, answered(ids, encoded[i][1])], ids[row, -encoded[i][1] :])
         if bar is not None:
@@ -129,7 +142,7 @@ def score_halting(model, encoded, rule: str, threshold: float, batch_size: int) 
     device = next(model.parameters()).device
     scored: list = [None] * len(encoded)
     for batch, ids in _batches(encoded, batch_size, device):
-        logits, steps = model.forward_with_halting(ids, rule, threshold)
+        logits, steps = model.forward_with_halting(ids[:, :-1], rule, threshold)
         predicted = logits.argmax(-1)
         for row, i in enumerate(batch):
             at = answered(ids, encoded[i][1])
@@ -138,16 +151,19 @@ def score_halting(model, encoded, rule: str, threshold: float, batch_size: int) 
     return scored
 
 
-def halting_summary(records: list[Record], scored, correct: list[dict], rule: str, threshold: float) -> dict:
-    """A halting rule's accuracy and mean steps, overall and by problem depth, and the steps it
-    saves against the smallest fixed r >= 1 whose accuracy is at least as high."""
+def halting_summary(depths: list[int], scored, correct: list[dict], rule: str, threshold: float) -> dict:
+    """A halting rule's accuracy and mean steps, overall and by problem depth (`depths`, one per
+    scored problem), and the steps it saves against the smallest fixed r >= 1 whose accuracy
+    (`correct`: per problem, r -> right) is at least as high, and against the most accurate
+    fixed r (which a rule that beats every fixed depth is still measured against)."""
     by_depth = defaultdict(list)
-    for record, result in zip(records, scored):
-        by_depth[str(record.meta["depth"])].append(result)
+    for depth, result in zip(depths, scored):
+        by_depth[str(depth)].append(result)
     accuracy = sum(right for right, _ in scored) / len(scored)
     steps = sum(n for _, n in scored) / len(scored)
     fixed = {r: sum(c[r] for c in correct) / len(correct) for r in correct[0] if r}
     equal = min((r for r, a in fixed.items() if a >= accuracy), default=None)
+    best = min(fixed, key=lambda r: (-fixed[r], r))  # the smallest r of the highest accuracy
     return {
         "rule": rule,
         "threshold": threshold,
@@ -157,23 +173,29 @@ def halting_summary(records: list[Record], scored, correct: list[dict], rule: st
             d: {"accuracy": sum(r for r, _ in v) / len(v), "mean_steps": sum(n for _, n in v) / len(v)}
             for d, v in sorted(by_depth.items(), key=lambda item: int(item[0]))
         },
+        "fixed_accuracy": {str(r): a for r, a in fixed.items()},
         "fixed_r_as_accurate": equal,
         "steps_saved": None if equal is None else 1 - steps / equal,
+        "most_accurate_fixed_r": best,
+        "steps_saved_vs_most_accurate": 1 - steps / best,
     }
 
 
 def halting_table(rows: list[dict]) -> str:
     lines = [
-        "| halting | accuracy | mean steps | steps by problem depth | fixed r as accurate | steps saved |",
-        "|---|---|---|---|---|---|",
+        "| halting | accuracy | mean steps | steps by problem depth | fixed r as accurate | steps saved "
+        "| most accurate fixed r (accuracy): steps saved |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         depths = ", ".join(f"{d}: {v['mean_steps']:.2f}" for d, v in row["by_depth"].items())
         saved = "-" if row["steps_saved"] is None else f"{row['steps_saved']:.0%}"
         equal = "none" if row["fixed_r_as_accurate"] is None else str(row["fixed_r_as_accurate"])
+        best = row["most_accurate_fixed_r"]
+        versus = f"{best} ({row['fixed_accuracy'][str(best)]:.3f}): {row['steps_saved_vs_most_accurate']:.0%}"
         lines.append(
             f"| {row['rule']} {row['threshold']:g} | {row['accuracy']:.3f} | {row['mean_steps']:.2f} | {depths} "
-            f"| {equal} | {saved} |"
+            f"| {equal} | {saved} | {versus} |"
         )
     return "\n".join(lines)
 
@@ -280,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded = load_model(opts.model, opts.config, device=device, overrides=opts.overrides)
         args = loaded.args
         depths = depths_to_score(args, opts.max_depth)
-        max_len = args.max_seq_len if args.block_style == "gpt2" else None
-        encoded = [encode(loaded.tokenizer, r, args.vocab_size, max_len) for r in records]
+        encoded = [encode(loaded.tokenizer, r, args.vocab_size, args.max_seq_len) for r in records]
     except (ValueError, FileNotFoundError) as e:
         print(f"grt-titan eval-task: error: {e}", file=sys.stderr)
         return 2
@@ -296,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:  # a dense model, MoR, or a gate rule without the gate
             print(f"grt-titan eval-task: error: {e}", file=sys.stderr)
             return 2
-        result["halting"] = [halting_summary(records, h, correct, *rule) for h, rule in zip(halted, rules)]
+        problem_depths = [record.meta["depth"] for record in records]
+        result["halting"] = [halting_summary(problem_depths, h, correct, *rule) for h, rule in zip(halted, rules)]
         print("\n" + halting_table(result["halting"]))
     text = json.dumps(result, indent=1, sort_keys=False)
     if opts.json:

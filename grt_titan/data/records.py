@@ -9,7 +9,8 @@ a loss mask, 1 on the completion and the end token, 0 on the prefix and the prom
 fields ``depth`` (an int >= 1) and ``steps`` (``depth`` strings: the intermediate targets of
 a multi-step task) are kept as metadata, one JSON line per record in ``{split}_meta.jsonl``,
 with the record's source (``where``: file:line). ``steps`` also become per-step target
-streams (``encode_records``), which ``[grt] step_supervision`` trains step t's readout on.
+streams (``encode_records``; in a chat record they stand in for the last assistant turn),
+which ``[grt] step_supervision`` trains step t's readout on.
 Records are validated before anything is written: the first bad one stops `prepare` with its
 file, line and field.
 """
@@ -139,11 +140,18 @@ class Encoded:
     unaligned: str | None = None  # why a record's step targets cannot replace its completion
 
 
+def answer(record: Record) -> str:
+    """The text the per-step targets stand in for: the completion, or a chat's last assistant turn."""
+    if record.messages is None:
+        return record.completion
+    return next(m["content"] for m in reversed(record.messages) if m["role"] == "assistant")
+
+
 def step_completions(record: Record) -> list[str]:
-    """The completion the record would have if step t's target were its answer: the
-    completion's leading whitespace, then steps[t] (" f" for steps ["h", "f"] and " f")."""
-    completion = record.completion
-    lead = completion[: len(completion) - len(completion.lstrip())]
+    """The answer the record would have if step t's target were its answer: the answer's
+    leading whitespace, then steps[t] (" f" for steps ["h", "f"] and " f")."""
+    text = answer(record)
+    lead = text[: len(text) - len(text.lstrip())]
     return [lead + step for step in record.meta.get("steps", [])]
 
 
@@ -152,7 +160,8 @@ def encode_records(tokenizer, batch: list[Record], prefix: list[int], suffix: li
     the completion and the suffix. Prompt and completion are encoded apart, so the boundary
     is where the record puts it. With `max_steps`, also the per-step target streams: step t's
     target tokens in place of the completion's (as many tokens, else `unaligned` says which
-    record), the completion itself past the record's last step and in chat records."""
+    record), the completion itself past the record's last step. A chat record's steps stand in
+    for its last assistant turn, rendered by the template as the record is."""
     plain = [r for r in batch if r.messages is None]
     prompts = iter(ordinary_batch(tokenizer, [r.prompt for r in plain]))
     completions = iter(ordinary_batch(tokenizer, [r.completion for r in plain]))
@@ -160,9 +169,12 @@ def encode_records(tokenizer, batch: list[Record], prefix: list[int], suffix: li
     ids, mask, lengths, step_rows, unaligned = [], [], [], [], None
     for record in batch:
         if record.messages is not None:
-            record_ids, record_mask = ChatTemplate.of(tokenizer, record.where).encode(record)
-            if steps is not None:  # no per-step targets in a chat: the completion at every step
-                step_rows.append(np.tile(np.array(record_ids, dtype=np.int64)[:, None], (1, max_steps)))
+            template = ChatTemplate.of(tokenizer, record.where)
+            record_ids, record_mask = template.encode(record)
+            if steps is not None:
+                rows, why = _chat_step_rows(template, record, record_ids, record_mask, max_steps)
+                step_rows.append(rows)
+                unaligned = unaligned or why
         else:
             prompt, completion = next(prompts), next(completions)
             record_ids = [*prefix, *prompt, *completion, *suffix]
@@ -197,6 +209,26 @@ def _step_rows(
                 f"completion {record.completion!r} is {len(completion)}"
             )
         rows[at : at + len(step), t] = step
+    return rows, None
+
+
+def _chat_step_rows(
+    template: ChatTemplate, record: Record, record_ids: list[int], record_mask: list[int], max_steps: int
+) -> tuple[np.ndarray, str | None]:
+    """A chat record's [tokens, max_steps] step streams: step t's rendering, its last assistant
+    turn's content steps[t], on the counted positions (`encode_records`), or why not."""
+    rows = np.tile(np.array(record_ids, dtype=np.int64)[:, None], (1, max_steps))
+    last = max(k for k, m in enumerate(record.messages) if m["role"] == "assistant")
+    counted = np.array(record_mask, dtype=bool)
+    for t, text in enumerate(step_completions(record)):
+        messages = [*record.messages[:last], {"role": "assistant", "content": text}, *record.messages[last + 1 :]]
+        step_ids, _ = template.encode(Record("", "", record.where, record.meta, messages))
+        if len(step_ids) != len(record_ids):
+            return rows, (
+                f"{record.where}: steps[{t}] as the last assistant turn, {text!r}, renders to {len(step_ids)} "
+                f"token(s) but the record to {len(record_ids)}"
+            )
+        rows[counted, t] = np.array(step_ids, dtype=np.int64)[counted]
     return rows, None
 
 

@@ -165,6 +165,17 @@ def write_task_tokenizer(folder: str | Path) -> Path:
     return folder
 
 
+def as_chat(problem: dict) -> dict:
+    """The problem as a chat record: the prompt the user's turn, the answer the assistant's (no
+    leading space: the chat template separates the turns), `depth` and `steps` kept, so that
+    prepare renders it by a model's chat template and the steps stand in for the answer."""
+    turns = [
+        {"role": "user", "content": problem["prompt"]},
+        {"role": "assistant", "content": problem["completion"].strip()},
+    ]
+    return {"messages": turns, **{key: problem[key] for key in ("depth", "steps")}}
+
+
 def parse_depths(text: str) -> range:
     try:
         low, _, high = text.partition("-")
@@ -188,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="train", choices=list(SPLIT_BUCKETS), help="disjoint by problem hash")
     p.add_argument("--symbols", type=int, default=None, help="symbols of the table/variables (default per task)")
+    p.add_argument(
+        "--chat", action="store_true", help="write chat records (messages: user, assistant) for a chat template"
+    )
     return p
 
 
@@ -205,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    tmp.write_text("".join(json.dumps(as_chat(p) if args.chat else p) + "\n" for p in problems))
     tmp.replace(out)
-    print(f"wrote {out}: {len(problems)} {args.split} problems of {args.name}, depths {args.depths}")
+    kind = "chat records" if args.chat else "problems"
+    print(f"wrote {out}: {len(problems)} {args.split} {kind} of {args.name}, depths {args.depths}")
     return 0
 
 

@@ -30,7 +30,9 @@ DIR receives:
   `gate_bias_init` is the flavors' (+4): built from it alone, a GRT starts from scratch;
 - `train.toml`: a training config for it (the source's tokenizer, the recipe of the nearest
   preset at a continued-training learning rate, a depth curriculum, validation by depth);
-- `retrofit.json`: where each GRT layer comes from, and the init.
+- `retrofit.json`: where each GRT layer comes from, and the init;
+- with `--task-recipe`, `task.toml`: the recipe that teaches it a multi-step task one step
+  per loop (`task_toml`).
 
 Nothing is written unless every check passes (grt_titan/atomic_dir.py).
 """
@@ -49,6 +51,7 @@ import torch
 
 from grt_titan.atomic_dir import atomic_directory
 from grt_titan.checkpoint_io import RETROFIT_RECORD, CheckpointError, read_hf_weights, save_checkpoint
+from grt_titan.data.tasks import DEFAULT_SYMBOLS
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.model import GRTModel
 from grt_titan.model.state_dict_adapter import optional_native_keys
@@ -82,6 +85,11 @@ DEFAULT_INIT = "every-depth"
 CURRICULUM_SHARE = 4
 # ... and its learning-rate warm-up is this share of training.steps (the weights are trained already).
 WARMUP_SHARE = 50
+# The task recipe (`--task-recipe`, task.toml): per-step supervision, then the answers alone
+# for the last 1/ANNEAL_SHARE of training.steps (outcome-only annealing, arXiv 2608.11233).
+ANNEAL_SHARE = 4
+# One chat-rendered iterated-function problem per sequence (up to 2R + 1 = 33 symbols at R = 16).
+TASK_SEQ_LEN = 256
 
 
 class RetrofitError(CheckpointError):
@@ -450,6 +458,47 @@ def training_toml(
     return "\n".join(lines)
 
 
+def _toml_tables(tables: dict[str, dict[str, Any]]) -> list[str]:
+    lines = []
+    for section, table in tables.items():
+        lines += [f"[{section}]", *(f"{key} = {_toml_value(value)}" for key, value in table.items()), ""]
+    return lines
+
+
+def task_toml(
+    src: Path, out: Path, args: GRTModelArgs, plan: LayerPlan, config: dict[str, Any], init: str = DEFAULT_INIT
+) -> str:
+    """The task recipe of a retrofit in `out` (docs/retrofit.md, "Reasoning in depth: the task
+    recipe"): train.toml's run on the chat-rendered multi-step task folder `out/task/data`,
+    the recurrent block alone trained, each loop t supervised toward the t-th intermediate
+    result, then the final answer alone for the last 1/ANNEAL_SHARE of the steps."""
+    recipe = tomllib.loads(training_toml(src, out, args, plan, config, init))
+    steps, data = recipe["training"]["steps"], str(out / "task" / "data")
+    symbols = max(DEFAULT_SYMBOLS["iterated-function"], 2 * args.num_recurrences + 1)  # test depths to 2R
+    task = f"grt-titan task iterated-function --chat --symbols {symbols} --depths 1-{args.num_recurrences}"
+    header = [
+        f"# Task recipe of the retrofit of {src} (docs/retrofit.md, 'Reasoning in depth: the task recipe'):",
+        f"# loop t learns the t-th step of a multi-step task (steps 1-{steps - steps // ANNEAL_SHARE}), then the "
+        f"answer alone (the last 1/{ANNEAL_SHARE});",
+        "# only the recurrent block trains (W_proj, the gate, the core); prelude, coda and embeddings stay the source's.",
+        "# Its data, chat records rendered by the source's chat template, then the run and its evaluation by depth:",
+        f"#   {task} --n 20000 --out {out / 'task' / 'train.jsonl'}",
+        f"#   grt-titan prepare {out / 'task' / 'train.jsonl'} --tokenizer {src} --out {data} --val-fraction 0.02",
+        f"#   torchrun --nproc_per_node=2 -m grt_titan.train --job.config_file {out / 'task.toml'}",
+        f"#   {task.replace(f'1-{args.num_recurrences}', f'1-{2 * args.num_recurrences}')} --n 600 --split test "
+        f"--out {out / 'task' / 'test.jsonl'}",
+        f"#   grt-titan eval-task {out / 'task_outputs' / 'checkpoint'} --config {out / 'task.toml'} "
+        f"--data {out / 'task' / 'test.jsonl'} --trained-depths 1-{args.num_recurrences}",
+    ]
+    recipe["job"] |= {"dump_folder": str(out / "task_outputs"), "description": f"Task recipe of {src.name}'s GRT"}
+    recipe["grt"] |= {"step_supervision": True, "step_supervision_steps": steps - steps // ANNEAL_SHARE}
+    seq_len = min(TASK_SEQ_LEN, args.max_seq_len)
+    recipe["training"] |= {"dataset": data, "seq_len": seq_len, "trainable": ["recurrent"]}
+    recipe["validation"] |= {"dataset": data, "seq_len": seq_len}
+    recipe["data"] = {"pack_records": False}  # a packed neighbour's table would answer for a problem
+    return "\n".join(header + _toml_tables(recipe))
+
+
 def write_retrofit(
     src: str | Path,
     out: str | Path,
@@ -460,9 +509,11 @@ def write_retrofit(
     seed: int = 0,
     gate_bias: float = GATE_CLOSED_BIAS,
     init: str = DEFAULT_INIT,
+    task_recipe: bool = False,
     **grt: Any,
 ) -> Path:
-    """Check everything, then write `out` at once (nothing on any error)."""
+    """Check everything, then write `out` at once (nothing on any error); with `task_recipe`,
+    also task.toml (`task_toml`)."""
     src, out = Path(src).resolve(), Path(out).resolve()
     if out.exists() and not overwrite:
         raise RetrofitError(f"--out {out} already exists (pass --overwrite to replace it)")
@@ -492,4 +543,6 @@ def write_retrofit(
         (tmp / "model_args.json").write_text(json.dumps(fields, indent=2) + "\n")
         (tmp / RETROFIT_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         (tmp / "train.toml").write_text(training_toml(src, out, args, plan, config, init))
+        if task_recipe:
+            (tmp / "task.toml").write_text(task_toml(src, out, args, plan, config, init))
     return out

@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"B: the closed gate's bias -B (default {GATE_CLOSED_BIAS:g})",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the gate's first layer (its only random weights)")
+    p.add_argument(
+        "--task-recipe",
+        action="store_true",
+        help="also write task.toml: per-step supervision on a chat-rendered multi-step task, then answers alone",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     plan = p.add_argument_group("--plan: measure candidate splits, write nothing")
     plan.add_argument("--plan", action="store_true", help="print each candidate split's loss at r = 1..R")
@@ -125,6 +130,8 @@ def _plan(a: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
+        if a.plan and a.task_recipe:
+            raise RetrofitError("--task-recipe writes task.toml beside a retrofit's --out; --plan writes nothing")
         if a.plan:
             _plan(a)
             return 0
@@ -144,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
             seed=a.seed,
             gate_bias=a.gate_bias,
             init=a.init,
+            task_recipe=a.task_recipe,
             **_grt_options(a),
         )
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"grt-titan retrofit: error: {e}", file=sys.stderr)
         return 1
-    print(f"retrofitted {a.src} -> {out} (train: {out / 'train.toml'})")
+    recipe = f", task recipe: {out / 'task.toml'}" if a.task_recipe else ""
+    print(f"retrofitted {a.src} -> {out} (train: {out / 'train.toml'}{recipe})")
     return 0
 
 

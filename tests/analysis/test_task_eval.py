@@ -81,10 +81,14 @@ def test_halting_scores_and_steps_are_a_halting_decode_loops(words):
     for (right, steps), (_, by_loop) in zip(scored, loop):
         if right:  # teacher forcing fed the loop's own tokens: the same forwards, the same depths
             assert steps == by_loop
-    row = task_eval.halting_summary(records, scored, correct, "state", 0.05)
+    row = task_eval.halting_summary([r.meta["depth"] for r in records], scored, correct, "state", 0.05)
     accuracy = sum(right for right, _ in scored) / len(scored)
     fixed = [r for r in range(1, 5) if sum(c[r] for c in correct) / len(correct) >= accuracy]
     assert row["accuracy"] == accuracy and row["fixed_r_as_accurate"] == (min(fixed) if fixed else None)
+    by_r = {r: sum(c[r] for c in correct) / len(correct) for r in range(1, 5)}
+    best = [r for r in range(1, 5) if by_r[r] == max(by_r.values())][0]
+    assert row["most_accurate_fixed_r"] == best and row["fixed_accuracy"] == {str(r): a for r, a in by_r.items()}
+    assert row["steps_saved_vs_most_accurate"] == 1 - row["mean_steps"] / best
     assert set(row["by_depth"]) == {"1", "2", "3"}
     assert "| state 0.05 |" in task_eval.halting_table([row])
     with pytest.raises(ValueError, match=r"--halting 'often:1'; allowed: RULE:THRESHOLD with RULE one of state"):
@@ -181,3 +185,26 @@ def test_overrides_without_a_config_are_refused(tmp_path, capsys):
     ):
         assert cli(argv) != 0
         assert "--training.steps 3: overrides of a training config need --config" in capsys.readouterr().err
+
+
+def test_a_chat_record_is_scored_on_its_last_assistant_turn_as_the_template_renders_it(tmp_path, words):
+    """`grt-titan task --chat` records: the ids are the template's rendering up to the end of
+    the last assistant turn, the completion that turn's tokens and its end; a tokenizer
+    without a chat template is refused by the record's line."""
+    problem = tasks.generate("iterated-function", range(2, 3), 1, seed=0)[0]
+    chat = tasks.as_chat(problem)
+    record = Record("", "", "t.jsonl:1", {"depth": 2}, chat["messages"])
+    with pytest.raises(ValueError, match=r"t\.jsonl:1: a chat record \(messages\) needs a tokenizer with a chat"):
+        task_eval.encode(words, record, words.get_vocab_size(), 64)
+    folder = tmp_path / "vocab"
+    task_folder = tasks.write_task_tokenizer(folder)
+    config = json.loads((task_folder / "tokenizer_config.json").read_text())
+    template = "{% for m in messages %}{{ m['content'] + ' <eos> ' }}{% endfor %}"  # words of the vocabulary only
+    (task_folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    chat_words = load_tokenizer(task_folder)
+    ids, n = task_eval.encode(chat_words, record, chat_words.get_vocab_size(), 64)
+    prompt, answer = (chat_words.encode_ordinary(problem[key]) for key in ("prompt", "completion"))
+    assert ids == [*prompt, chat_words.eos_id, *answer, chat_words.eos_id] and n == 2
+    assert task_eval.encode(chat_words, record, chat_words.get_vocab_size(), len(ids) - 1) == (ids, n)  # last: unread
+    with pytest.raises(ValueError, match=rf"t\.jsonl:1: {len(ids) - 1} tokens read .* exceed the model's max_seq_len"):
+        task_eval.encode(chat_words, record, chat_words.get_vocab_size(), len(ids) - 2)

@@ -56,7 +56,18 @@ def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
     summary = (tmp_path / "summary.md").read_text()
     sections = summary.split("## ")[1:]
     assert [s.split(":")[0] for s in sections] == ["grt_steps", "grt", "dense"]
-    for recurrent in sections[:2]:  # depth x r = 0..2R, arrival
+    for recurrent in sections[:2]:  # depth x r = 0..2R, arrival; each halting rule
         assert "| depth | r=0 | r=1 | r=2 | r=3 | r=4 | r=5 | r=6 | mean arrival" in recurrent
-        assert recurrent.count("\n| ") == 4  # the header and depths 1..3
-    assert "| depth | accuracy |" in sections[2]
+        table, halting = recurrent.split("Halting on a uniform mix")
+        assert table.count("\n| ") == 4  # the header and depths 1..3
+        rules = [line.split(" | ")[0] for line in halting.strip().splitlines()[4:] if line.startswith("| ")]
+        assert rules == [f"| {rule} {x:g}" for rule, x in bench.HALTING]
+        assert "Fixed depth on the same queries: r = 1: " in halting and "Mean steps of every token" in halting
+    assert "| depth | accuracy |" in sections[2] and "Halting" not in sections[2]
+
+    def untrained(*args):
+        raise AssertionError("a row with result.json and model.pt is scored again, not trained")
+
+    bench.train = untrained
+    assert bench.main(args) == 0
+    assert (tmp_path / "summary.md").read_text() == summary  # the same weights, the same scores

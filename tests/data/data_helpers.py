@@ -5,6 +5,7 @@ tokenizer_config.json of the tokenizer each style imitates)."""
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -226,3 +227,17 @@ def solve_mano(prompt: str) -> list[str]:
 
 
 SOLVERS = {"iterated-function": solve_iterated_function, "chains": solve_chains, "mano": solve_mano}
+
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def chat_tokenizer(qwen3_folder: Path, folder: Path) -> Path:
+    """A copy of the qwen3-style tokenizer folder with a ChatML chat template."""
+    shutil.copytree(qwen3_folder, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHATML}))
+    return folder

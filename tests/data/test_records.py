@@ -4,7 +4,6 @@ tokens, computed here by hand; the loader resumes exactly; bad records are named
 
 import itertools
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from grt_titan.data.loader import build_dataloader, build_validation_dataloader
 from grt_titan.data.prepare import is_val_document, prepare
 from grt_titan.tokenizer import load_tokenizer
 
-from data_helpers import job_config
+from data_helpers import chat_tokenizer, job_config
 
 S, B = 64, 2
 
@@ -241,17 +240,8 @@ def test_one_record_per_sequence_sees_no_other_record(sft, tokenizer):
     assert packed.dataset.num_sequences < dataset.num_sequences  # packing put several records together
 
 
-CHATML = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-
 def test_chat_records_count_assistant_turns_only(tmp_path, hf_dirs):
-    folder = tmp_path / "chat_tokenizer"
-    shutil.copytree(hf_dirs["qwen3"], folder)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHATML}))
+    folder = chat_tokenizer(hf_dirs["qwen3"], tmp_path / "chat_tokenizer")
     chat = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is two and two?"},

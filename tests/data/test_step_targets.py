@@ -20,7 +20,7 @@ from grt_titan.model.flops import forward_flops_per_token, readout_flops_per_tok
 from grt_titan.model.output import TrainingOutput
 from grt_titan.tokenizer import load_tokenizer
 
-from data_helpers import job_config, solve_iterated_function
+from data_helpers import chat_tokenizer, job_config, solve_iterated_function
 from grt_test_helpers import build_model
 
 S, B = 64, 4
@@ -94,6 +94,36 @@ def test_without_aligned_steps_step_supervision_is_refused_by_name(tmp_path, tas
     with pytest.raises(ValueError, match=r"step_supervision = true needs per-step targets; .*x.jsonl:1: steps\[0\]"):
         build_dataloader(1, 0, words, step_job(tmp_path / "ds"))
     build_dataloader(1, 0, words, job_config(str(tmp_path / "ds"), seq_len=S, batch_size=1))  # answer-only: fine
+
+
+def test_chat_records_steps_stand_in_for_the_last_assistant_turn(tmp_path, hf_dirs):
+    """`grt-titan task --chat` records through a ChatML template: step t's stream is the record
+    rendered with steps[t] (the answer past the last) as the assistant's turn, on the counted
+    tokens; a step that renders to another length leaves the folder without steps, by name."""
+    folder = chat_tokenizer(hf_dirs["qwen3"], tmp_path / "chat")
+    rows = [tasks.as_chat(p) for p in tasks.generate("iterated-function", range(1, 4), 9, seed=0)]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prepare([tmp_path / "c.jsonl"], tmp_path / "ds", tokenizer_path=folder, val_fraction=0, workers=1, progress=False)
+    tokenizer = load_tokenizer(folder)
+    tokens = np.fromfile(tmp_path / "ds" / "train_000000.bin", dtype="<u2")
+    mask = np.fromfile(tmp_path / "ds" / "train_000000.mask.bin", dtype="<u1").astype(bool)
+    starts = np.fromfile(tmp_path / "ds" / "train_records.bin", dtype="<i8")
+    streams = [np.fromfile(tmp_path / "ds" / f"train_000000.step{t}.bin", dtype="<u2") for t in range(1, 4)]
+    for k, row in enumerate(rows):
+        a, b = int(starts[k]), int(starts[k + 1])
+        assert tokenizer.decode(tokens[a:b][mask[a:b]].tolist()) == row["messages"][1]["content"] + "<|im_end|>\n"
+        for t, stream in enumerate(streams):
+            target = row["steps"][min(t, row["depth"] - 1)]
+            assert tokenizer.decode(stream[a:b][mask[a:b]].tolist()) == target + "<|im_end|>\n"
+            assert np.array_equal(stream[a:b][~mask[a:b]], tokens[a:b][~mask[a:b]])
+    bad = [{**rows[1], "steps": ["q r s", *rows[1]["steps"][1:]]}]
+    (tmp_path / "bad.jsonl").write_text(json.dumps(bad[0]) + "\n")
+    prepare(
+        [tmp_path / "bad.jsonl"], tmp_path / "bad", tokenizer_path=folder, val_fraction=0, workers=1, progress=False
+    )
+    assert not list((tmp_path / "bad").glob("*.step*.bin"))
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: steps\[0\] as the last assistant turn, 'q r s', renders to"):
+        build_dataloader(1, 0, tokenizer, step_job(tmp_path / "bad"))
 
 
 def test_the_loss_is_the_mean_of_each_steps_cross_entropy_against_its_target(task):

@@ -9,6 +9,7 @@ tiny tokenizer.json; the reference is their own transformers forward.
 
 import copy
 import json
+import shutil
 
 import pytest
 import tomllib
@@ -27,7 +28,7 @@ from grt_titan.hf.retrofit_cli import main
 from grt_titan.model.args import GRTModelArgs
 
 from hf_helpers import load_hf  # (tests/hf/conftest.py imports it first: offline environment)
-from tests.data.data_helpers import make_hf_tokenizer
+from tests.data.data_helpers import CHATML, make_hf_tokenizer
 
 VOCAB = 512  # rows of the sources' embeddings; the tiny tokenizers emit ~400 ids
 LAYERS = 4
@@ -466,6 +467,42 @@ def test_retrofit_trains_exports_and_generates(sources, run_torchrun, tmp_path):
     assert isinstance(tokenizer.decode(generated[0]), str)
 
 
+def test_task_recipe_trains_loop_by_loop_then_answers_and_scores_by_depth(sources, run_torchrun, tmp_path, capsys):
+    """`--task-recipe`'s task.toml on 2 ranks: chat records of `grt-titan task --chat` rendered
+    by the source's chat template, per-step supervision then answers alone, the recurrent
+    block alone trained; eval-task scores the checkpoint on chat records by depth."""
+    from grt_titan.analysis import task_eval
+    from grt_titan.data import tasks
+    from grt_titan.data.prepare import prepare
+
+    src = tmp_path / "src"
+    shutil.copytree(sources["qwen3"][0], src)
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    (src / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHATML}))
+    out = write_retrofit(src, tmp_path / "grt", prelude=1, core=(1, 3), coda=1, num_recurrences=3, task_recipe=True)
+    recipe = tomllib.loads((out / "task.toml").read_text())
+    assert recipe["training"]["trainable"] == ["recurrent"] and recipe["grt"]["step_supervision"] is True
+    assert recipe["grt"]["step_supervision_steps"] == recipe["training"]["steps"] * 3 // 4
+    for split, n in (("train", 48), ("test", 12)):  # 6 symbols: a problem fits the source's 64 positions
+        rows = tasks.generate("iterated-function", range(1, 4), n, seed=0, split=split, symbols=6)
+        (out / "task").mkdir(exist_ok=True)
+        (out / "task" / f"{split}.jsonl").write_text("".join(json.dumps(tasks.as_chat(r)) + "\n" for r in rows))
+    prepare([out / "task" / "train.jsonl"], out / "task" / "data", tokenizer_path=src, val_fraction=0.1, progress=False)
+    toml = out / "task.toml"
+    steps = ["--training.steps", "4", "--grt.step_supervision_steps", "3", "--training.local_batch_size", "2"]
+    proc = run_torchrun(2, ["--job.config_file", str(toml), *steps, "--validation.no-enable"], tmp_path)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert (
+        "per-step supervision for the first 3 optimizer steps" in log and "[training] trainable = ['recurrent']" in log
+    )
+    checkpoint = out / "task_outputs" / "checkpoint"
+    argv = [str(checkpoint), "--config", str(toml), "--data", str(out / "task" / "test.jsonl"), "--no-progress"]
+    assert task_eval.main([*argv, "--json", str(tmp_path / "eval.json")]) == 0
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert set(result["accuracy"]) == {"1", "2", "3"} and list(result["accuracy"]["1"]) == [str(r) for r in range(7)]
+
+
 # ---- --plan: candidate splits measured, nothing written ----------------------------------------
 
 
@@ -539,6 +576,7 @@ def test_plan_under_the_exact_init_says_its_losses_cannot_rank_and_heal_steps_ma
         (["--out", "x"], "--plan writes nothing, so --out x is not used"),
         (["--tokens", "10"], "--tokens 10 is below one sequence"),
         (["--heal-steps", "-1"], "--heal-steps -1: allowed: >= 0"),
+        (["--task-recipe"], "--task-recipe writes task.toml beside a retrofit's --out; --plan writes nothing"),
     ],
 )
 def test_plan_refuses_in_one_line(sources, tmp_path, capsys, monkeypatch, options, message):
