@@ -25,7 +25,8 @@ The first row's --steps fix the FLOP budget; the others train for as many steps 
 training FLOPs per token allow (`get_nparams_and_flops`). `--align` (default 1, every row
 alike) starts table slot i's position embedding as a fixed rotation of symbol i's embedding
 and each query's as its symbol's: an initialisation aid so that the lookup is learnable in
-minutes; nothing is frozen; `--align 0` turns it off. Accuracy by problem depth x r = 0..2R
+minutes; nothing is frozen; `--align 0` turns it off. `--depth-curriculum F` grows the
+deepest training problem from 1 to R over the first F of each row's steps. Accuracy by problem depth x r = 0..2R
 (r = 0: prelude and coda alone) on fresh problems, and each query's arrival step (the first r
 from which it stays right); for the recurrent rows, each per-token halting rule of HALTING on
 a uniform mix of depths against the fixed depths. Each row writes `--out/ROW/result.json`
@@ -88,14 +89,22 @@ def model_args(row: str, opts) -> GRTModelArgs:
     )
 
 
-def problems(opts, batch: int, generator: torch.Generator, depth: int | None = None) -> dict[str, torch.Tensor]:
+def problems(
+    opts, batch: int, generator: torch.Generator, depth: int | None = None, deepest: int | None = None
+) -> dict[str, torch.Tensor]:
     """`batch` sequences: tokens [B, N + K], the answers at the query positions (labels [B, S],
-    ignore elsewhere), step t's target f^min(t, d)(x) (step_labels [B, S, R]) and each query's d."""
+    ignore elsewhere), step t's target f^min(t, d)(x) (step_labels [B, S, R]) and each query's d
+    (`depth`, else Uniform{1..deepest}, deepest R by default)."""
     n, k, r = opts.symbols, opts.queries, opts.recurrences
+    deepest = r if deepest is None else deepest
     order = torch.argsort(torch.rand(batch, n, generator=generator), dim=1)
     f = torch.empty_like(order).scatter_(1, order, order.roll(-1, dims=1))  # one cycle through all n
     x = torch.randint(0, n, (batch, k), generator=generator)
-    d = torch.randint(1, r + 1, (batch, k), generator=generator) if depth is None else torch.full((batch, k), depth)
+    d = (
+        torch.randint(1, deepest + 1, (batch, k), generator=generator)
+        if depth is None
+        else torch.full((batch, k), depth)
+    )
     orbit = [x]
     for _ in range(r):
         orbit.append(torch.gather(f, 1, orbit[-1]))
@@ -136,8 +145,10 @@ def train(row: str, steps: int, opts) -> tuple[GRTModel, list]:
     generator = torch.Generator().manual_seed(opts.seed)
     model.train()
     log, start = [], time.perf_counter()
+    ramp = opts.depth_curriculum * steps  # the deepest problem grows from 1 to R over these steps
     for step in range(1, steps + 1):
-        batch = problems(opts, opts.batch, generator)
+        deepest = min(opts.recurrences, 1 + int((opts.recurrences - 1) * step / ramp)) if ramp else None
+        batch = problems(opts, opts.batch, generator, deepest=deepest)
         out = model(batch["tokens"], step_labels=batch["step_labels"])  # r sampled by the model
         loss = grt_loss(out, batch["labels"]) / (batch["labels"] != IGNORE).sum()
         optimizer.zero_grad(set_to_none=True)
@@ -201,23 +212,38 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
     return rows
 
 
+# The options a trained row depends on: a row trained under others is trained again.
+TRAINING_OPTIONS = (
+    "symbols",
+    "queries",
+    "recurrences",
+    "dim",
+    "dense_layers",
+    "batch",
+    "lr",
+    "align",
+    "depth_curriculum",
+    "seed",
+)
+
+
 def run_row(row: str, steps: int, opts) -> dict:
-    """Train and score one row, or reuse `--out/ROW`: its result when it ran these steps, its
-    saved weights (model.pt) to score again."""
+    """Train and score one row, or reuse `--out/ROW` when it ran these steps under these
+    options: its saved weights (model.pt) are scored again."""
     done, weights = opts.out / row / "result.json", opts.out / row / "model.pt"
     finished = json.loads(done.read_text()) if done.exists() else {}
-    if finished.get("steps") == steps and weights.exists():
+    options = {name: getattr(opts, name) for name in TRAINING_OPTIONS}
+    if (finished.get("steps"), finished.get("options")) == (steps, options) and weights.exists():
         model = GRTModel(model_args(row, opts))
         model.load_state_dict(torch.load(weights))
         result = finished
-    elif finished.get("steps") == steps:  # scored before the weights were kept
-        return finished
     else:
         start = time.perf_counter()
         model, log = train(row, steps, opts)
         weights.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), weights)
-        result = {"row": row, "steps": steps, "train_s": round(time.perf_counter() - start, 1), "log": log}
+        elapsed = round(time.perf_counter() - start, 1)
+        result = {"row": row, "steps": steps, "options": options, "train_s": elapsed, "log": log}
     nparams, flops = model.model_args.get_nparams_and_flops(model, opts.symbols + opts.queries)
     result |= {"params": nparams, "train_flops_per_token": flops, "depths": evaluate(model, opts)}
     if model.recurrence is not None:
@@ -242,7 +268,8 @@ def table(result: dict) -> list[str]:
 
 
 def summary(results: dict[str, dict], opts) -> str:
-    lines = [f"N = {opts.symbols} symbols, K = {opts.queries} queries, R = {opts.recurrences}, align {opts.align}", ""]
+    head = f"N = {opts.symbols} symbols, K = {opts.queries} queries, R = {opts.recurrences}, align {opts.align}"
+    lines = [head + f", depth curriculum {opts.depth_curriculum}, seed {opts.seed}", ""]
     for row, result in results.items():
         lines += [f"## {row}: {result['params']:,} parameters, {result['steps']} steps, {result['train_s']:.0f} s", ""]
         lines += table(result) + [""]
@@ -275,6 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--align", type=float, default=1.0)
+    parser.add_argument(
+        "--depth-curriculum",
+        type=float,
+        default=0.0,
+        help="share of each row's steps over which the deepest problem grows from 1 to R (0: off)",
+    )
     parser.add_argument("--eval-sequences", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     return parser

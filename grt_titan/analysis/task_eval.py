@@ -57,9 +57,11 @@ def encode(tokenizer, record: Record, vocab_size: int, max_len: int) -> tuple[li
     else:
         template = ChatTemplate.of(tokenizer, record.where)
         ids, mask = template.encode(record)
-        end = max(i for i, counted in enumerate(mask) if counted) + 1
-        n = end - next(i for i in range(end - 1, -1, -1) if not mask[i]) - 1
-        ids = ids[:end]  # the turns after the last assistant turn are not scored
+        end = max(i for i, counted in enumerate(mask) if counted) + 1  # the last assistant turn's end
+        start = end
+        while start > 0 and mask[start - 1]:
+            start -= 1
+        ids, n = ids[:end], end - start  # the turns after it are not scored
         reads_back = template.render(record.messages, False).startswith(tokenizer.decode(ids))
     if not reads_back or max(ids) >= vocab_size:
         raise ValueError(

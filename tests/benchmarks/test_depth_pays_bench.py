@@ -41,6 +41,8 @@ def test_problems_are_pointer_chases_over_one_cycle(bench, tmp_path):
             assert batch["labels"][row, n + q] == walk[depth]
             assert batch["step_labels"][row, n + q].tolist() == [walk[min(t, depth)] for t in range(1, r + 1)]
     assert (batch["labels"][:, :n] == bench.IGNORE).all() and (batch["step_labels"][:, :n] == bench.IGNORE).all()
+    shallow = bench.problems(opts, 64, torch.Generator().manual_seed(0), deepest=2)["depth"]  # the curriculum's
+    assert set(shallow.flatten().tolist()) == {1, 2}
 
 
 def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
