@@ -69,6 +69,19 @@ HALTING = (
     ("state", 0.02),
     ("gate", 0.02),
 )
+# The options a trained row depends on: a row trained under others is trained again.
+TRAINING_OPTIONS = (
+    "symbols",
+    "queries",
+    "recurrences",
+    "dim",
+    "dense_layers",
+    "batch",
+    "lr",
+    "align",
+    "depth_curriculum",
+    "seed",
+)
 
 
 def model_args(row: str, opts) -> GRTModelArgs:
@@ -210,21 +223,6 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
         row["every_token_mean_steps"] = steps.float().mean().item()  # the table's tokens too
         rows.append(row)
     return rows
-
-
-# The options a trained row depends on: a row trained under others is trained again.
-TRAINING_OPTIONS = (
-    "symbols",
-    "queries",
-    "recurrences",
-    "dim",
-    "dense_layers",
-    "batch",
-    "lr",
-    "align",
-    "depth_curriculum",
-    "seed",
-)
 
 
 def run_row(row: str, steps: int, opts) -> dict:

@@ -473,25 +473,28 @@ def task_toml(
     the recurrent block alone trained, each loop t supervised toward the t-th intermediate
     result, then the final answer alone for the last 1/ANNEAL_SHARE of the steps."""
     recipe = tomllib.loads(training_toml(src, out, args, plan, config, init))
-    steps, data = recipe["training"]["steps"], str(out / "task" / "data")
-    symbols = max(DEFAULT_SYMBOLS["iterated-function"], 2 * args.num_recurrences + 1)  # test depths to 2R
-    task = f"grt-titan task iterated-function --chat --symbols {symbols} --depths 1-{args.num_recurrences}"
+    steps, data, R = recipe["training"]["steps"], str(out / "task" / "data"), args.num_recurrences
+    supervised = steps - steps // ANNEAL_SHARE
+    symbols = max(DEFAULT_SYMBOLS["iterated-function"], 2 * R + 1)  # test depths up to 2R
+
+    def task(depths: str) -> str:
+        return f"grt-titan task iterated-function --chat --symbols {symbols} --depths {depths}"
+
     header = [
         f"# Task recipe of the retrofit of {src} (docs/retrofit.md, 'Reasoning in depth: the task recipe'):",
-        f"# loop t learns the t-th step of a multi-step task (steps 1-{steps - steps // ANNEAL_SHARE}), then the "
-        f"answer alone (the last 1/{ANNEAL_SHARE});",
-        "# only the recurrent block trains (W_proj, the gate, the core); prelude, coda and embeddings stay the source's.",
-        "# Its data, chat records rendered by the source's chat template, then the run and its evaluation by depth:",
-        f"#   {task} --n 20000 --out {out / 'task' / 'train.jsonl'}",
+        f"# loop t is trained toward the t-th step of a multi-step task for the first {supervised} optimizer steps,",
+        f"# then toward the answer alone (the last 1/{ANNEAL_SHARE}); only the recurrent block trains (W_proj, the",
+        "# gate, the core); prelude, coda and embeddings stay the source's. Its data (chat records rendered by",
+        "# the source's chat template), the run and its evaluation by depth:",
+        f"#   {task(f'1-{R}')} --n 20000 --out {out / 'task' / 'train.jsonl'}",
         f"#   grt-titan prepare {out / 'task' / 'train.jsonl'} --tokenizer {src} --out {data} --val-fraction 0.02",
         f"#   torchrun --nproc_per_node=2 -m grt_titan.train --job.config_file {out / 'task.toml'}",
-        f"#   {task.replace(f'1-{args.num_recurrences}', f'1-{2 * args.num_recurrences}')} --n 600 --split test "
-        f"--out {out / 'task' / 'test.jsonl'}",
+        f"#   {task(f'1-{2 * R}')} --n 600 --split test --out {out / 'task' / 'test.jsonl'}",
         f"#   grt-titan eval-task {out / 'task_outputs' / 'checkpoint'} --config {out / 'task.toml'} "
-        f"--data {out / 'task' / 'test.jsonl'} --trained-depths 1-{args.num_recurrences}",
+        f"--data {out / 'task' / 'test.jsonl'} --trained-depths 1-{R}",
     ]
     recipe["job"] |= {"dump_folder": str(out / "task_outputs"), "description": f"Task recipe of {src.name}'s GRT"}
-    recipe["grt"] |= {"step_supervision": True, "step_supervision_steps": steps - steps // ANNEAL_SHARE}
+    recipe["grt"] |= {"step_supervision": True, "step_supervision_steps": supervised}
     seq_len = min(TASK_SEQ_LEN, args.max_seq_len)
     recipe["training"] |= {"dataset": data, "seq_len": seq_len, "trainable": ["recurrent"]}
     recipe["validation"] |= {"dataset": data, "seq_len": seq_len}

@@ -482,15 +482,16 @@ def test_task_recipe_trains_loop_by_loop_then_answers_and_scores_by_depth(source
     out = write_retrofit(src, tmp_path / "grt", prelude=1, core=(1, 3), coda=1, num_recurrences=3, task_recipe=True)
     recipe = tomllib.loads((out / "task.toml").read_text())
     assert recipe["training"]["trainable"] == ["recurrent"] and recipe["grt"]["step_supervision"] is True
-    assert recipe["grt"]["step_supervision_steps"] == recipe["training"]["steps"] * 3 // 4
+    steps = recipe["training"]["steps"]
+    assert recipe["grt"]["step_supervision_steps"] == steps - steps // 4  # then a quarter answers alone
     for split, n in (("train", 48), ("test", 12)):  # 6 symbols: a problem fits the source's 64 positions
         rows = tasks.generate("iterated-function", range(1, 4), n, seed=0, split=split, symbols=6)
         (out / "task").mkdir(exist_ok=True)
         (out / "task" / f"{split}.jsonl").write_text("".join(json.dumps(tasks.as_chat(r)) + "\n" for r in rows))
     prepare([out / "task" / "train.jsonl"], out / "task" / "data", tokenizer_path=src, val_fraction=0.1, progress=False)
     toml = out / "task.toml"
-    steps = ["--training.steps", "4", "--grt.step_supervision_steps", "3", "--training.local_batch_size", "2"]
-    proc = run_torchrun(2, ["--job.config_file", str(toml), *steps, "--validation.no-enable"], tmp_path)
+    short = ["--training.steps", "4", "--grt.step_supervision_steps", "3", "--training.local_batch_size", "2"]
+    proc = run_torchrun(2, ["--job.config_file", str(toml), *short, "--validation.no-enable"], tmp_path)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert (
