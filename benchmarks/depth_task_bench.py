@@ -40,6 +40,8 @@ from pathlib import Path
 
 import tomllib
 
+from grt_titan.analysis.task_eval import halting_table
+
 REPO = Path(__file__).resolve().parents[1]
 PRESET = REPO / "train_configs" / "grt_task_debug.toml"
 PAPER = REPO / "train_configs" / "paper"
@@ -184,19 +186,9 @@ def summary(results: list[dict], depths: range, recurrences: int) -> str:
             if arrived:
                 means.append(f"d{d}: {sum(arrived) / len(arrived):.1f} ({len(arrived)}/{len(scored)})")
         lines.append(f"| {res['row']} | {', '.join(means) or '-'} |")
-    halting = [(res["row"], h) for res in results for h in res["eval"].get("halting", [])]
-    if halting:
-        lines += [
-            "",
-            "| row | rule | accuracy | mean steps | smallest fixed r as accurate | steps saved |",
-            "|---|---|---|---|---|---|",
-        ]
-        for row, h in halting:
-            saved = "-" if h["steps_saved"] is None else f"{h['steps_saved']:.0%}"
-            lines.append(
-                f"| {row} | {h['rule']}:{h['threshold']:g} | {h['accuracy']:.3f} | {h['mean_steps']:.2f} | "
-                f"{h['fixed_r_as_accurate'] or 'none'} | {saved} |"
-            )
+    for res in results:  # eval-task's halting table, one per row that halts
+        if res["eval"].get("halting"):
+            lines += ["", f"Halting, {res['row']}:", "", halting_table(res["eval"]["halting"])]
     return "\n".join(lines)
 
 
