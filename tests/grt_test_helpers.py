@@ -187,6 +187,15 @@ def worker_env(test_file: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])}
 
 
+def worker_result(test_file: str, module: str, tmp_path: Path, nproc: int = 2):
+    """Runs a test's own worker `module` (beside `test_file`) on `nproc` gloo ranks, its one
+    argument the JSON file it writes; that JSON, once the run exits 0."""
+    out = tmp_path / f"{module}.json"
+    proc = torchrun(nproc, [str(out)], tmp_path, timeout=300, module=module, env=worker_env(test_file))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return json.loads(out.read_text())
+
+
 def mesh_degrees(output: str) -> dict[str, int] | None:
     """The parallel degrees torchtitan built its device mesh with (pp, dp_replicate, dp_shard,
     cp, tp, ep, etp), from a job's output; None if it logged no mesh."""

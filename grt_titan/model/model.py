@@ -145,9 +145,8 @@ class GRTModel(ModelProtocol):
         """Per-step supervision this training forward: within the first `step_supervision_steps`
         optimizer steps (0: every step). The depth sampler's count is this forward's index
         (it draws inside the recurrence), persistent, so a resume switches at the same step."""
-        until = self.model_args.step_supervision_steps
-        sampler = self.recurrence.depth_sampler
-        return until == 0 or sampler.forwards // sampler.forwards_per_step < until
+        until, sampler = self.model_args.step_supervision_steps, self.recurrence.depth_sampler
+        return until == 0 or sampler.step_of(sampler.forwards) < until
 
     def forward_with_halting(
         self,

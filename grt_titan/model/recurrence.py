@@ -73,9 +73,13 @@ class DepthSampler(nn.Module):
     def law_at(self, index: int) -> tuple[int, int, float]:
         """(r_min, R, E[r]) of the law forward `index` draws from: the configured ones, or
         where the depth curriculum has ramped them by its optimizer step."""
-        step = index // self.forwards_per_step
-        fraction = curriculum_fraction(self.curriculum_shape, step, self.curriculum_steps)
+        fraction = curriculum_fraction(self.curriculum_shape, self.step_of(index), self.curriculum_steps)
         return self.law.scheduled(self.min_recurrences, self.max_recurrences, self.mean, fraction)
+
+    def step_of(self, index: int) -> int:
+        """The optimizer step that training forward `index` belongs to (gradient accumulation
+        runs `forwards_per_step` forwards per step)."""
+        return index // self.forwards_per_step
 
     def depth_at(self, index: int) -> int:
         return self.law.draw(self.seed * 1_000_003 + index, *self.law_at(index))

@@ -1,7 +1,6 @@
 """The distillation loss (grt_titan/components/distill_loss.py) by hand, its alpha limits, and
 the vocabulary-sharded KL against the gathered one on 2 gloo ranks."""
 
-import json
 import math
 
 import pytest
@@ -12,7 +11,7 @@ from grt_titan.components import distill_loss
 from grt_titan.components.distill_loss import IGNORE_INDEX, distillation_loss, kd_loss_sum, kl_per_token
 from grt_titan.components.loss import grt_loss
 
-from grt_test_helpers import REPO, worker_env
+from grt_test_helpers import REPO, worker_result
 from tests.reliability.reliability_helpers import scalars
 
 
@@ -73,14 +72,10 @@ def test_alpha_limits():
 
 
 @pytest.mark.slow
-def test_sharded_vocabulary_kl_equals_gathered(run_torchrun, tmp_path):
+def test_sharded_vocabulary_kl_equals_gathered(tmp_path):
     """TP 2 on gloo: each rank holds half the vocabulary; loss, per-token KL and each rank's
     gradient equal the full-row computation (float64)."""
-    out = tmp_path / "kd.json"
-    env = worker_env(__file__)  # the worker imports its folder's helpers and grt_test_helpers
-    proc = run_torchrun(2, [str(out)], tmp_path, timeout=300, module="distill_shard_worker", env=env)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    for rank in json.loads(out.read_text()):
+    for rank in worker_result(__file__, "distill_shard_worker", tmp_path):
         want, got = rank["loss"]
         assert got == pytest.approx(want, rel=1e-12)
         assert rank["kl_diff"] < 1e-12

@@ -186,17 +186,11 @@ def test_metrics_section_parses_from_toml(tmp_path):
 
 
 @pytest.mark.slow
-def test_stats_all_reduce_pools_ranks(run_torchrun, tmp_path):
+def test_stats_all_reduce_pools_ranks(tmp_path):
     """2 gloo ranks, different batches: the reduced stats are those of the pooled batches."""
-    import json
+    from grt_test_helpers import worker_result
 
-    from grt_test_helpers import worker_env
-
-    out = tmp_path / "stats.json"
-    env = worker_env(__file__)  # the worker imports its folder's helpers and grt_test_helpers
-    proc = run_torchrun(2, [str(out)], tmp_path, timeout=300, module="stats_reduce_worker", env=env)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    result = json.loads(out.read_text())
+    result = worker_result(__file__, "stats_reduce_worker", tmp_path)
     assert len(result["got"]) == 3
     for got, want in zip(result["got"], result["want"]):
         for key, value in want.items():
