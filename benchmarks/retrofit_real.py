@@ -69,6 +69,28 @@ def stock_from_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--source DIR | --gguf FILE` and `--out DIR`: the real model a benchmark reads, and its work folder."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--source", type=Path, help="a stock Hugging Face folder (Llama, Qwen3, GPT-2)")
+    where.add_argument("--gguf", type=Path, help="a GGUF file (dequantized to a float32 stock folder in --out)")
+    parser.add_argument("--out", type=Path, required=True, help="work folder (arms already run are reused)")
+
+
+def source_folder(parser: argparse.ArgumentParser, opts) -> Path:
+    """The stock folder of `--source`, or of `--gguf` dequantized into `--out`/stock; a missing
+    file or the gguf package is a parser error."""
+    if opts.gguf is None:
+        return opts.source.resolve()
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        parser.error("--gguf needs the gguf package to dequantize: pip install gguf==0.19.0")
+    if not opts.gguf.is_file():
+        parser.error(f"--gguf {opts.gguf}: no such file")
+    return stock_from_gguf(opts.gguf.resolve(), opts.out.resolve() / "stock")
+
+
 def retrofit(source: Path, out: Path, init: str, split: list[str], recurrences: int) -> Path:
     if not (out / "train.toml").is_file():
         cli = [sys.executable, "-m", "grt_titan.cli", "retrofit", str(source), "--out", str(out), "--overwrite"]
@@ -204,10 +226,7 @@ def report(results: dict[str, dict], opts, teacher_flops: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--source", type=Path, help="a stock Hugging Face folder")
-    where.add_argument("--gguf", type=Path, help="a GGUF file (dequantized to a float32 stock folder in --out)")
-    parser.add_argument("--out", type=Path, required=True, help="work folder (arms already run are reused)")
+    add_source_arguments(parser)
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--seq-len", type=int, default=256)
@@ -222,14 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     out = opts.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if opts.gguf is not None:
-        import importlib.util
-
-        if importlib.util.find_spec("gguf") is None:
-            parser.error("--gguf needs the gguf package to dequantize: pip install gguf==0.19.0")
-        if not opts.gguf.is_file():
-            parser.error(f"--gguf {opts.gguf}: no such file")
-    source = opts.source.resolve() if opts.source else stock_from_gguf(opts.gguf.resolve(), out / "stock")
+    source = source_folder(parser, opts)
     arms = [a for a in opts.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:

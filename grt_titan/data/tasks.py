@@ -173,7 +173,14 @@ def as_chat(problem: dict) -> dict:
         {"role": "user", "content": problem["prompt"]},
         {"role": "assistant", "content": problem["completion"].strip()},
     ]
-    return {"messages": turns, **{key: problem[key] for key in ("depth", "steps")}}
+    return {"messages": turns, **{key: problem[key] for key in ("depth", "steps") if key in problem}}
+
+
+def as_scratchpad(problem: dict) -> dict:
+    """The problem with a scratchpad completion: every intermediate value written out, the
+    answer last (` j b e` for f(c), f(f(c)), f^3(c) = e), the chain-of-thought baseline of
+    the recurrent-retrofit study (arXiv 2608.11233). No `steps`: they are in the text."""
+    return {"prompt": problem["prompt"], "completion": " " + " ".join(problem["steps"]), "depth": problem["depth"]}
 
 
 def parse_depths(text: str) -> range:
@@ -202,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chat", action="store_true", help="write chat records (messages: user, assistant) for a chat template"
     )
+    p.add_argument(
+        "--scratchpad", action="store_true", help="the completion writes every intermediate value, the answer last"
+    )
     return p
 
 
@@ -219,9 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
+    if args.scratchpad:
+        problems = [as_scratchpad(p) for p in problems]
     tmp.write_text("".join(json.dumps(as_chat(p) if args.chat else p) + "\n" for p in problems))
     tmp.replace(out)
-    kind = "chat records" if args.chat else "problems"
+    kind = ("scratchpad " if args.scratchpad else "") + ("chat records" if args.chat else "problems")
     print(f"wrote {out}: {len(problems)} {args.split} {kind} of {args.name}, depths {args.depths}")
     return 0
 

@@ -65,3 +65,21 @@ def test_cli_writes_jsonl_and_the_task_tokenizer_reads_it(tmp_path, capsys):
     assert tokens[-1] == tokenizer.eos_id and tokens.max() < tokenizer.get_vocab_size()
     assert tasks.main(["chains", "--depths", "9", "--out", str(tmp_path / "x.jsonl"), "--symbols", "10"]) == 2
     assert "depth 9 needs at least 27 symbols (3 chains)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(SOLVERS))
+def test_a_scratchpad_writes_every_step_the_answer_last(name, tmp_path):
+    problems = tasks.generate(name, range(1, 4), 6, seed=0)
+    for p in problems:
+        pad = tasks.as_scratchpad(p)
+        assert pad == {
+            "prompt": p["prompt"],
+            "completion": " " + " ".join(SOLVERS[name](p["prompt"])),
+            "depth": p["depth"],
+        }
+        assert pad["completion"].split()[-1] == p["completion"].strip()
+    out = tmp_path / "pad.jsonl"
+    assert tasks.main([name, "--depths", "1-3", "--n", "6", "--scratchpad", "--chat", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows == [tasks.as_chat(tasks.as_scratchpad(p)) for p in problems]
+    assert set(rows[0]) == {"messages", "depth"}  # no per-step targets: the steps are the text
