@@ -69,16 +69,9 @@ def stock_from_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
-def add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--source DIR | --gguf FILE` and `--out DIR`: the real model a benchmark reads, and its work folder."""
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--source", type=Path, help="a stock Hugging Face folder (Llama, Qwen3, GPT-2)")
-    where.add_argument("--gguf", type=Path, help="a GGUF file (dequantized to a float32 stock folder in --out)")
-    parser.add_argument("--out", type=Path, required=True, help="work folder (arms already run are reused)")
-
-
 def source_folder(parser: argparse.ArgumentParser, opts) -> Path:
-    """The stock folder of `--source`, or of `--gguf` dequantized into `--out`/stock; a missing
+    """The stock folder of `--source DIR`, or of `--gguf FILE` dequantized into `--out`/stock
+    (each script declares the three: the docs checker reads a script's own flags); a missing
     file or the gguf package is a parser error."""
     if opts.gguf is None:
         return opts.source.resolve()
@@ -226,7 +219,10 @@ def report(results: dict[str, dict], opts, teacher_flops: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_source_arguments(parser)
+    where = parser.add_mutually_exclusive_group(required=True)  # source_folder() reads these
+    where.add_argument("--source", type=Path, help="a stock Hugging Face folder (Llama, Qwen3, GPT-2)")
+    where.add_argument("--gguf", type=Path, help="a GGUF file (dequantized to a float32 stock folder in --out)")
+    parser.add_argument("--out", type=Path, required=True, help="work folder (arms already run are reused)")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--seq-len", type=int, default=256)
