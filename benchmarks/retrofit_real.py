@@ -96,7 +96,6 @@ def export_at_init(source: Path, retrofitted: Path, out: Path, tokens: int, dept
     model/ checkpoint) against the source's own transformers forward: mean loss on `tokens`
     tokens of the embedded corpus's val split (the source's tokenizer) at each depth."""
     import torch
-    import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
     from grt_titan.hf.retrofit_plan import sample_batches
@@ -112,18 +111,28 @@ def export_at_init(source: Path, retrofitted: Path, out: Path, tokens: int, dept
     models = {"source": AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)}
     models["export"] = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, trust_remote_code=True)
 
-    def loss(model, **kwargs) -> float:
-        total, count = 0.0, 0
-        with torch.no_grad():
-            for batch in batches:
-                logits = model(batch[:, :-1], **kwargs).logits.float()
-                total += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
-                count += batch[:, 1:].numel()
-        return total / count
-
-    result = {"tokens": sum(b[:, 1:].numel() for b in batches), "source": loss(models["source"].eval())}
-    result["export"] = {r: loss(models["export"].eval(), num_recurrences=r) for r in depths}
+    result = {"tokens": sum(b[:, 1:].numel() for b in batches), "source": text_loss(models["source"].eval(), batches)}
+    result["export"] = {r: text_loss(models["export"].eval(), batches, num_recurrences=r) for r in depths}
     return result
+
+
+def text_loss(model, batches, **kwargs) -> float:
+    """Mean next-token loss of `model` on `batches` ([b, length] token ids): a transformers model
+    (its `.logits`) or a torchtitan GRTModel (its logits, the padding rows of
+    `vocab_multiple_of` cut off); `kwargs` go to the forward (`num_recurrences=r`)."""
+    import torch
+    import torch.nn.functional as F
+
+    args = getattr(model, "model_args", None)
+    vocab = args.vocab_size if args is not None else model.config.vocab_size
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            output = model(batch[:, :-1], **kwargs)
+            logits = getattr(output, "logits", output)[..., :vocab].float()
+            total += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
+            count += batch[:, 1:].numel()
+    return total / count
 
 
 def dense_source(source: Path, retrofitted: Path, out: Path) -> Path:

@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.retrofit_bench import run, step_losses  # noqa: E402
-from benchmarks.retrofit_real import dense_source, source_folder  # noqa: E402
+from benchmarks.retrofit_real import dense_source, source_folder, text_loss  # noqa: E402
 from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
 
 quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
@@ -200,11 +200,10 @@ def step_first_tokens(tokenizer, record, n_completion: int, ids: list[int]) -> l
     return tokens
 
 
-def evaluate(checkpoint: Path, run_record: Path, records, opts, max_r: int) -> list[dict]:
-    from grt_titan.analysis.load import load_model
+def evaluate(loaded, records, opts, max_r: int) -> list[dict]:
+    """`score_by_step` of a loaded run (grt_titan.analysis.load) on the test records."""
     from grt_titan.analysis.task_eval import encode
 
-    loaded = load_model(checkpoint, run_record)
     args = loaded.args
     encoded = [encode(loaded.tokenizer, r, args.vocab_size, args.max_seq_len) for r in records]
     steps = [
@@ -213,28 +212,10 @@ def evaluate(checkpoint: Path, run_record: Path, records, opts, max_r: int) -> l
     return score_by_step(loaded.model, encoded, steps, max_r)
 
 
-def text_loss(model, batches, depth: int | None) -> float:
-    import torch.nn.functional as F
-
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for batch in batches:
-            kwargs = {} if depth is None else {"num_recurrences": depth}
-            logits = model(batch[:, :-1], **kwargs)
-            logits = getattr(logits, "logits", logits)[..., : model_vocab(model)].float()
-            total += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
-            count += batch[:, 1:].numel()
-    return total / count
-
-
-def model_vocab(model) -> int:
-    args = getattr(model, "model_args", None)
-    return args.vocab_size if args is not None else model.config.vocab_size
-
-
-def generation_timing(export: Path, source: Path, records, depths_of_r, opts) -> dict:
-    """Greedy cached generation at batch 1 of the export (transformers): seconds per answer,
-    and, for the scratchpad, the value it writes last, for every record given."""
+def generation_timing(export: Path, source: Path, records, loops_of, opts) -> list[dict]:
+    """Greedy cached generation at batch 1 of the export (transformers), at `loops_of(depth)`
+    recurrences (None: the model's own depth): per record, its seconds, tokens, and whether
+    the value it writes last is the answer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(source)
@@ -245,7 +226,7 @@ def generation_timing(export: Path, source: Path, records, depths_of_r, opts) ->
         prompt = tokenizer.apply_chat_template(record.messages[:-1], add_generation_prompt=True, return_tensors="pt")
         prompt = getattr(prompt, "input_ids", prompt)
         depth = record.meta["depth"]
-        kwargs = {} if depths_of_r is None else {"num_recurrences": depths_of_r(depth)}
+        kwargs = {} if loops_of is None else {"num_recurrences": loops_of(depth)}
         start = time.perf_counter()
         with torch.no_grad():
             new = model.generate(
@@ -277,8 +258,7 @@ def measure(name: str, source: Path, out: Path, records, batches, opts) -> dict:
     result = {"checkpoint": final.name}
     loaded = load_model(final, dump / "grt_run.json")
     recurrent = loaded.model.recurrence is not None
-    result["text_loss_r1"] = text_loss(loaded.model, batches, 1 if recurrent else None)
-    del loaded
+    result["text_loss_r1"] = text_loss(loaded.model, batches, **({"num_recurrences": 1} if recurrent else {}))
     by_depth = {}
     for record in records:
         by_depth.setdefault(record.meta["depth"], []).append(record)
@@ -287,7 +267,7 @@ def measure(name: str, source: Path, out: Path, records, batches, opts) -> dict:
     if name == "scratchpad":
         result["generated"] = generation_timing(folder, source, records, None, opts)
     else:
-        result["scores"] = evaluate(final, dump / "grt_run.json", records, opts, opts.test_depth)
+        result["scores"] = evaluate(loaded, records, opts, opts.test_depth)
         loops = (lambda depth: depth) if recurrent else None
         result["generated"] = generation_timing(folder, source, timed, loops, opts)
     if recurrent:
@@ -295,7 +275,8 @@ def measure(name: str, source: Path, out: Path, records, batches, opts) -> dict:
         before = dump / "checkpoint" / f"step-{opts.steps - opts.steps // 4}"
         if before != final and before.is_dir():
             # persistence only: loops t <= R
-            result["scores_before_annealing"] = evaluate(before, dump / "grt_run.json", records, opts, opts.recurrences)
+            before_run = load_model(before, dump / "grt_run.json")
+            result["scores_before_annealing"] = evaluate(before_run, records, opts, opts.recurrences)
     (dump / "eval.json").write_text(json.dumps(result))
     return json.loads(json.dumps(result))
 
@@ -420,13 +401,13 @@ def main(argv: list[str] | None = None) -> int:
     records = task_records(files["test"])
     batches = sample_batches(source, "grt_default", opts.text_tokens, 256)
     stock = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
-    source_loss = text_loss(stock, batches, None)
+    source_loss = text_loss(stock, batches)
     del stock
+    seq_lens = {kind: seq_len_of(source, files[kind]) for kind in ("answers", "scratchpad")}
     results = {}
     for name in arms:
-        data = files["scratchpad_data" if name == "scratchpad" else "answers_data"]
-        seq_len = seq_len_of(source, files["scratchpad" if name == "scratchpad" else "answers"])
-        trained = train(name, arm_toml(name, source, out, opts), data, seq_len, out, opts)
+        kind = "scratchpad" if name == "scratchpad" else "answers"
+        trained = train(name, arm_toml(name, source, out, opts), files[f"{kind}_data"], seq_lens[kind], out, opts)
         print(f"{name}: {opts.steps} steps in {trained['seconds']:.0f} s", flush=True)
         results[name] = {"train": trained, **measure(name, source, out, records, batches, opts)}
         print(f"{name}: measured", flush=True)
