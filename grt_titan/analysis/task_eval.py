@@ -115,12 +115,13 @@ def answered(ids: torch.Tensor, n: int) -> slice:
     return slice(length - n - 1, length - 1)
 
 
-def _batches(encoded: list[tuple[list[int], int]], batch_size: int, device):
-    """(record indices, ids [b, length]) of records of one length at a time."""
+def _batches(encoded: list[tuple[list[int], int]], batch_size: int, device, group=None):
+    """(record indices, ids [b, length]) of records of one length (and one `group(i)`, where
+    given) at a time."""
     by_length = defaultdict(list)
     for i, (ids, _) in enumerate(encoded):
-        by_length[len(ids)].append(i)
-    for length, indices in sorted(by_length.items()):
+        by_length[len(ids), None if group is None else group(i)].append(i)
+    for _, indices in sorted(by_length.items(), key=lambda item: item[0][0]):
         for start in range(0, len(indices), batch_size):
             batch = indices[start : start + batch_size]
             yield batch, torch.tensor([encoded[i][0] for i in batch], device=device)
