@@ -226,12 +226,17 @@ def report(results: dict[str, dict], opts, teacher_flops: float) -> None:
             print(f"| {name} | {step} | " + " | ".join(cells) + " |")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    where = parser.add_mutually_exclusive_group(required=True)  # source_folder() reads these
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """--source | --gguf and --out, which `source_folder` reads (both real-model benchmarks)."""
+    where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--source", type=Path, help="a stock Hugging Face folder (Llama, Qwen3, GPT-2)")
     where.add_argument("--gguf", type=Path, help="a GGUF file (dequantized to a float32 stock folder in --out)")
     parser.add_argument("--out", type=Path, required=True, help="work folder (arms already run are reused)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_source_arguments(parser)
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--seq-len", type=int, default=256)

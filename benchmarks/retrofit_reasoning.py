@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.retrofit_bench import run, step_losses  # noqa: E402
-from benchmarks.retrofit_real import dense_source, source_folder, text_loss  # noqa: E402
+from benchmarks.retrofit_real import add_source_arguments, dense_source, source_folder, text_loss  # noqa: E402
 from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
 
 quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
@@ -366,10 +366,7 @@ def report(results: dict, records, source_loss: float, opts) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    where = parser.add_mutually_exclusive_group(required=True)  # source_folder() reads these
-    where.add_argument("--source", type=Path, help="a stock Hugging Face folder (Llama, Qwen3, GPT-2)")
-    where.add_argument("--gguf", type=Path, help="a GGUF file (dequantized to a float32 stock folder in --out)")
-    parser.add_argument("--out", type=Path, required=True, help="work folder (arms already run are reused)")
+    add_source_arguments(parser)
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--batch", type=int, default=4)

@@ -191,9 +191,26 @@ def job_config_problem(args: list[str]) -> str | None:
 
 
 def _flags_of_script(script: Path) -> set[str]:
-    """Option strings a script declares with `add_argument` (read with ast, not run)."""
+    """Option strings a script declares with `add_argument` (read with ast, not run), its own
+    and those of the functions it imports from a module beside it (a shared helper such as
+    benchmarks/retrofit_real.py's `add_source_arguments`)."""
+    tree = ast.parse(script.read_text())
+    flags = _added_arguments(tree)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        sibling = script.parent / f"{node.module.rsplit('.', 1)[-1]}.py"
+        if sibling.is_file():
+            imported = {alias.name for alias in node.names}
+            for helper in ast.parse(sibling.read_text()).body:
+                if isinstance(helper, ast.FunctionDef) and helper.name in imported:
+                    flags |= _added_arguments(helper)
+    return flags
+
+
+def _added_arguments(tree: ast.AST) -> set[str]:
     flags: set[str] = set()
-    for node in ast.walk(ast.parse(script.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
             flags |= {
                 a.value

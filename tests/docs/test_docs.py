@@ -94,6 +94,11 @@ def test_every_block_is_marked_and_names_only_what_exists(tmp_path, monkeypatch)
             "<!-- docs-test: check -->\n```bash\npython benchmarks/step_time.py --devices cuda\n```\n",
             "has no option(s) ['--devices']",
         ),
+        (  # --gguf and --out are declared by a helper it imports from benchmarks/retrofit_real.py
+            "<!-- docs-test: check -->\n```bash\npython benchmarks/retrofit_reasoning.py --gguf m.gguf --out /tmp/r "
+            "--sourcee m\n```\n",
+            "has no option(s) ['--sourcee']",
+        ),
         ("<!-- docs-test: check -->\n```python\nfrom transformers import AutoTokenizer\ntok = (\n```\n", "syntax"),
         ("<!-- docs-test: check -->\n```bash\ntorchft_lighthouse --bind [::]:29510\n```\n", "no --min_replicas"),
         ("<!-- docs-test: check -->\n```bash\ncurl https://example.com\n```\n", "unknown program 'curl'"),
