@@ -19,7 +19,16 @@ the depth sampler, `[grt] step_supervision`'s readouts), AdamW, one thread:
 - `grt_steps`: 1 + 1 x R + 1 blocks, R = 6, r ~ Uniform{1..R}, per-step supervision (step t's
   readout toward f^min(t, d)(x));
 - `grt`: the same, the answer alone at the sampled r;
-- `dense`: 8 unshared blocks, the answer alone.
+- `unlooped`: the same blocks trained and scored at r = 1 (the recurrence never iterated);
+- `dense`: 8 unshared blocks, the answer alone (the isoFLOP twin of 1 + R + 1 block applications
+  at R = 6);
+- `poisson_steps`, `mor`, `ouro`, `rrt_steps`: table 1's four rows on the same blocks and R, their
+  [grt] parts read from train_configs/paper/small_*.toml (less its depth; RRT's LoRA at rank
+  dim / 4), with per-step supervision where the method takes it (Ouro's exit distribution and
+  MoR's router do not).
+
+A depth beyond R cannot be asked: a query's depth is part of its token, and a depth never
+trained has an untrained embedding; the columns r > R show whether an answer holds.
 
 The first row's --steps fix the FLOP budget; the others train for as many steps as their
 training FLOPs per token allow (`get_nparams_and_flops`). `--align` (default 1, every row
@@ -28,8 +37,9 @@ and each query's as its symbol's: an initialisation aid so that the lookup is le
 minutes; nothing is frozen; `--align 0` turns it off. `--depth-curriculum F` grows the
 deepest training problem from 1 to R over the first F of each row's steps. Accuracy by problem depth x r = 0..2R
 (r = 0: prelude and coda alone) on fresh problems, and each query's arrival step (the first r
-from which it stays right); for the recurrent rows, each per-token halting rule of HALTING on
-a uniform mix of depths against the fixed depths. Each row writes `--out/ROW/result.json`
+from which it stays right); for the recurrent rows, each per-token halting rule of HALTING
+(and the `ouro` row's own trained exit, Ouro's Q-exit at OURO_EXIT) on a uniform mix of depths
+against the fixed depths. Each row writes `--out/ROW/result.json`
 and its weights `model.pt`; a second run with the same --out scores the rows it trained
 again without training them; `summary.md` gathers them. It claims nothing beyond the sizes
 and budgets it ran.
@@ -40,8 +50,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -49,15 +61,18 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from depth_task_bench import equal_flop_steps  # noqa: E402
+from depth_task_bench import equal_flop_steps, paper_grt  # noqa: E402
 
 from grt_titan.analysis.task_eval import halting_summary, halting_table  # noqa: E402
 from grt_titan.components.loss import grt_loss  # noqa: E402
 from grt_titan.model.args import GRTModelArgs  # noqa: E402
+from grt_titan.model.exit_distribution import q_exit  # noqa: E402
 from grt_titan.model.model import GRTModel  # noqa: E402
 
 IGNORE = -100
-ROWS = ("grt_steps", "grt", "dense")
+ROWS = ("grt_steps", "grt", "unlooped", "dense", "poisson_steps", "mor", "ouro", "rrt_steps")
+# Table 1's rows: the paper TOML whose [grt] parts each takes.
+PAPER_ROWS = {"poisson_steps": "small_poisson", "mor": "small_mor", "ouro": "small_ouro", "rrt_steps": "small_rrt"}
 # Per-token halting rules scored on a uniform mix of depths (grt_titan/model/halting.py).
 HALTING = (
     ("argmax", 1),
@@ -69,6 +84,8 @@ HALTING = (
     ("state", 0.02),
     ("gate", 0.02),
 )
+# Ouro's trained rule (the `ouro` row): exit at the first step whose exit CDF reaches q.
+OURO_EXIT = (0.5, 0.7, 0.9)
 # The options a trained row depends on: a row trained under others is trained again.
 TRAINING_OPTIONS = (
     "symbols",
@@ -89,17 +106,19 @@ def model_args(row: str, opts) -> GRTModelArgs:
     common["max_seq_len"] = opts.symbols + opts.queries
     if row == "dense":
         return GRTModelArgs(**common, n_prelude_layers=opts.dense_layers, n_core_layers=0, n_coda_layers=0)
-    return GRTModelArgs(
-        **common,
-        n_prelude_layers=1,
-        n_core_layers=1,
-        n_coda_layers=1,
-        num_recurrences=opts.recurrences,
-        min_recurrences=1,
-        state_noise_std=0.0,
-        gate_noise_std=0.0,
-        step_supervision=row == "grt_steps",
-    )
+    parts = dict(num_recurrences=opts.recurrences, min_recurrences=1, state_noise_std=0.0, gate_noise_std=0.0)
+    if row in PAPER_ROWS:
+        parts |= paper_grt(PAPER_ROWS[row])
+        if parts.get("step_adapter") == "lora":
+            parts["lora_rank"] = max(1, opts.dim // 4)
+        if "backprop_recurrences" in parts:
+            parts["backprop_recurrences"] = min(parts["backprop_recurrences"], opts.recurrences)
+    if row == "unlooped":
+        parts |= dict(num_recurrences=1, depth_sampling="fixed")
+    args = GRTModelArgs(**common, n_prelude_layers=1, n_core_layers=1, n_coda_layers=1, **parts)
+    args.step_supervision = row.endswith("_steps")
+    args.validate(f"depth_pays_bench row {row!r}")
+    return args
 
 
 def problems(
@@ -177,10 +196,12 @@ def train(row: str, steps: int, opts) -> tuple[GRTModel, list]:
 
 @torch.no_grad()
 def evaluate(model: GRTModel, opts) -> dict:
-    """Accuracy by depth x r (r = 0..2R; the dense row: its one depth) and mean arrival."""
+    """Accuracy by depth x r (r = 0..2R, or 0..R for a model with a module per step; the dense
+    row: its one depth) and mean arrival."""
     model.eval()
     generator = torch.Generator().manual_seed(opts.seed + 1000)
-    depths = list(range(2 * opts.recurrences + 1)) if model.recurrence is not None else [None]
+    deepest = 2 * opts.recurrences if model.model_args.extrapolates else opts.recurrences
+    depths = list(range(deepest + 1)) if model.recurrence is not None else [None]
     out = {}
     for depth in range(1, opts.recurrences + 1):
         batch = problems(opts, opts.eval_sequences, generator, depth)
@@ -201,9 +222,10 @@ def evaluate(model: GRTModel, opts) -> dict:
 
 @torch.no_grad()
 def evaluate_halting(model: GRTModel, opts) -> list[dict]:
-    """Each rule of HALTING on fresh problems of depths drawn uniformly from 1..R, at most R
-    steps: accuracy, the mean steps of the query positions (by problem depth), and the steps
-    saved against the smallest fixed r as accurate (eval-task's halting summary)."""
+    """Each rule of HALTING (and Ouro's Q-exit at each of OURO_EXIT, for a model with an exit
+    gate) on fresh problems of depths drawn uniformly from 1..R, at most R steps: accuracy, the
+    mean steps of the query positions (by problem depth), and the steps saved against the
+    smallest fixed r as accurate (eval-task's halting summary)."""
     model.eval()
     generator = torch.Generator().manual_seed(opts.seed + 2000)
     batch = problems(opts, opts.eval_sequences, generator)
@@ -215,14 +237,27 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
     }
     correct = [{r: fixed[r][q] for r in fixed} for q in range(len(answers))]
     rows = []
-    for rule, threshold in HALTING:
-        logits, steps = model.forward_with_halting(batch["tokens"], rule, threshold)
+    exits = [("ouro-exit", q) for q in OURO_EXIT] if model.exit_gate is not None else []
+    for rule, threshold in [*HALTING, *exits]:
+        try:
+            logits, steps = halted(model, batch["tokens"], rule, threshold, opts.recurrences)
+        except ValueError as refused:  # the model's own rule: MoR routes itself; `gate` needs a gate
+            rows.append({"rule": rule, "threshold": threshold, "refused": str(refused)})
+            continue
         right = (logits[:, queries].argmax(-1).flatten() == answers).tolist()
         scored = list(zip(right, steps[:, queries].flatten().float().tolist()))
         row = halting_summary(depths, scored, correct, rule, threshold)
         row["every_token_mean_steps"] = steps.float().mean().item()  # the table's tokens too
         rows.append(row)
     return rows
+
+
+def halted(model: GRTModel, tokens: torch.Tensor, rule: str, threshold: float, depth: int):
+    """(logits, each token's steps) of a per-token halting rule, or of Ouro's Q-exit."""
+    if rule != "ouro-exit":
+        return model.forward_with_halting(tokens, rule, threshold)
+    h_pre = model.prelude(model.embed(tokens), model.freqs_cis)
+    return q_exit(model, model.recurrence(h_pre, model.freqs_cis, depth, all_states=True).step_states, threshold)
 
 
 def run_row(row: str, steps: int, opts) -> dict:
@@ -244,7 +279,8 @@ def run_row(row: str, steps: int, opts) -> dict:
         result = {"row": row, "steps": steps, "options": options, "train_s": elapsed, "log": log}
     nparams, flops = model.model_args.get_nparams_and_flops(model, opts.symbols + opts.queries)
     result |= {"params": nparams, "train_flops_per_token": flops, "depths": evaluate(model, opts)}
-    if model.recurrence is not None:
+    result["eval_r"] = model.model_args.num_recurrences if model.recurrence is not None else None
+    if model.recurrence is not None and model.model_args.num_recurrences > 1:
         result["halting"] = evaluate_halting(model, opts)
     done.write_text(json.dumps(result, indent=1))
     return result
@@ -278,13 +314,48 @@ def summary(results: dict[str, dict], opts) -> str:
         elif deep:
             lines += [f"depth >= 4: {sum(a[0] for a in deep) / len(deep):.3f}", ""]
         if "halting" in result:
-            halting = result["halting"]
-            fixed = ", ".join(f"r = {r}: {a:.3f}" for r, a in halting[0]["fixed_accuracy"].items())
-            lines += ["Halting on a uniform mix of depths 1..R (at most R steps; steps of the query positions):", ""]
-            lines += [halting_table(halting), "", f"Fixed depth on the same queries: {fixed}.", ""]
-            every = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['every_token_mean_steps']:.2f}" for h in halting)
-            lines += [f"Mean steps of every token (the table's too): {every}.", ""]
-    return "\n".join(lines)
+            lines += halting_lines(result["halting"])
+    return "\n".join(lines[:2] + overview(results, opts) + [""] + lines[2:])
+
+
+def halting_lines(halting: list[dict]) -> list[str]:
+    scored = [h for h in halting if "refused" not in h]
+    reasons: dict[str, list[str]] = {}  # one line per refusal, the rules it covers first
+    for h in halting:
+        if "refused" in h:
+            reasons.setdefault(h["refused"], []).append(f"{h['rule']} {h['threshold']:g}")
+    refused = [f"{', '.join(rules)}: {reason}" for reason, rules in reasons.items()]
+    lines = []
+    if scored:
+        fixed = ", ".join(f"r = {r}: {a:.3f}" for r, a in scored[0]["fixed_accuracy"].items())
+        lines += ["Halting on a uniform mix of depths 1..R (at most R steps; steps of the query positions):", ""]
+        lines += [halting_table(scored), "", f"Fixed depth on the same queries: {fixed}.", ""]
+        every = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['every_token_mean_steps']:.2f}" for h in scored)
+        lines += [f"Mean steps of every token (the table's too): {every}.", ""]
+    if refused:
+        lines += ["Halting rules the model refuses: " + "; ".join(refused), ""]
+    return lines
+
+
+def overview(results: dict[str, dict], opts) -> list[str]:
+    """One line per row at equal training FLOPs: accuracy by depth at the row's own depth
+    (R; unlooped: 1; dense: its one), and depth >= 4 there."""
+    depths = range(1, opts.recurrences + 1)
+    head = "| row | parameters | steps | train s | depth at eval | " + " | ".join(f"d={d}" for d in depths)
+    lines = [head + " | depth >= 4 |", "|---|---|---|---|---|" + "---|" * (len(depths) + 1)]
+    for row, result in results.items():
+        columns = len(result["depths"]["1"]["accuracy"])
+        r = result.get("eval_r", opts.recurrences if columns > 1 else None)  # a result of before eval_r
+        column = 0 if r is None else r  # the dense row's one column; r = 0 is column 0
+        acc = [result["depths"][str(d)]["accuracy"][column] for d in depths]
+        deep = [a for d, a in zip(depths, acc) if d >= 4]
+        cells = " | ".join(f"{a:.2f}" for a in acc)
+        mean = f"{sum(deep) / len(deep):.3f}" if deep else "-"
+        lines.append(
+            f"| {row} | {result['params']:,} | {result['steps']} | {result['train_s']:.0f} | "
+            f"{'its own' if r is None else f'r = {r}'} | {cells} | {mean} |"
+        )
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -307,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of each row's steps over which the deepest problem grows from 1 to R (0: off)",
     )
     parser.add_argument("--eval-sequences", type=int, default=256)
+    parser.add_argument("--parallel", type=int, default=1, help="rows trained at once, one process and thread each")
     parser.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -326,8 +398,15 @@ def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(argv)
     torch.set_num_threads(1)
     steps = plan(opts)
-    for row in opts.rows:
-        run_row(row, steps[row], opts)
+    if opts.parallel > 1:  # spawned: a forked torch may hang on its thread pools
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(
+            opts.parallel, mp_context=spawn, initializer=torch.set_num_threads, initargs=(1,)
+        ) as pool:
+            list(pool.map(run_row, opts.rows, [steps[row] for row in opts.rows], [opts] * len(opts.rows)))
+    else:
+        for row in opts.rows:
+            run_row(row, steps[row], opts)
     results = {p.parent.name: json.loads(p.read_text()) for p in sorted(opts.out.glob("*/result.json"))}
     text = summary({row: results[row] for row in ROWS if row in results}, opts)
     (opts.out / "summary.md").write_text(text + "\n")

@@ -62,14 +62,15 @@ ROWS: dict[str, tuple[str | None, list[str]]] = {
 PART_KEYS_KEPT_FROM_THE_PRESET = {"num_recurrences", "min_recurrences"}
 
 
-def paper_parts(stem: str) -> list[str]:
-    """The [grt] section of a paper TOML as overrides, less its depth (the task's R = 8)."""
+def paper_grt(stem: str) -> dict:
+    """The [grt] section of a paper TOML, less its depth (the task's R, not table 1's 10)."""
     grt = tomllib.loads((PAPER / f"{stem}.toml").read_text())["grt"]
-    out = []
-    for key, value in grt.items():
-        if key not in PART_KEYS_KEPT_FROM_THE_PRESET:
-            out += [f"--grt.{key}", str(value)]
-    return out
+    return {key: value for key, value in grt.items() if key not in PART_KEYS_KEPT_FROM_THE_PRESET}
+
+
+def paper_parts(stem: str) -> list[str]:
+    """`paper_grt` as overrides."""
+    return [arg for key, value in paper_grt(stem).items() for arg in (f"--grt.{key}", str(value))]
 
 
 @functools.cache

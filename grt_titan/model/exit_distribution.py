@@ -79,11 +79,35 @@ def exit_forward(model: nn.Module, states: list[torch.Tensor]) -> torch.Tensor |
 
     Training: a `TrainingOutput` with every step's logits [T, B, S, V], the exit
     distribution [T, B, S] and -beta x the summed entropy. Eval: plain logits [B, S, V] of
-    each token's Q-exit step (the LM head runs once, on the gathered hidden states).
+    each token's Q-exit step (`q_exit`).
     """
     args = model.model_args
-    batch = states[0].shape[0]
-    steps = len(states)
+    if not model.training:
+        return q_exit(model, states, args.exit_threshold)[0]
+    hidden, gate_logits = step_readouts(model, states)
+    log_p = exit_log_probs(gate_logits)
+    step_logits = model.output(hidden).unflatten(0, (len(states), states[0].shape[0]))
+    return TrainingOutput(
+        logits=step_logits[-1],
+        step_logits=step_logits,
+        step_weights=log_p.exp(),
+        aux_loss_sum=-args.exit_entropy_weight * exit_entropy(log_p).sum(),
+    )
+
+
+def q_exit(model: nn.Module, states: list[torch.Tensor], threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [B, S, V] of each token's Q-exit step at `threshold`, that step [B, S], 1-based):
+    the LM head runs once, on the gathered hidden states. Its own function so that a benchmark
+    can count the steps each token took (benchmarks/depth_pays_bench.py)."""
+    hidden, gate_logits = step_readouts(model, states)
+    exit_step = q_exit_steps(gate_logits, threshold)  # [B, S], 0-based
+    per_step = hidden.unflatten(0, (len(states), states[0].shape[0]))
+    index = exit_step[None, :, :, None].expand(1, *per_step.shape[1:])
+    return model.output(per_step.gather(0, index).squeeze(0)), exit_step + 1
+
+
+def step_readouts(model: nn.Module, states: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(every step's normed final hidden state [T * B, S, d], the exit gate's logits [T, B, S])."""
     # One [T * B, S, d] batch through the norm, gate and head: the sequence stays dim 1, as
     # every block and the head expect.
     hidden = torch.cat([model.final_hidden(h) for h in states], dim=0)
@@ -93,20 +117,7 @@ def exit_forward(model: nn.Module, states: list[torch.Tensor]) -> torch.Tensor |
     full_tensor = getattr(gate_logits, "full_tensor", None)
     if full_tensor is not None:
         gate_logits = full_tensor()
-    gate_logits = gate_logits.unflatten(0, (steps, batch))  # [T, B, S]
-    if not model.training:
-        exit_step = q_exit_steps(gate_logits, args.exit_threshold)  # [B, S]
-        per_step = hidden.unflatten(0, (steps, batch))
-        index = exit_step[None, :, :, None].expand(1, *per_step.shape[1:])
-        return model.output(per_step.gather(0, index).squeeze(0))
-    log_p = exit_log_probs(gate_logits)
-    step_logits = model.output(hidden).unflatten(0, (steps, batch))
-    return TrainingOutput(
-        logits=step_logits[-1],
-        step_logits=step_logits,
-        step_weights=log_p.exp(),
-        aux_loss_sum=-args.exit_entropy_weight * exit_entropy(log_p).sum(),
-    )
+    return hidden, gate_logits.unflatten(0, (len(states), states[0].shape[0]))  # [T, B, S]
 
 
 class ExitDistribution(Part):

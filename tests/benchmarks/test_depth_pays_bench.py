@@ -1,10 +1,12 @@
 """benchmarks/depth_pays_bench.py: its problems recomputed by hand (a single cycle, each answer
-f^d(x) at its query, step t's target f^min(t, d)(x)), and a few steps of every row through the
-model's training forward and loss, scored and summarised."""
+f^d(x) at its query, step t's target f^min(t, d)(x)), table 1's rows built from their paper
+TOMLs, and a few steps of every row through the model's training forward and loss, scored and
+summarised."""
 
 import sys
 
 import pytest
+import tomllib
 import torch
 
 from grt_test_helpers import REPO
@@ -47,7 +49,7 @@ def test_problems_are_pointer_chases_over_one_cycle(bench, tmp_path):
 
 def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
     args = ["--out", str(tmp_path), "--steps", "4", "--eval-sequences", "2", "--recurrences", "3"]
-    assert bench.main(args) == 0
+    assert bench.main([*args, "--parallel", "2"]) == 0  # rows in two spawned processes
     out = capsys.readouterr().out
     steps = {}
     for line in out.splitlines():
@@ -57,15 +59,37 @@ def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
     assert steps["grt_steps"] == 4 and steps["dense"] < steps["grt"]  # equal FLOPs: 8 dense layers cost more
     summary = (tmp_path / "summary.md").read_text()
     sections = summary.split("## ")[1:]
-    assert [s.split(":")[0] for s in sections] == ["grt_steps", "grt", "dense"]
-    for recurrent in sections[:2]:  # depth x r = 0..2R, arrival; each halting rule
-        assert "| depth | r=0 | r=1 | r=2 | r=3 | r=4 | r=5 | r=6 | mean arrival" in recurrent
-        table, halting = recurrent.split("Halting on a uniform mix")
+    assert [s.split(":")[0] for s in sections] == list(bench.ROWS)
+    named = dict(zip(bench.ROWS, sections))
+    for recurrent in ("grt_steps", "grt"):  # depth x r = 0..2R, arrival; each halting rule
+        assert "| depth | r=0 | r=1 | r=2 | r=3 | r=4 | r=5 | r=6 | mean arrival" in named[recurrent]
+        table, halting = named[recurrent].split("Halting on a uniform mix")
         assert table.count("\n| ") == 4  # the header and depths 1..3
         rules = [line.split(" | ")[0] for line in halting.strip().splitlines()[4:] if line.startswith("| ")]
         assert rules == [f"| {rule} {x:g}" for rule, x in bench.HALTING]
         assert "Fixed depth on the same queries: r = 1: " in halting and "Mean steps of every token" in halting
-    assert "| depth | accuracy |" in sections[2] and "Halting" not in sections[2]
+    assert "| depth | accuracy |" in named["dense"] and "Halting" not in named["dense"]
+    assert "| r=6 |" in named["unlooped"] and "Halting" not in named["unlooped"]  # R = 1: nothing to halt
+    assert "| r=3 | mean arrival" in named["rrt_steps"]  # an adapter per step: no r > R
+    assert (
+        "Halting on a uniform mix" not in named["mor"]
+        and "Halting rules the model refuses: argmax 1, argmax 2: " in named["mor"]
+    )
+    assert "refuses: gate 0.02:" in named["poisson_steps"]  # no gate to halt on; its other rules scored
+    ouro = named["ouro"].split("Halting on a uniform mix")[1]
+    exits = [line for line in ouro.splitlines() if line.startswith("| ouro-exit ")]
+    assert [line.split(" | ")[0] for line in exits] == [f"| ouro-exit {q:g}" for q in bench.OURO_EXIT]
+    assert all(1 <= float(line.split(" | ")[2]) <= 3 for line in exits)  # mean steps within 1..R
+    overview = {
+        line.split(" | ")[0][2:]: line.split(" | ") for line in summary.split("## ")[0].splitlines()[4:] if line
+    }
+    assert list(overview) == list(bench.ROWS)
+    for row, at in [("grt", "r = 3"), ("unlooped", "r = 1"), ("dense", "its own"), ("rrt_steps", "r = 3")]:
+        cells = overview[row]
+        assert cells[4] == at
+        table = [line.split(" | ") for line in named[row].splitlines() if line.startswith("| 1 |")][0]
+        column = 1 if at == "its own" else 1 + int(at[-1])  # the table's first cell is the depth
+        assert cells[5] == table[column].strip(" |")  # depth 1 at the row's own depth
 
     def untrained(*args):
         raise AssertionError("a row with result.json and model.pt is scored again, not trained")
@@ -73,3 +97,17 @@ def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
     bench.train = untrained
     assert bench.main(args) == 0
     assert (tmp_path / "summary.md").read_text() == summary  # the same weights, the same scores
+
+
+def test_table_1_rows_take_their_paper_tomls_parts_at_the_tasks_depth(bench, tmp_path):
+    opts = bench.build_parser().parse_args(["--out", str(tmp_path), "--recurrences", "4"])
+    for row, stem in bench.PAPER_ROWS.items():
+        args = bench.model_args(row, opts)
+        paper = tomllib.loads((REPO / "train_configs" / "paper" / f"{stem}.toml").read_text())["grt"]
+        for key, value in paper.items():
+            expected = {"num_recurrences": 4, "min_recurrences": 1, "lora_rank": opts.dim // 4}.get(key, value)
+            if key == "backprop_recurrences":
+                expected = min(value, 4)
+            assert getattr(args, key) == expected, (row, key)
+        assert args.step_supervision == row.endswith("_steps") and args.num_recurrences == 4
+    assert bench.model_args("unlooped", opts).num_recurrences == 1

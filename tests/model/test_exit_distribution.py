@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import grt_flavors
-from grt_titan.model.exit_distribution import exit_entropy, exit_log_probs, q_exit_steps
+from grt_titan.model.exit_distribution import exit_entropy, exit_log_probs, q_exit, q_exit_steps
 from grt_titan.model.output import TrainingOutput
 
 from grt_test_helpers import build_model, matmul_flops
@@ -148,6 +148,11 @@ def test_q_exit_picks_the_first_step_whose_cdf_reaches_q():
     assert len(set(chosen.flatten().tolist())) >= 2  # tokens exit at different steps
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
     assert q_exit_steps(torch.stack(z), 0.6).equal(chosen)
+    h_pre = model.prelude(model.embed(x), model.freqs_cis)
+    states = model.recurrence(h_pre, model.freqs_cis, R, all_states=True).step_states
+    q_logits, steps = q_exit(model, states, 0.6)  # what a benchmark counts: 1-based steps
+    torch.testing.assert_close(q_logits, expected, rtol=1e-5, atol=1e-5)
+    assert steps.equal(chosen + 1)
 
 
 def test_threshold_one_is_the_last_step_even_for_a_saturated_gate():
