@@ -225,22 +225,28 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
     """Each rule of HALTING (and Ouro's Q-exit at each of OURO_EXIT, for a model with an exit
     gate) on fresh problems of depths drawn uniformly from 1..R, at most R steps: accuracy, the
     mean steps of the query positions (by problem depth), and the steps saved against the
-    smallest fixed r as accurate (eval-task's halting summary)."""
+    smallest fixed r as accurate (eval-task's halting summary); and the wall-clock of each
+    halted forward over the fixed r = R forward's on the same batch (the same process, one
+    thread: a ratio, not a speed)."""
     model.eval()
     generator = torch.Generator().manual_seed(opts.seed + 2000)
     batch = problems(opts, opts.eval_sequences, generator)
     queries = slice(opts.symbols, None)
     answers, depths = batch["labels"][:, queries].flatten(), batch["depth"].flatten().tolist()
-    fixed = {
-        r: (model(batch["tokens"], num_recurrences=r)[:, queries].argmax(-1).flatten() == answers).tolist()
-        for r in range(1, opts.recurrences + 1)
-    }
+    fixed, seconds = {}, {}
+    for r in range(1, opts.recurrences + 1):
+        start = time.perf_counter()
+        predicted = model(batch["tokens"], num_recurrences=r)[:, queries].argmax(-1).flatten()
+        seconds[r] = time.perf_counter() - start
+        fixed[r] = (predicted == answers).tolist()
     correct = [{r: fixed[r][q] for r in fixed} for q in range(len(answers))]
     rows = []
     exits = [("ouro-exit", q) for q in OURO_EXIT] if model.exit_gate is not None else []
     for rule, threshold in [*HALTING, *exits]:
         try:
+            start = time.perf_counter()
             logits, steps = halted(model, batch["tokens"], rule, threshold, opts.recurrences)
+            elapsed = time.perf_counter() - start
         except ValueError as refused:  # the model's own rule: MoR routes itself; `gate` needs a gate
             rows.append({"rule": rule, "threshold": threshold, "refused": str(refused)})
             continue
@@ -248,6 +254,7 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
         scored = list(zip(right, steps[:, queries].flatten().float().tolist()))
         row = halting_summary(depths, scored, correct, rule, threshold)
         row["every_token_mean_steps"] = steps.float().mean().item()  # the table's tokens too
+        row["time_vs_fixed_R"] = elapsed / seconds[opts.recurrences]
         rows.append(row)
     return rows
 
@@ -332,6 +339,9 @@ def halting_lines(halting: list[dict]) -> list[str]:
         lines += [halting_table(scored), "", f"Fixed depth on the same queries: {fixed}.", ""]
         every = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['every_token_mean_steps']:.2f}" for h in scored)
         lines += [f"Mean steps of every token (the table's too): {every}.", ""]
+        if all("time_vs_fixed_R" in h for h in scored):  # results of before the timing have none
+            times = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['time_vs_fixed_R']:.2f}x" for h in scored)
+            lines += [f"Wall-clock of the halted forward over the fixed r = R forward's: {times}.", ""]
     if refused:
         lines += ["Halting rules the model refuses: " + "; ".join(refused), ""]
     return lines
