@@ -197,7 +197,8 @@ def train(row: str, steps: int, opts) -> tuple[GRTModel, list]:
 @torch.no_grad()
 def evaluate(model: GRTModel, opts) -> dict:
     """Accuracy by depth x r (r = 0..2R, or 0..R for a model with a module per step; the dense
-    row: its one depth) and mean arrival."""
+    row: its one depth), mean arrival, and for r = 1..R whether step r's readout says
+    f^min(r, d)(x), its per-step target (where a procedure that stalls stops)."""
     model.eval()
     generator = torch.Generator().manual_seed(opts.seed + 1000)
     deepest = 2 * opts.recurrences if model.model_args.extrapolates else opts.recurrences
@@ -205,12 +206,15 @@ def evaluate(model: GRTModel, opts) -> dict:
     out = {}
     for depth in range(1, opts.recurrences + 1):
         batch = problems(opts, opts.eval_sequences, generator, depth)
-        answers = batch["labels"][:, opts.symbols :]
-        right = torch.stack(
-            [model(batch["tokens"], num_recurrences=r)[:, opts.symbols :].argmax(-1) == answers for r in depths]
-        ).flatten(1)  # [depths, queries]
+        answers, queries = batch["labels"][:, opts.symbols :], slice(opts.symbols, None)
+        predicted = torch.stack([model(batch["tokens"], num_recurrences=r)[:, queries].argmax(-1) for r in depths])
+        right = (predicted == answers).flatten(1)  # [depths, queries]
         entry = {"accuracy": right.float().mean(1).tolist()}
-        if model.recurrence is not None:  # eval-task's arrival: the first r right at every deeper r
+        if model.recurrence is not None:
+            targets = batch["step_labels"][:, queries].movedim(-1, 0)  # [R, B, K]: f^min(t, d)(x)
+            says = predicted[1 : opts.recurrences + 1] == targets[: len(depths) - 1]
+            entry["step_accuracy"] = says.flatten(1).float().mean(1).tolist()  # r = 1..R
+            # eval-task's arrival: the first r right at every deeper r
             stays = right.flip(0).cumprod(0).flip(0).bool()
             arrived = stays.any(0)
             first = stays.float().argmax(0)
@@ -308,12 +312,24 @@ def table(result: dict) -> list[str]:
     return lines
 
 
+def step_table(result: dict) -> list[str]:
+    """Step t's readout against its per-step target f^min(t, d)(x), t = 1..R."""
+    depths = result["depths"]
+    steps = len(next(iter(depths.values())).get("step_accuracy", []))
+    if not steps:  # dense, or a result of before step_accuracy
+        return []
+    lines = ["Step t's readout says f^min(t, d)(x), its per-step target:", ""]
+    lines += ["| depth | " + " | ".join(f"t={t}" for t in range(1, steps + 1)) + " |", "|---|" + "---|" * steps]
+    lines += [f"| {d} | " + " | ".join(f"{a:.2f}" for a in e["step_accuracy"]) + " |" for d, e in depths.items()]
+    return lines + [""]
+
+
 def summary(results: dict[str, dict], opts) -> str:
     head = f"N = {opts.symbols} symbols, K = {opts.queries} queries, R = {opts.recurrences}, align {opts.align}"
     lines = [head + f", depth curriculum {opts.depth_curriculum}, seed {opts.seed}", ""]
     for row, result in results.items():
         lines += [f"## {row}: {result['params']:,} parameters, {result['steps']} steps, {result['train_s']:.0f} s", ""]
-        lines += table(result) + [""]
+        lines += table(result) + [""] + step_table(result)
         deep = [e["accuracy"] for d, e in result["depths"].items() if int(d) >= 4]  # none when R < 4
         if deep and len(deep[0]) > 1:
             r1, r_big = (sum(a[r] for a in deep) / len(deep) for r in (1, opts.recurrences))

@@ -3,6 +3,7 @@ f^d(x) at its query, step t's target f^min(t, d)(x)), table 1's rows built from 
 TOMLs, and a few steps of every row through the model's training forward and loss, scored and
 summarised."""
 
+import json
 import sys
 
 import pytest
@@ -64,7 +65,7 @@ def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
     for recurrent in ("grt_steps", "grt"):  # depth x r = 0..2R, arrival; each halting rule
         assert "| depth | r=0 | r=1 | r=2 | r=3 | r=4 | r=5 | r=6 | mean arrival" in named[recurrent]
         table, halting = named[recurrent].split("Halting on a uniform mix")
-        assert table.count("\n| ") == 4  # the header and depths 1..3
+        assert table.split("Step t's readout")[0].count("\n| ") == 4  # the header and depths 1..3
         rules = [line.split(" | ")[0] for line in halting.strip().splitlines()[4:] if line.startswith("| ")]
         assert rules == [f"| {rule} {x:g}" for rule, x in bench.HALTING]
         assert "Fixed depth on the same queries: r = 1: " in halting and "Mean steps of every token" in halting
@@ -81,6 +82,14 @@ def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
     exits = [line for line in ouro.splitlines() if line.startswith("| ouro-exit ")]
     assert [line.split(" | ")[0] for line in exits] == [f"| ouro-exit {q:g}" for q in bench.OURO_EXIT]
     assert all(1 <= float(line.split(" | ")[2]) <= 3 for line in exits)  # mean steps within 1..R
+    for row in ("grt_steps", "ouro", "rrt_steps"):  # step t's target is the answer from t = d on
+        depths = json.loads((tmp_path / row / "result.json").read_text())["depths"]
+        for d, entry in depths.items():
+            assert len(entry["step_accuracy"]) == 3
+            for t in range(int(d), 4):
+                assert entry["step_accuracy"][t - 1] == entry["accuracy"][t]
+        assert "Step t's readout says f^min(t, d)(x)" in named[row]
+    assert "Step t's readout" not in named["dense"]
     overview = {
         line.split(" | ")[0][2:]: line.split(" | ") for line in summary.split("## ")[0].splitlines()[4:] if line
     }
