@@ -43,7 +43,8 @@ from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
 quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
 
 from grt_titan.hf.convert import build_hf_config  # noqa: E402
-from grt_titan.hf.remote.modeling_grt import GRTCache, GRTForCausalLM  # noqa: E402
+from grt_titan.hf.decode import Generator  # noqa: E402
+from grt_titan.hf.remote.modeling_grt import GRTForCausalLM  # noqa: E402
 from grt_titan.model import grt_flavors  # noqa: E402
 from grt_titan.model.args import GRTModelArgs  # noqa: E402
 
@@ -61,84 +62,6 @@ def build_model(args: GRTModelArgs, dtype: torch.dtype, device: str) -> GRTForCa
 
 def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())  # tied weight once
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-class Generator:
-    """Greedy decoding with a GRTCache; eager (growing cache) or compiled (static cache).
-
-    `halting` (eager only): per-token halting's forward arguments for every call (`halting`,
-    `halting_threshold`, `min_recurrences`, ...; docs/hf_export.md): a token's exit is a
-    host-side decision after each step, which one compiled decode step cannot take."""
-
-    def __init__(
-        self,
-        model,
-        strategy: str,
-        compiled: bool,
-        batch: int,
-        prompt: int,
-        new_tokens: int,
-        device: str,
-        backend: str = "inductor",
-        halting: dict | None = None,
-    ):
-        if compiled and halting:
-            raise ValueError(f"Generator: halting={halting} decodes eagerly; pass compiled=False")
-        self.model, self.device = model, device
-        self.halting = dict(halting or {})
-        self.depths: list[torch.Tensor] = []  # each call's recurrence_depths, with halting
-        self.prompt, self.new_tokens = prompt, new_tokens
-        total = prompt + new_tokens
-        self.compiled = compiled
-        self.cache = GRTCache(model.config, strategy, max_cache_len=total if compiled else None)
-        self.strategy = strategy
-        self.slots = [torch.tensor([t], device=device) for t in range(total)]
-        self.positions = [torch.tensor([[t]], device=device) for t in range(total)]
-        self.step = model
-        if compiled:
-            mode = "reduce-overhead" if device.startswith("cuda") and backend == "inductor" else None
-            self.step = torch.compile(model, backend=backend, mode=mode, dynamic=False, fullgraph=True)
-
-    @torch.no_grad()
-    def run(self, ids: torch.Tensor) -> tuple[torch.Tensor, float]:
-        if self.compiled:
-            self.cache.reset()
-        else:
-            self.cache = GRTCache(self.model.config, self.strategy)
-        sync(self.device)
-        start = time.perf_counter()
-        out = self.model(
-            ids,
-            past_key_values=self.cache,
-            cache_slots=torch.arange(self.prompt, device=self.device),
-            logits_to_keep=1,
-            **self.halting,
-        )
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        tokens = [token]
-        self.depths = [out.recurrence_depths] if self.halting else []
-        for i in range(self.new_tokens - 1):
-            t = self.prompt + i
-            out = self.step(
-                token,
-                past_key_values=self.cache,
-                cache_slots=self.slots[t],
-                position_ids=self.positions[t],
-                **self.halting,
-            )
-            if self.halting:
-                self.depths.append(out.recurrence_depths)
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-            if self.compiled:
-                token = token.clone()  # CUDA graphs reuse their output buffers
-            tokens.append(token)
-        sync(self.device)
-        return torch.cat(tokens, 1), time.perf_counter() - start
 
 
 def measure(model, strategy, compiled, opts, batch, halting: dict | None = None) -> dict:

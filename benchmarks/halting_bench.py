@@ -228,7 +228,9 @@ def main() -> int:
     hf = export(model, args, opts.run / "hf")
     ids = next(iter(batches(dataset, 1, 1)))[0][:, : opts.prompt]
     runs = {"fixed": {}} | {rule: {"halting": rule, "halting_threshold": x} for rule, x in chosen.items()}
-    from generate_bench import Generator, measure
+    from generate_bench import measure
+
+    from grt_titan.hf.decode import Generator
 
     generators = {
         name: Generator(hf, "per_step", False, 1, opts.prompt, opts.new_tokens, "cpu", halting=halting)

@@ -12,6 +12,8 @@ its distribution by depth is the ignition curve (arXiv 2608.03263).
 `--halting RULE:THRESHOLD` scores the same completions with every token halting by a
 per-token rule (grt_titan/model/halting.py, at most R steps): accuracy and the steps the
 completion's tokens ran, by problem depth, beside the smallest fixed r that is as accurate.
+`--wall-clock N` decodes the first N records as a user would, greedily with the exported
+model's KV cache, one at a time, at each fixed r and under each rule: seconds per answer.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -203,6 +206,70 @@ def halting_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def cached_model(loaded, folder: Path):
+    """The exported transformers model (its remote code and KV cache) of `loaded`'s weights,
+    written by the export's own path into `folder`."""
+    from grt_titan.hf.convert import load_hf_folder, write_hf_folder
+
+    state = {k: v.cpu() for k, v in loaded.model.state_dict().items()}
+    write_hf_folder(folder, state, loaded.args, write_tokenizer=False, overwrite=True)
+    return load_hf_folder(folder, loaded.args).to(next(loaded.model.parameters()).device)
+
+
+def wall_clock(hf_model, encoded, depths: list, rules: list[tuple[str, float]]) -> list[dict]:
+    """Each record's greedy completion decoded with the KV cache, batch 1, at each fixed r of
+    `depths` and under each halting rule (at most the eval depth): accuracy, the mean steps of
+    the positions that predict the completion (under a rule), and seconds per answer (one
+    untimed decode first)."""
+    from grt_titan.hf.decode import Generator
+
+    device = next(hf_model.parameters()).device
+    runs = [("dense" if r is None else f"r = {r}", {}, r) for r in depths]
+    runs += [(f"{rule} {x:g}", {"halting": rule, "halting_threshold": x}, None) for rule, x in rules]
+    rows = []
+    for index, (name, halting, r) in enumerate(runs):
+        right, seconds, steps = 0, 0.0, []
+        for i, (ids, n) in enumerate([encoded[0], *encoded] if index == 0 else encoded):  # a warm-up first
+            prompt = torch.tensor([ids[:-n]], device=device)
+            decode = Generator(
+                hf_model, "per_step", False, 1, prompt.shape[1], n, str(device), halting=halting, num_recurrences=r
+            )
+            tokens, elapsed = decode.run(prompt)
+            if index == 0 and i == 0:
+                continue
+            right += tokens[0].tolist() == ids[-n:]
+            seconds += elapsed
+            if decode.depths:  # the prompt's last position, then each decoded token but the last
+                steps += [decode.depths[0][0, -1].item()] + [d.item() for d in decode.depths[1:]]
+        rows.append(
+            {
+                "decode": name,
+                "accuracy": right / len(encoded),
+                "mean_steps": sum(steps) / len(steps) if steps else (r if r is not None else None),
+                "seconds_per_answer": seconds / len(encoded),
+            }
+        )
+    return rows
+
+
+def wall_clock_table(rows: list[dict], records: int) -> str:
+    fixed = [row for row in rows if row["decode"].startswith("r = ")]
+    base = fixed[-1] if fixed else rows[0]  # the deepest fixed r (R), or the dense model
+    lines = [
+        f"Cached greedy decoding, batch 1, the first {records} records:",
+        "",
+        f"| decode | accuracy | mean steps | s / answer | / {base['decode']} |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        steps = "-" if row["mean_steps"] is None else f"{row['mean_steps']:.2f}"
+        lines.append(
+            f"| {row['decode']} | {row['accuracy']:.3f} | {steps} | {row['seconds_per_answer']:.4f} "
+            f"| {row['seconds_per_answer'] / base['seconds_per_answer']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 def arrival_step(correct: dict, depths: list) -> int | None:
     """The first r from which the answer is right at every deeper r scored (None: wrong at the last)."""
     arrival = None
@@ -285,6 +352,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RULE:THRESHOLD",
         help=f"also score with per-token halting ({', '.join(HALTING_RULES)}; repeatable), e.g. kl:0.001",
     )
+    p.add_argument(
+        "--wall-clock",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also decode the first N records with the exported model's KV cache, batch 1, at r = 1..R and "
+        "under each --halting rule: seconds per answer",
+    )
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -298,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
+        if opts.wall_clock < 0:
+            raise ValueError(f"--wall-clock {opts.wall_clock}; allowed: N >= 1 records (0: off)")
         check_overrides_have_config(opts.config, opts.overrides)  # before the data is read
         trained = parse_depths(opts.trained_depths) if opts.trained_depths else None
         rules = [parse_halting(text) for text in opts.halting]
@@ -323,6 +400,18 @@ def main(argv: list[str] | None = None) -> int:
         problem_depths = [record.meta["depth"] for record in records]
         result["halting"] = [halting_summary(problem_depths, h, correct, *rule) for h, rule in zip(halted, rules)]
         print("\n" + halting_table(result["halting"]))
+    if opts.wall_clock:
+        timed = encoded[: opts.wall_clock]
+        fixed = [r for r in depths if r is None or 1 <= r <= args.num_recurrences]
+        with tempfile.TemporaryDirectory(prefix="grt_eval_task_") as folder:
+            try:
+                hf_model = cached_model(loaded, Path(folder) / "hf")
+            except ValueError as e:  # a model the export refuses (its message names why)
+                print(f"grt-titan eval-task: error: --wall-clock: {e}", file=sys.stderr)
+                return 2
+            rows = wall_clock(hf_model, timed, fixed, rules)
+        result["wall_clock"] = {"records": len(timed), "rows": rows}
+        print("\n" + wall_clock_table(rows, len(timed)))
     text = json.dumps(result, indent=1, sort_keys=False)
     if opts.json:
         Path(opts.json).write_text(text + "\n")

@@ -95,6 +95,54 @@ def test_halting_scores_and_steps_are_a_halting_decode_loops(words):
         task_eval.parse_halting("often:1")
 
 
+def test_wall_clock_decodes_with_the_cache_what_teacher_forcing_scores(words, tmp_path):
+    """`--wall-clock`: the exported model's cached greedy decode, at each fixed r and under a
+    halting rule, gets right exactly the records the uncached native forwards score right,
+    with the steps forward_with_halting gives the positions that predict the completion."""
+    from types import SimpleNamespace
+
+    model = build_model("task_debug_words", 1, vocab_size=words.get_vocab_size(), num_recurrences=3).eval()
+    problems = tasks.generate("iterated-function", range(1, 4), 8, seed=1)
+    encoded = []
+    with torch.no_grad():
+        for k, p in enumerate(problems):
+            prompt = words.encode_ordinary(p["prompt"])
+            # Half the references are the model's own greedy decode at r = 2 (right there)
+            reference = greedy(model, prompt, 2, 2) if k % 2 == 0 else words.encode_ordinary(p["completion"])
+            encoded.append((prompt + reference, len(reference)))
+        correct = task_eval.score(model, encoded, [1, 2, 3], batch_size=4)
+        halted = task_eval.score_halting(model, encoded, "state", 0.05, batch_size=4)
+    loaded = SimpleNamespace(model=model, args=model.model_args)
+    hf_model = task_eval.cached_model(loaded, tmp_path / "hf")
+    rows = task_eval.wall_clock(hf_model, encoded, [1, 2, 3], [("state", 0.05)])
+    assert [row["decode"] for row in rows] == ["r = 1", "r = 2", "r = 3", "state 0.05"]
+    for r, row in zip([1, 2, 3], rows):
+        assert row["accuracy"] == sum(c[r] for c in correct) / len(correct) and row["mean_steps"] == r
+        assert row["seconds_per_answer"] > 0
+    assert 0 < rows[1]["accuracy"] < 1
+    halting = rows[-1]
+    assert halting["accuracy"] == sum(right for right, _ in halted) / len(halted)
+    assert 1 <= halting["mean_steps"] <= 3
+    # References that are the model's own halting decode (no cache, forward_with_halting's
+    # argmax): every cached decode follows them, its positions' steps those forwards' depths.
+    own, steps, prompt_steps = [], [], set()
+    with torch.no_grad():
+        for p in problems:
+            ids = words.encode_ordinary(p["prompt"])
+            for _ in range(2):
+                logits, depths = model.forward_with_halting(torch.tensor([ids]), "state", 0.02)
+                ids.append(int(logits[0, -1].argmax()))
+                steps.append(int(depths[0, -1]))
+                prompt_steps |= set(depths[0, :-1].tolist())
+            own.append((ids, 2))
+    (row,) = task_eval.wall_clock(hf_model, own, [], [("state", 0.02)])
+    assert row["accuracy"] == 1 and row["mean_steps"] == pytest.approx(sum(steps) / len(steps))
+    assert prompt_steps == {1, 2, 3} and set(steps) == {3}  # the steps of other positions would differ
+    table = task_eval.wall_clock_table(rows, len(encoded))
+    assert "| decode | accuracy | mean steps | s / answer | / r = 3 |" in table and "| r = 3 | " in table
+    assert table.splitlines()[-2].endswith("| 1.00x |")  # r = 3 against itself
+
+
 def test_arrival_step_by_hand():
     depths = [0, 1, 2, 3, 4]
     assert task_eval.arrival_step(dict(zip(depths, [0, 1, 0, 1, 1])), depths) == 3
@@ -141,7 +189,8 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     base = [checkpoint, "--data", str(tmp_path / "test.jsonl"), "--no-progress"]
     capsys.readouterr()
     code = cli(["eval-task", *base, "--out", str(tmp_path / "eval"), "--json", str(tmp_path / "e.json"),
-                "--trained-depths", "1-2", "--halting", "kl:0.001", "--config", str(TASK_TOML), *overrides])  # fmt: skip
+                "--trained-depths", "1-2", "--halting", "kl:0.001", "--wall-clock", "3", "--config", str(TASK_TOML),
+                *overrides])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
     result = json.loads((tmp_path / "e.json").read_text())
@@ -152,6 +201,11 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     halting = result["halting"]
     assert [(h["rule"], h["threshold"]) for h in halting] == [("kl", 0.001)] and "| kl 0.001 |" in out
     assert 1 <= halting[0]["mean_steps"] <= 8 and set(halting[0]["by_depth"]) == {"1", "2", "3"}
+    timed = result["wall_clock"]  # r = 1..R, then the rule, decoded with the cache
+    assert timed["records"] == 3 and [row["decode"] for row in timed["rows"]] == [f"r = {r}" for r in range(1, 9)] + [
+        "kl 0.001"
+    ]
+    assert "Cached greedy decoding, batch 1, the first 3 records:" in out and "| kl 0.001 | " in out
     # The run exported: the transformers-side model and its own tokenizer files score alike.
     export = str(tmp_path / "export")
     assert cli(["export-hf", "--checkpoint", checkpoint, "--config", str(TASK_TOML), "--out", export, *overrides]) == 0
