@@ -27,8 +27,12 @@ the depth sampler, `[grt] step_supervision`'s readouts), AdamW, one thread:
   dim / 4), with per-step supervision where the method takes it (Ouro's exit distribution and
   MoR's router do not).
 
-A depth beyond R cannot be asked: a query's depth is part of its token, and a depth never
-trained has an untrained embedding; the columns r > R show whether an answer holds.
+With `--depth-given query` (the default) a depth beyond R cannot be asked: a query's depth is
+part of its token, and a depth never trained has an untrained embedding; the columns r > R show
+whether an answer holds. With `--depth-given loops` a query names x alone, step t is trained
+toward f^t(x) (the rows with per-step supervision: LOOPS_ROWS), and depth d is asked by running
+r = d loops, to depths beyond R (extrapolation, up to min(2R, N - 1): f^N(x) = x); no halting
+rule is scored there (nothing in the query says when to stop).
 
 The first row's --steps fix the FLOP budget; the others train for as many steps as their
 training FLOPs per token allow (`get_nparams_and_flops`). `--align` (default 1, every row
@@ -39,7 +43,9 @@ deepest training problem from 1 to R over the first F of each row's steps. Accur
 (r = 0: prelude and coda alone) on fresh problems, and each query's arrival step (the first r
 from which it stays right); for the recurrent rows, each per-token halting rule of HALTING
 (and the `ouro` row's own trained exit, Ouro's Q-exit at OURO_EXIT) on a uniform mix of depths
-against the fixed depths. Each row writes `--out/ROW/result.json`
+against the fixed depths; and then, as a deployed model answers, the exported model with its KV
+cache taking each query as one decode step (batch 1) at each fixed r and under each rule the
+row takes: seconds per answer (`--cached-sequences`). Each row writes `--out/ROW/result.json`
 and its weights `model.pt`; a second run with the same --out scores the rows it trained
 again without training them; `summary.md` gathers them. It claims nothing beyond the sizes
 and budgets it ran.
@@ -52,9 +58,11 @@ import json
 import math
 import multiprocessing
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -86,8 +94,11 @@ HALTING = (
 )
 # Ouro's trained rule (the `ouro` row): exit at the first step whose exit CDF reaches q.
 OURO_EXIT = (0.5, 0.7, 0.9)
+# --depth-given loops: the rows whose every step has a target (loop t toward f^t(x)).
+LOOPS_ROWS = ("grt_steps", "poisson_steps", "rrt_steps")
 # The options a trained row depends on: a row trained under others is trained again.
 TRAINING_OPTIONS = (
+    "depth_given",
     "symbols",
     "queries",
     "recurrences",
@@ -102,7 +113,8 @@ TRAINING_OPTIONS = (
 
 
 def model_args(row: str, opts) -> GRTModelArgs:
-    common = dict(block_style="gpt2", dim=opts.dim, n_heads=4, vocab_size=opts.symbols * (1 + opts.recurrences))
+    queries = opts.recurrences if opts.depth_given == "query" else 1  # query ids per symbol
+    common = dict(block_style="gpt2", dim=opts.dim, n_heads=4, vocab_size=opts.symbols * (1 + queries))
     common["max_seq_len"] = opts.symbols + opts.queries
     if row == "dense":
         return GRTModelArgs(**common, n_prelude_layers=opts.dense_layers, n_core_layers=0, n_coda_layers=0)
@@ -125,10 +137,12 @@ def problems(
     opts, batch: int, generator: torch.Generator, depth: int | None = None, deepest: int | None = None
 ) -> dict[str, torch.Tensor]:
     """`batch` sequences: tokens [B, N + K], the answers at the query positions (labels [B, S],
-    ignore elsewhere), step t's target f^min(t, d)(x) (step_labels [B, S, R]) and each query's d
-    (`depth`, else Uniform{1..deepest}, deepest R by default)."""
+    ignore elsewhere), step t's target (step_labels [B, S, R]: f^min(t, d)(x); f^t(x) when the
+    loops give the depth) and each query's d (`depth`, else Uniform{1..deepest}, deepest R by
+    default)."""
     n, k, r = opts.symbols, opts.queries, opts.recurrences
     deepest = r if deepest is None else deepest
+    loops = opts.depth_given == "loops"
     order = torch.argsort(torch.rand(batch, n, generator=generator), dim=1)
     f = torch.empty_like(order).scatter_(1, order, order.roll(-1, dims=1))  # one cycle through all n
     x = torch.randint(0, n, (batch, k), generator=generator)
@@ -138,22 +152,22 @@ def problems(
         else torch.full((batch, k), depth)
     )
     orbit = [x]
-    for _ in range(r):
+    for _ in range(max(r, int(d.max()))):
         orbit.append(torch.gather(f, 1, orbit[-1]))
-    orbit = torch.stack(orbit, dim=2)  # [B, K, R + 1]: f^t(x)
-    tokens = torch.cat([f, n + x * r + (d - 1)], dim=1)
+    orbit = torch.stack(orbit, dim=2)  # [B, K, max(R, d) + 1]: f^t(x)
+    tokens = torch.cat([f, n + (x if loops else x * r + (d - 1))], dim=1)
     labels = torch.full(tokens.shape, IGNORE)
     labels[:, n:] = torch.gather(orbit, 2, d[..., None])[..., 0]
     step_labels = torch.full((*tokens.shape, r), IGNORE)
-    steps = torch.minimum(torch.arange(1, r + 1)[None, None], d[..., None])  # [B, K, R]
-    step_labels[:, n:] = torch.gather(orbit, 2, steps)
+    steps = torch.arange(1, r + 1)[None, None].expand(batch, k, r)  # [B, K, R]
+    step_labels[:, n:] = torch.gather(orbit, 2, steps if loops else torch.minimum(steps, d[..., None]))
     return {"tokens": tokens, "labels": labels, "step_labels": step_labels, "depth": d}
 
 
 def align(model: GRTModel, opts) -> None:
     """Slot i's position embedding = a fixed rotation of symbol i's embedding; query (x, d)'s
-    embedding gains symbol x's (initialisation only)."""
-    n, r = opts.symbols, opts.recurrences
+    (or x's) embedding gains symbol x's (initialisation only)."""
+    n, r = opts.symbols, opts.recurrences if opts.depth_given == "query" else 1
     generator = torch.Generator().manual_seed(opts.seed)
     rotation = torch.linalg.qr(torch.randn(opts.dim, opts.dim, generator=generator))[0]
     with torch.no_grad():
@@ -198,19 +212,24 @@ def train(row: str, steps: int, opts) -> tuple[GRTModel, list]:
 def evaluate(model: GRTModel, opts) -> dict:
     """Accuracy by depth x r (r = 0..2R, or 0..R for a model with a module per step; the dense
     row: its one depth), mean arrival, and for r = 1..R whether step r's readout says
-    f^min(r, d)(x), its per-step target (where a procedure that stalls stops)."""
+    f^min(r, d)(x), its per-step target (where a procedure that stalls stops). When the loops
+    give the depth: problems of every depth the model can run (to min(2R, N - 1)), each one's
+    answer read at r = d (`at_loops`); an answer is no fixed point there, so no arrival."""
     model.eval()
     generator = torch.Generator().manual_seed(opts.seed + 1000)
     deepest = 2 * opts.recurrences if model.model_args.extrapolates else opts.recurrences
     depths = list(range(deepest + 1)) if model.recurrence is not None else [None]
+    loops = opts.depth_given == "loops"
     out = {}
-    for depth in range(1, opts.recurrences + 1):
+    for depth in range(1, min(deepest, opts.symbols - 1) + 1 if loops else opts.recurrences + 1):
         batch = problems(opts, opts.eval_sequences, generator, depth)
         answers, queries = batch["labels"][:, opts.symbols :], slice(opts.symbols, None)
         predicted = torch.stack([model(batch["tokens"], num_recurrences=r)[:, queries].argmax(-1) for r in depths])
         right = (predicted == answers).flatten(1)  # [depths, queries]
         entry = {"accuracy": right.float().mean(1).tolist()}
-        if model.recurrence is not None:
+        if loops:
+            entry["at_loops"] = entry["accuracy"][depth]
+        elif model.recurrence is not None:
             targets = batch["step_labels"][:, queries].movedim(-1, 0)  # [R, B, K]: f^min(t, d)(x)
             says = predicted[1 : opts.recurrences + 1] == targets[: len(depths) - 1]
             entry["step_accuracy"] = says.flatten(1).float().mean(1).tolist()  # r = 1..R
@@ -263,6 +282,53 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
     return rows
 
 
+@torch.no_grad()
+def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float]]) -> list[dict]:
+    """Wall-clock per answer as a deployed model answers a stream of queries: the exported
+    model (its remote code and KV cache, grt_titan/hf/remote/) prefills each sequence's table,
+    then takes its queries one token at a time (batch 1), each answered by that decode step,
+    at each fixed r = 1..R and under each of `rules`: accuracy, mean steps of the query
+    tokens, and seconds per answer (the decode steps only; the first sequence untimed)."""
+    from grt_titan.analysis.task_eval import cached_model
+    from grt_titan.hf.remote.modeling_grt import GRTCache
+
+    with tempfile.TemporaryDirectory(prefix="depth_pays_") as folder:
+        hf = cached_model(SimpleNamespace(model=model, args=model.model_args), Path(folder) / "hf")
+    batch = problems(opts, opts.cached_sequences + 1, torch.Generator().manual_seed(opts.seed + 3000))
+    n, depths = opts.symbols, batch["depth"][1:].flatten().tolist()
+    runs = [(f"r = {r}", {"num_recurrences": r}) for r in range(1, opts.recurrences + 1)]
+    runs += [(f"{rule} {x:g}", {"halting": rule, "halting_threshold": x}) for rule, x in rules]
+    rows = []
+    for name, call in runs:
+        right, steps, seconds = [], [], 0.0
+        for i, (tokens, answers) in enumerate(zip(batch["tokens"], batch["labels"])):
+            cache = GRTCache(hf.config, "per_step")
+            hf(tokens[None, :n], past_key_values=cache, cache_slots=torch.arange(n), logits_to_keep=1, **call)
+            start = time.perf_counter()
+            for t in range(n, n + opts.queries):
+                at = torch.tensor([t])
+                out = hf(tokens[None, t : t + 1], past_key_values=cache, cache_slots=at, position_ids=at[None], **call)
+                if i:
+                    right.append(int(out.logits[0, -1].argmax()) == int(answers[t]))
+                    if out.recurrence_depths is not None:
+                        steps.append(int(out.recurrence_depths[0, -1]))
+            seconds += (time.perf_counter() - start) if i else 0.0
+        mean = sum(steps) / len(steps) if steps else float(call.get("num_recurrences", 0))
+        by_depth = {}
+        for d, s in zip(depths, steps):
+            by_depth.setdefault(d, []).append(s)
+        rows.append(
+            {
+                "decode": name,
+                "accuracy": sum(right) / len(right),
+                "mean_steps": mean,
+                "steps_by_depth": {str(d): sum(v) / len(v) for d, v in sorted(by_depth.items())},
+                "seconds_per_answer": seconds / len(right),
+            }
+        )
+    return rows
+
+
 def halted(model: GRTModel, tokens: torch.Tensor, rule: str, threshold: float, depth: int):
     """(logits, each token's steps) of a per-token halting rule, or of Ouro's Q-exit."""
     if rule != "ouro-exit":
@@ -277,7 +343,8 @@ def run_row(row: str, steps: int, opts) -> dict:
     done, weights = opts.out / row / "result.json", opts.out / row / "model.pt"
     finished = json.loads(done.read_text()) if done.exists() else {}
     options = {name: getattr(opts, name) for name in TRAINING_OPTIONS}
-    if (finished.get("steps"), finished.get("options")) == (steps, options) and weights.exists():
+    saved = finished.get("options") and {"depth_given": "query", **finished["options"]}  # of before --depth-given
+    if (finished.get("steps"), saved) == (steps, options) and weights.exists():
         model = GRTModel(model_args(row, opts))
         model.load_state_dict(torch.load(weights))
         result = finished
@@ -291,8 +358,12 @@ def run_row(row: str, steps: int, opts) -> dict:
     nparams, flops = model.model_args.get_nparams_and_flops(model, opts.symbols + opts.queries)
     result |= {"params": nparams, "train_flops_per_token": flops, "depths": evaluate(model, opts)}
     result["eval_r"] = model.model_args.num_recurrences if model.recurrence is not None else None
-    if model.recurrence is not None and model.model_args.num_recurrences > 1:
+    if model.recurrence is not None and model.model_args.num_recurrences > 1 and opts.depth_given == "query":
         result["halting"] = evaluate_halting(model, opts)
+        rules = [(h["rule"], h["threshold"]) for h in result["halting"] if "refused" not in h]
+        rules = [(rule, x) for rule, x in rules if rule != "ouro-exit"]  # Q-exit is no exported rule
+        if opts.cached_sequences and rules:
+            result["cached"] = cached_answers(model, opts, rules)
     done.write_text(json.dumps(result, indent=1))
     return result
 
@@ -301,11 +372,12 @@ def table(result: dict) -> list[str]:
     depths = result["depths"]
     columns = len(next(iter(depths.values()))["accuracy"])
     head = ["depth", *(f"r={r}" for r in range(columns))] if columns > 1 else ["depth", "accuracy"]
-    lines = ["| " + " | ".join(head + (["mean arrival (share arrived)"] if columns > 1 else [])) + " |"]
-    lines.append("|" + "---|" * (len(head) + (columns > 1)))
+    arrivals = "arrival" in next(iter(depths.values()))  # none where the loops give the depth
+    lines = ["| " + " | ".join(head + (["mean arrival (share arrived)"] if arrivals else [])) + " |"]
+    lines.append("|" + "---|" * (len(head) + arrivals))
     for depth, entry in depths.items():
         cells = [f"{a:.2f}" for a in entry["accuracy"]]
-        if columns > 1:
+        if arrivals:
             arrival = "-" if entry["arrival"] is None else f"{entry['arrival']:.2f}"
             cells.append(f"{arrival} ({entry['arrived']:.2f})")
         lines.append(f"| {depth} | " + " | ".join(cells) + " |")
@@ -326,19 +398,35 @@ def step_table(result: dict) -> list[str]:
 
 def summary(results: dict[str, dict], opts) -> str:
     head = f"N = {opts.symbols} symbols, K = {opts.queries} queries, R = {opts.recurrences}, align {opts.align}"
-    lines = [head + f", depth curriculum {opts.depth_curriculum}, seed {opts.seed}", ""]
+    lines = [
+        head + f", depth curriculum {opts.depth_curriculum}, seed {opts.seed}, depth given by {opts.depth_given}",
+        "",
+    ]
     for row, result in results.items():
         lines += [f"## {row}: {result['params']:,} parameters, {result['steps']} steps, {result['train_s']:.0f} s", ""]
         lines += table(result) + [""] + step_table(result)
-        deep = [e["accuracy"] for d, e in result["depths"].items() if int(d) >= 4]  # none when R < 4
-        if deep and len(deep[0]) > 1:
+        deep = [e["accuracy"] for d, e in result["depths"].items() if 4 <= int(d) <= opts.recurrences]
+        if opts.depth_given == "loops":
+            lines += loops_lines(result, opts)
+        elif deep and len(deep[0]) > 1:  # none when R < 4
             r1, r_big = (sum(a[r] for a in deep) / len(deep) for r in (1, opts.recurrences))
             lines += [f"depth >= 4: r = 1 {r1:.3f}, r = R {r_big:.3f}, rise {r_big - r1:+.3f}", ""]
         elif deep:
             lines += [f"depth >= 4: {sum(a[0] for a in deep) / len(deep):.3f}", ""]
         if "halting" in result:
             lines += halting_lines(result["halting"])
+        if "cached" in result:
+            lines += cached_lines(result["cached"], opts)
     return "\n".join(lines[:2] + overview(results, opts) + [""] + lines[2:])
+
+
+def loops_lines(result: dict, opts) -> list[str]:
+    """Each depth's answer read at r = d loops, and the mean beyond R (extrapolation)."""
+    at = {int(d): e["at_loops"] for d, e in result["depths"].items()}
+    cells = ", ".join(f"{d}{'*' if d > opts.recurrences else ''}: {a:.3f}" for d, a in at.items())
+    beyond = [a for d, a in at.items() if d > opts.recurrences]
+    mean = f"; depths beyond R = {opts.recurrences} (*): {sum(beyond) / len(beyond):.3f}" if beyond else ""
+    return [f"Loops = depth (the answer to depth d read at r = d): {cells}{mean}", ""]
 
 
 def halting_lines(halting: list[dict]) -> list[str]:
@@ -363,23 +451,63 @@ def halting_lines(halting: list[dict]) -> list[str]:
     return lines
 
 
+def cached_lines(rows: list[dict], opts) -> list[str]:
+    """The cached decode's table: each fixed r and rule, against fixed r = R and against the
+    smallest fixed r at least as accurate."""
+    fixed = {int(row["decode"][4:]): row for row in rows if row["decode"].startswith("r = ")}
+    deepest = fixed[max(fixed)]
+    lines = [
+        f"Cached decoding, batch 1, {opts.cached_sequences} sequences (each query one decode step, exported model):",
+        "",
+        "| decode | accuracy | mean steps | steps by problem depth | ms / answer | / fixed r = R "
+        "| fixed r as accurate: its ms / answer, this over it |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        equal = min((r for r, f in fixed.items() if f["accuracy"] >= row["accuracy"]), default=None)
+        versus = (
+            "none"
+            if equal is None
+            else (
+                f"r = {equal}: {1e3 * fixed[equal]['seconds_per_answer']:.2f}, "
+                f"{row['seconds_per_answer'] / fixed[equal]['seconds_per_answer']:.2f}x"
+            )
+        )
+        by_depth = ", ".join(f"{d}: {v:.2f}" for d, v in row["steps_by_depth"].items()) or "-"
+        lines.append(
+            f"| {row['decode']} | {row['accuracy']:.3f} | {row['mean_steps']:.2f} | {by_depth} "
+            f"| {1e3 * row['seconds_per_answer']:.2f} | {row['seconds_per_answer'] / deepest['seconds_per_answer']:.2f}x "
+            f"| {versus} |"
+        )
+    return lines + [""]
+
+
 def overview(results: dict[str, dict], opts) -> list[str]:
     """One line per row at equal training FLOPs: accuracy by depth at the row's own depth
-    (R; unlooped: 1; dense: its one), and depth >= 4 there."""
-    depths = range(1, opts.recurrences + 1)
+    (R; unlooped: 1; dense: its one; r = d where the loops give the depth), depth >= 4 there,
+    and, where the loops give the depth, beyond R."""
+    loops = opts.depth_given == "loops"
+    R = opts.recurrences
+    depths = range(1, max(int(d) for result in results.values() for d in result["depths"]) + 1)
     head = "| row | parameters | steps | train s | depth at eval | " + " | ".join(f"d={d}" for d in depths)
-    lines = [head + " | depth >= 4 |", "|---|---|---|---|---|" + "---|" * (len(depths) + 1)]
+    head += f" | depth 4..{R} |" + (" beyond R |" if loops else "")
+    lines = [head, "|---|---|---|---|---|" + "---|" * (len(depths) + 1 + loops)]
     for row, result in results.items():
         columns = len(result["depths"]["1"]["accuracy"])
-        r = result.get("eval_r", opts.recurrences if columns > 1 else None)  # a result of before eval_r
+        r = result.get("eval_r", R if columns > 1 else None)  # a result of before eval_r
         column = 0 if r is None else r  # the dense row's one column; r = 0 is column 0
-        acc = [result["depths"][str(d)]["accuracy"][column] for d in depths]
-        deep = [a for d, a in zip(depths, acc) if d >= 4]
-        cells = " | ".join(f"{a:.2f}" for a in acc)
-        mean = f"{sum(deep) / len(deep):.3f}" if deep else "-"
+        entries = result["depths"]
+        acc = {
+            d: entries[str(d)]["at_loops"] if loops else entries[str(d)]["accuracy"][column]
+            for d in depths
+            if str(d) in entries  # a row with a module per step runs no deeper than R
+        }
+        cells = " | ".join(f"{acc[d]:.2f}" if d in acc else "-" for d in depths)
+        means = [[a for d, a in acc.items() if 4 <= d <= R]] + ([[a for d, a in acc.items() if d > R]] if loops else [])
+        means = " | ".join(f"{sum(m) / len(m):.3f}" if m else "-" for m in means)
+        at = "r = d" if loops else "its own" if r is None else f"r = {r}"
         lines.append(
-            f"| {row} | {result['params']:,} | {result['steps']} | {result['train_s']:.0f} | "
-            f"{'its own' if r is None else f'r = {r}'} | {cells} | {mean} |"
+            f"| {row} | {result['params']:,} | {result['steps']} | {result['train_s']:.0f} | {at} | {cells} | {means} |"
         )
     return lines
 
@@ -387,7 +515,7 @@ def overview(results: dict[str, dict], opts) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--rows", nargs="+", choices=ROWS, help="default: every row (--depth-given loops: LOOPS_ROWS)")
     parser.add_argument("--steps", type=int, default=3000, help="grt_steps' steps; the FLOP budget of every row")
     parser.add_argument("--symbols", type=int, default=12)
     parser.add_argument("--queries", type=int, default=16)
@@ -403,7 +531,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="share of each row's steps over which the deepest problem grows from 1 to R (0: off)",
     )
+    parser.add_argument(
+        "--depth-given",
+        choices=("query", "loops"),
+        default="query",
+        help="query: a query token names (x, d); loops: it names x, step t learns f^t(x), and depth d is "
+        f"asked by running r = d loops, beyond R too (rows {', '.join(LOOPS_ROWS)})",
+    )
     parser.add_argument("--eval-sequences", type=int, default=256)
+    parser.add_argument(
+        "--cached-sequences",
+        type=int,
+        default=32,
+        help="sequences whose queries the exported model answers one decode step at a time with its KV cache, "
+        "at each fixed r and halting rule: seconds per answer (0: off)",
+    )
     parser.add_argument("--parallel", type=int, default=1, help="rows trained at once, one process and thread each")
     parser.add_argument("--seed", type=int, default=0)
     return parser
@@ -421,7 +563,17 @@ def plan(opts) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = build_parser().parse_args(argv)
+    parser = build_parser()
+    opts = parser.parse_args(argv)
+    opts.rows = opts.rows or list(LOOPS_ROWS if opts.depth_given == "loops" else ROWS)
+    if opts.depth_given == "loops":
+        if other := [row for row in opts.rows if row not in LOOPS_ROWS]:
+            parser.error(
+                f"--depth-given loops: rows {', '.join(other)} have no target at every step (the answer alone, "
+                f"or one depth); allowed: --rows among {', '.join(LOOPS_ROWS)}"
+            )
+        if opts.depth_curriculum:
+            parser.error("--depth-given loops takes no --depth-curriculum: every step has its target at every depth")
     torch.set_num_threads(1)
     steps = plan(opts)
     if opts.parallel > 1:  # spawned: a forked torch may hang on its thread pools
@@ -434,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in opts.rows:
             run_row(row, steps[row], opts)
     results = {p.parent.name: json.loads(p.read_text()) for p in sorted(opts.out.glob("*/result.json"))}
+    given = {row: r.get("options", {}).get("depth_given", "query") for row, r in results.items()}
+    results = {row: r for row, r in results.items() if given[row] == opts.depth_given}  # one way of asking
     text = summary({row: results[row] for row in ROWS if row in results}, opts)
     (opts.out / "summary.md").write_text(text + "\n")
     print(text)

@@ -50,6 +50,7 @@ def test_problems_are_pointer_chases_over_one_cycle(bench, tmp_path):
 
 def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
     args = ["--out", str(tmp_path), "--steps", "4", "--eval-sequences", "2", "--recurrences", "3"]
+    args += ["--cached-sequences", "0"]  # the cached decode: its own test below
     assert bench.main([*args, "--parallel", "2"]) == 0  # rows in two spawned processes
     out = capsys.readouterr().out
     steps = {}
@@ -125,3 +126,92 @@ def test_table_1_rows_take_their_paper_tomls_parts_at_the_tasks_depth(bench, tmp
             assert getattr(args, key) == expected, (row, key)
         assert args.step_supervision == row.endswith("_steps") and args.num_recurrences == 4
     assert bench.model_args("unlooped", opts).num_recurrences == 1
+
+
+def test_loops_give_the_depth_beyond_r(bench, tmp_path, capsys):
+    opts = bench.build_parser().parse_args(["--out", str(tmp_path), "--depth-given", "loops", "--recurrences", "3"])
+    n, r = opts.symbols, opts.recurrences
+    for depth in (2, 8):  # shallower and deeper than R
+        batch = bench.problems(opts, 3, torch.Generator().manual_seed(0), depth=depth)
+        for row in range(3):
+            f = batch["tokens"][row, :n].tolist()
+            for q in range(opts.queries):
+                x = batch["tokens"][row, n + q].item() - n  # the query names x alone
+                walk = [x]
+                for _ in range(8):
+                    walk.append(f[walk[-1]])
+                assert batch["labels"][row, n + q] == walk[depth]
+                assert batch["step_labels"][row, n + q].tolist() == walk[1 : r + 1]  # f^t(x), whatever d
+
+    args = ["--out", str(tmp_path), "--depth-given", "loops", "--steps", "4", "--eval-sequences", "2"]
+    assert bench.main([*args, "--recurrences", "3"]) == 0  # LOOPS_ROWS by default
+    summary = (tmp_path / "summary.md").read_text()
+    assert [s.split(":")[0] for s in summary.split("## ")[1:]] == list(bench.LOOPS_ROWS)
+    assert "Halting" not in summary and "Loops = depth (the answer to depth d read at r = d): 1: " in summary
+    grt = json.loads((tmp_path / "grt_steps" / "result.json").read_text())
+    assert list(grt["depths"]) == [str(d) for d in range(1, 7)]  # to 2R (< N): beyond R
+    rrt = json.loads((tmp_path / "rrt_steps" / "result.json").read_text())
+    assert list(rrt["depths"]) == ["1", "2", "3"]  # a module per step: no deeper than R
+
+    # r = d by hand: the same fresh problems, the saved weights, the answer read after d loops.
+    # Four steps leave every r saying the same; weights moved at random make r matter, and a
+    # second run scores them (the rows are not trained again).
+    model = bench.GRTModel(bench.model_args("grt_steps", opts))
+    weights = tmp_path / "grt_steps" / "model.pt"
+    torch.manual_seed(0)
+    torch.save(
+        {k: v + torch.randn_like(v) if v.is_floating_point() else v for k, v in torch.load(weights).items()}, weights
+    )
+    model.load_state_dict(torch.load(weights))
+    model.eval()
+    assert bench.main([*args, "--recurrences", "3", "--rows", "grt_steps"]) == 0
+    grt = json.loads((tmp_path / "grt_steps" / "result.json").read_text())
+    assert any(len(set(e["accuracy"])) > 1 for e in grt["depths"].values())  # r changes the answers
+    generator = torch.Generator().manual_seed(opts.seed + 1000)
+    for d in range(1, 7):
+        problems = bench.problems(opts, 2, generator, d)
+        with torch.no_grad():
+            said = model(problems["tokens"], num_recurrences=d)[:, n:].argmax(-1)
+        expected = (said == problems["labels"][:, n:]).float().mean().item()
+        assert grt["depths"][str(d)]["at_loops"] == pytest.approx(expected)
+    summary = (tmp_path / "summary.md").read_text()
+    overview = [line for line in summary.splitlines() if line.startswith("| grt_steps |")][0].split(" | ")
+    assert overview[4] == "r = d" and overview[5 + 3] == f"{grt['depths']['4']['at_loops']:.2f}"
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--rows", "grt", "dense"])
+    assert "rows grt, dense have no target at every step" in capsys.readouterr().err
+
+
+def test_cached_decoding_answers_as_the_uncached_forwards_do(bench, tmp_path):
+    """The exported model, its KV cache fed one query at a time, answers each query as the
+    native model's whole-sequence forward does, at each fixed r and under a halting rule (with
+    forward_with_halting's steps); the table compares each against fixed r = R."""
+    opts = bench.build_parser().parse_args(["--out", str(tmp_path), "--recurrences", "3", "--cached-sequences", "2"])
+    torch.manual_seed(0)
+    model = bench.GRTModel(bench.model_args("grt_steps", opts))
+    with torch.no_grad():
+        model.init_weights()
+        for parameter in model.parameters():  # weights whose answers change with r and halt unevenly
+            parameter.add_(0.5 * torch.randn_like(parameter))
+    model.eval()
+    rules = [("state", 1.0), ("argmax", 1)]
+    rows = bench.cached_answers(model, opts, rules)
+    assert [row["decode"] for row in rows] == ["r = 1", "r = 2", "r = 3", "state 1", "argmax 1"]
+    batch = bench.problems(opts, 3, torch.Generator().manual_seed(opts.seed + 3000))  # the first: untimed
+    tokens, answers, n = batch["tokens"][1:], batch["labels"][1:, opts.symbols :], opts.symbols
+    with torch.no_grad():
+        for r, row in zip((1, 2, 3), rows):
+            said = model(tokens, num_recurrences=r)[:, n:].argmax(-1)
+            assert row["accuracy"] == (said == answers).float().mean().item() and row["mean_steps"] == r
+        assert len({row["accuracy"] for row in rows[:3]}) > 1  # r matters to these weights
+        for (rule, x), row in zip(rules, rows[3:]):
+            logits, steps = model.forward_with_halting(tokens, rule, x)
+            assert row["accuracy"] == (logits[:, n:].argmax(-1) == answers).float().mean().item()
+            assert row["mean_steps"] == pytest.approx(steps[:, n:].float().mean().item())
+            assert row["seconds_per_answer"] > 0
+            assert len(set(steps[:, n:].flatten().tolist())) > 1  # tokens halt at different steps
+    lines = bench.cached_lines(rows, opts)
+    assert lines[0].startswith("Cached decoding, batch 1, 2 sequences") and "| r = 3 | " in lines[4 + 2]
+    assert lines[4 + 2].split(" | ")[5] == "1.00x"  # r = R against itself
