@@ -62,7 +62,6 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -290,10 +289,12 @@ def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float]]) -> lis
     at each fixed r = 1..R and under each of `rules`: accuracy, mean steps of the query
     tokens, and seconds per answer (the decode steps only; the first sequence untimed)."""
     from grt_titan.analysis.task_eval import cached_model
+    from grt_titan.hf.convert import write_hf_folder
     from grt_titan.hf.remote.modeling_grt import GRTCache
 
     with tempfile.TemporaryDirectory(prefix="depth_pays_") as folder:
-        hf = cached_model(SimpleNamespace(model=model, args=model.model_args), Path(folder) / "hf")
+        write_hf_folder(Path(folder) / "hf", model.state_dict(), model.model_args, write_tokenizer=False)
+        hf = cached_model(Path(folder) / "hf")
     batch = problems(opts, opts.cached_sequences + 1, torch.Generator().manual_seed(opts.seed + 3000))
     n, depths = opts.symbols, batch["depth"][1:].flatten().tolist()
     runs = [(f"r = {r}", {"num_recurrences": r}) for r in range(1, opts.recurrences + 1)]

@@ -42,8 +42,8 @@ from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
 
 quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
 
+from grt_titan.analysis.decode import Generator  # noqa: E402
 from grt_titan.hf.convert import build_hf_config  # noqa: E402
-from grt_titan.hf.decode import Generator  # noqa: E402
 from grt_titan.hf.remote.modeling_grt import GRTForCausalLM  # noqa: E402
 from grt_titan.model import grt_flavors  # noqa: E402
 from grt_titan.model.args import GRTModelArgs  # noqa: E402

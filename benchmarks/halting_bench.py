@@ -230,7 +230,7 @@ def main() -> int:
     runs = {"fixed": {}} | {rule: {"halting": rule, "halting_threshold": x} for rule, x in chosen.items()}
     from generate_bench import measure
 
-    from grt_titan.hf.decode import Generator
+    from grt_titan.analysis.decode import Generator
 
     generators = {
         name: Generator(hf, "per_step", False, 1, opts.prompt, opts.new_tokens, "cpu", halting=halting)

@@ -12,8 +12,9 @@ its distribution by depth is the ignition curve (arXiv 2608.03263).
 `--halting RULE:THRESHOLD` scores the same completions with every token halting by a
 per-token rule (grt_titan/model/halting.py, at most R steps): accuracy and the steps the
 completion's tokens ran, by problem depth, beside the smallest fixed r that is as accurate.
-`--wall-clock N` decodes the first N records as a user would, greedily with the exported
-model's KV cache, one at a time, at each fixed r and under each rule: seconds per answer.
+`--wall-clock N` (MODEL an export) decodes the first N records as a user would, greedily with
+the export's model and KV cache, one at a time, at each fixed r and under each rule: seconds
+per answer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -206,14 +206,15 @@ def halting_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cached_model(loaded, folder: Path):
-    """The exported transformers model (its remote code and KV cache) of `loaded`'s weights,
-    written by the export's own path into `folder`."""
-    from grt_titan.hf.convert import load_hf_folder, write_hf_folder
+def cached_model(folder: str | Path, device: str = "cpu"):
+    """The transformers model of an export folder (its remote code: the model and KV cache a
+    user decodes with), quietly (no loading bar)."""
+    from transformers.utils import logging as transformers_logging
 
-    state = {k: v.cpu() for k, v in loaded.model.state_dict().items()}
-    write_hf_folder(folder, state, loaded.args, write_tokenizer=False, overwrite=True)
-    return load_hf_folder(folder, loaded.args).to(next(loaded.model.parameters()).device)
+    from grt_titan.hf.remote.modeling_grt import GRTForCausalLM
+
+    transformers_logging.disable_progress_bar()
+    return GRTForCausalLM.from_pretrained(folder).to(device).eval()
 
 
 def wall_clock(hf_model, encoded, depths: list, rules: list[tuple[str, float]]) -> list[dict]:
@@ -221,7 +222,7 @@ def wall_clock(hf_model, encoded, depths: list, rules: list[tuple[str, float]]) 
     `depths` and under each halting rule (at most the eval depth): accuracy, the mean steps of
     the positions that predict the completion (under a rule), and seconds per answer (one
     untimed decode first)."""
-    from grt_titan.hf.decode import Generator
+    from grt_titan.analysis.decode import Generator
 
     device = next(hf_model.parameters()).device
     runs = [("dense" if r is None else f"r = {r}", {}, r) for r in depths]
@@ -368,13 +369,18 @@ def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     from tqdm import tqdm
 
-    from grt_titan.analysis.load import load_model
+    from grt_titan.analysis.load import is_hf_export, load_model
     from grt_titan.data.tasks import parse_depths
 
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         if opts.wall_clock < 0:
             raise ValueError(f"--wall-clock {opts.wall_clock}; allowed: N >= 1 records (0: off)")
+        if opts.wall_clock and not is_hf_export(Path(opts.model)):
+            raise ValueError(
+                f"--wall-clock decodes with an export's model and KV cache; {opts.model} is no Hugging Face export "
+                "(export it first: grt-titan export-hf --checkpoint ... --out DIR; docs/hf_export.md)"
+            )
         check_overrides_have_config(opts.config, opts.overrides)  # before the data is read
         trained = parse_depths(opts.trained_depths) if opts.trained_depths else None
         rules = [parse_halting(text) for text in opts.halting]
@@ -403,13 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.wall_clock:
         timed = encoded[: opts.wall_clock]
         fixed = [r for r in depths if r is None or 1 <= r <= args.num_recurrences]
-        with tempfile.TemporaryDirectory(prefix="grt_eval_task_") as folder:
-            try:
-                hf_model = cached_model(loaded, Path(folder) / "hf")
-            except ValueError as e:  # a model the export refuses (its message names why)
-                print(f"grt-titan eval-task: error: --wall-clock: {e}", file=sys.stderr)
-                return 2
-            rows = wall_clock(hf_model, timed, fixed, rules)
+        rows = wall_clock(cached_model(opts.model, device), timed, fixed, rules)
         result["wall_clock"] = {"records": len(timed), "rows": rows}
         print("\n" + wall_clock_table(rows, len(timed)))
     text = json.dumps(result, indent=1, sort_keys=False)

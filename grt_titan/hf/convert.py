@@ -333,27 +333,21 @@ def logits_difference(native, hf_model, model_args: GRTModelArgs, batch: int = 1
     return (ref - got).abs().max().item()
 
 
-def load_hf_folder(folder: Path, model_args: GRTModelArgs):
-    """The transformers model (the export's remote code, fp32, eval mode) of a folder that
-    write_hf_folder wrote for `model_args`; quietly (no loading progress bar)."""
-    from .remote.configuration_grt import GRTConfig
-    from .remote.modeling_grt import GRTForCausalLM
-
-    hf_model = GRTForCausalLM(GRTConfig.from_json_file(str(folder / "config.json"))).eval()
-    hf_model.load_state_dict(read_hf_weights(folder), strict=not model_args.tie_embeddings)
-    if model_args.tie_embeddings:
-        hf_model.tie_weights()
-    return hf_model
-
-
 def verify_hf_folder(
     folder: Path, native_state_dict: dict[str, torch.Tensor], model_args: GRTModelArgs, atol: float = 1e-4
 ) -> float:
     """Max |logits difference| between the torchtitan model and the written HF model (fp32)."""
-    hf_model = load_hf_folder(folder, model_args)
+    from .remote.configuration_grt import GRTConfig
+    from .remote.modeling_grt import GRTForCausalLM
+
+    config = GRTConfig.from_json_file(str(folder / "config.json"))
     if model_args.router != "none":  # MoR: compare under the exported model's routing rule
-        model_args = model_args.replace(router_inference=hf_model.config.router_inference)
+        model_args = model_args.replace(router_inference=config.router_inference)
     native = model_from_state(native_state_dict, model_args).eval()
+    hf_model = GRTForCausalLM(config).eval()
+    hf_model.load_state_dict(read_hf_weights(folder), strict=not model_args.tie_embeddings)
+    if model_args.tie_embeddings:
+        hf_model.tie_weights()
     diff = logits_difference(native, hf_model, model_args)
     if not diff < atol:
         raise ExportError(f"verification failed: exported logits differ by {diff:.3g} (> {atol})")

@@ -99,7 +99,7 @@ def test_wall_clock_decodes_with_the_cache_what_teacher_forcing_scores(words, tm
     """`--wall-clock`: the exported model's cached greedy decode, at each fixed r and under a
     halting rule, gets right exactly the records the uncached native forwards score right,
     with the steps forward_with_halting gives the positions that predict the completion."""
-    from types import SimpleNamespace
+    from grt_titan.hf.convert import write_hf_folder
 
     model = build_model("task_debug_words", 1, vocab_size=words.get_vocab_size(), num_recurrences=3).eval()
     problems = tasks.generate("iterated-function", range(1, 4), 8, seed=1)
@@ -112,8 +112,8 @@ def test_wall_clock_decodes_with_the_cache_what_teacher_forcing_scores(words, tm
             encoded.append((prompt + reference, len(reference)))
         correct = task_eval.score(model, encoded, [1, 2, 3], batch_size=4)
         halted = task_eval.score_halting(model, encoded, "state", 0.05, batch_size=4)
-    loaded = SimpleNamespace(model=model, args=model.model_args)
-    hf_model = task_eval.cached_model(loaded, tmp_path / "hf")
+    write_hf_folder(tmp_path / "hf", model.state_dict(), model.model_args, write_tokenizer=False)
+    hf_model = task_eval.cached_model(tmp_path / "hf")
     rows = task_eval.wall_clock(hf_model, encoded, [1, 2, 3], [("state", 0.05)])
     assert [row["decode"] for row in rows] == ["r = 1", "r = 2", "r = 3", "state 0.05"]
     for r, row in zip([1, 2, 3], rows):
@@ -189,8 +189,7 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     base = [checkpoint, "--data", str(tmp_path / "test.jsonl"), "--no-progress"]
     capsys.readouterr()
     code = cli(["eval-task", *base, "--out", str(tmp_path / "eval"), "--json", str(tmp_path / "e.json"),
-                "--trained-depths", "1-2", "--halting", "kl:0.001", "--wall-clock", "3", "--config", str(TASK_TOML),
-                *overrides])  # fmt: skip
+                "--trained-depths", "1-2", "--halting", "kl:0.001", "--config", str(TASK_TOML), *overrides])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
     result = json.loads((tmp_path / "e.json").read_text())
@@ -201,25 +200,28 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     halting = result["halting"]
     assert [(h["rule"], h["threshold"]) for h in halting] == [("kl", 0.001)] and "| kl 0.001 |" in out
     assert 1 <= halting[0]["mean_steps"] <= 8 and set(halting[0]["by_depth"]) == {"1", "2", "3"}
-    timed = result["wall_clock"]  # r = 1..R, then the rule, decoded with the cache
-    assert timed["records"] == 3 and [row["decode"] for row in timed["rows"]] == [f"r = {r}" for r in range(1, 9)] + [
-        "kl 0.001"
-    ]
-    assert "Cached greedy decoding, batch 1, the first 3 records:" in out and "| kl 0.001 | " in out
     # The run exported: the transformers-side model and its own tokenizer files score alike.
     export = str(tmp_path / "export")
     assert cli(["export-hf", "--checkpoint", checkpoint, "--config", str(TASK_TOML), "--out", export, *overrides]) == 0
+    capsys.readouterr()
     assert cli(["eval-task", export, "--data", str(tmp_path / "test.jsonl"), "--json", str(tmp_path / "x.json"),
-                "--no-progress"]) == 0  # fmt: skip
+                "--no-progress", "--halting", "kl:0.001", "--wall-clock", "3"]) == 0  # fmt: skip
     exported = json.loads((tmp_path / "x.json").read_text())
     assert exported["accuracy"] == result["accuracy"] and exported["arrival"] == result["arrival"]
-    capsys.readouterr()
+    timed = exported["wall_clock"]  # r = 1..R, then the rule, decoded with the export's cache
+    assert timed["records"] == 3 and [row["decode"] for row in timed["rows"]] == [f"r = {r}" for r in range(1, 9)] + [
+        "kl 0.001"
+    ]
+    captured = capsys.readouterr()
+    assert "Cached greedy decoding, batch 1, the first 3 records:" in captured.out and "| kl 0.001 | " in captured.out
+    assert "Loading weights" not in captured.err
     # One line each: no depth; an r the model cannot run; records its tokenizer cannot read.
     (tmp_path / "nodepth.jsonl").write_text(json.dumps({"prompt": "a > b ; | a * 1 =", "completion": " b"}) + "\n")
     (tmp_path / "words.jsonl").write_text(json.dumps({"prompt": "hello world", "completion": " b", "depth": 1}) + "\n")
     for data, extra, message in (
         ("nodepth.jsonl", [], "nodepth.jsonl:1: no 'depth' field"),
         ("test.jsonl", ["--max-depth", "-1"], "--max-depth -1: r beyond what the model can run"),
+        ("test.jsonl", ["--wall-clock", "2"], "--wall-clock decodes with an export's model and KV cache;"),
         ("words.jsonl", [], "words.jsonl:1: the model's tokenizer 'vocab' does not read this record back"),
     ):
         argv = ["eval-task", checkpoint, "--data", str(tmp_path / data), *extra, "--config", str(TASK_TOML), *overrides]

@@ -1,4 +1,4 @@
-"""Greedy decoding with the exported model's KV cache (grt_titan/hf/remote/cache_grt.py), timed:
+"""Greedy decoding with an exported model's KV cache (grt_titan/hf/remote/cache_grt.py), timed:
 the loop of benchmarks/generate_bench.py and halting_bench.py, and of `grt-titan eval-task
 --wall-clock` (docs/tasks.md)."""
 
