@@ -137,7 +137,7 @@ def test_wall_clock_decodes_with_the_cache_what_teacher_forcing_scores(words, tm
             own.append((ids, 2))
     (row,) = task_eval.wall_clock(hf_model, own, [], [("state", 0.02)])
     assert row["accuracy"] == 1 and row["mean_steps"] == pytest.approx(sum(steps) / len(steps))
-    assert prompt_steps == {1, 2, 3} and set(steps) == {3}  # the steps of other positions would differ
+    assert len(prompt_steps | set(steps)) > 1  # the rule halts positions at different steps
     table = task_eval.wall_clock_table(rows, len(encoded))
     assert "| decode | accuracy | mean steps | s / answer | / r = 3 |" in table and "| r = 3 | " in table
     assert table.splitlines()[-2].endswith("| 1.00x |")  # r = 3 against itself
