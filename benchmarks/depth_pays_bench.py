@@ -220,7 +220,8 @@ def evaluate(model: GRTModel, opts) -> dict:
     depths = list(range(deepest + 1)) if model.recurrence is not None else [None]
     loops = opts.depth_given == "loops"
     out = {}
-    for depth in range(1, min(deepest, opts.symbols - 1) + 1 if loops else opts.recurrences + 1):
+    last = min(deepest, opts.symbols - 1) if loops else opts.recurrences  # f^N(x) = x: no deeper than N - 1
+    for depth in range(1, last + 1):
         batch = problems(opts, opts.eval_sequences, generator, depth)
         answers, queries = batch["labels"][:, opts.symbols :], slice(opts.symbols, None)
         predicted = torch.stack([model(batch["tokens"], num_recurrences=r)[:, queries].argmax(-1) for r in depths])
@@ -299,21 +300,29 @@ def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float]]) -> lis
     n, depths = opts.symbols, batch["depth"][1:].flatten().tolist()
     runs = [(f"r = {r}", {"num_recurrences": r}) for r in range(1, opts.recurrences + 1)]
     runs += [(f"{rule} {x:g}", {"halting": rule, "halting_threshold": x}) for rule, x in rules]
+
+    def answer(tokens: torch.Tensor, call: dict) -> tuple[list[int], list[int], float]:
+        """One sequence: its table prefilled, then each query one decode step; (answers, steps, s)."""
+        cache = GRTCache(hf.config, "per_step")
+        hf(tokens[None, :n], past_key_values=cache, cache_slots=torch.arange(n), logits_to_keep=1, **call)
+        said, steps, start = [], [], time.perf_counter()
+        for t in range(n, n + opts.queries):
+            at = torch.tensor([t])
+            out = hf(tokens[None, t : t + 1], past_key_values=cache, cache_slots=at, position_ids=at[None], **call)
+            said.append(int(out.logits[0, -1].argmax()))
+            if out.recurrence_depths is not None:
+                steps.append(int(out.recurrence_depths[0, -1]))
+        return said, steps, time.perf_counter() - start
+
     rows = []
     for name, call in runs:
+        answer(batch["tokens"][0], call)  # a warm-up, untimed
         right, steps, seconds = [], [], 0.0
-        for i, (tokens, answers) in enumerate(zip(batch["tokens"], batch["labels"])):
-            cache = GRTCache(hf.config, "per_step")
-            hf(tokens[None, :n], past_key_values=cache, cache_slots=torch.arange(n), logits_to_keep=1, **call)
-            start = time.perf_counter()
-            for t in range(n, n + opts.queries):
-                at = torch.tensor([t])
-                out = hf(tokens[None, t : t + 1], past_key_values=cache, cache_slots=at, position_ids=at[None], **call)
-                if i:
-                    right.append(int(out.logits[0, -1].argmax()) == int(answers[t]))
-                    if out.recurrence_depths is not None:
-                        steps.append(int(out.recurrence_depths[0, -1]))
-            seconds += (time.perf_counter() - start) if i else 0.0
+        for tokens, answers in zip(batch["tokens"][1:], batch["labels"][1:, n:]):
+            said, token_steps, elapsed = answer(tokens, call)
+            right += [s == int(a) for s, a in zip(said, answers)]
+            steps += token_steps
+            seconds += elapsed
         mean = sum(steps) / len(steps) if steps else float(call.get("num_recurrences", 0))
         by_depth = {}
         for d, s in zip(depths, steps):

@@ -225,19 +225,22 @@ def wall_clock(hf_model, encoded, depths: list, rules: list[tuple[str, float]]) 
     from grt_titan.analysis.decode import Generator
 
     device = next(hf_model.parameters()).device
+
+    def decoded(ids: list[int], n: int, halting: dict, r: int | None):
+        prompt = torch.tensor([ids[:-n]], device=device)
+        decode = Generator(
+            hf_model, "per_step", False, 1, prompt.shape[1], n, str(device), halting=halting, num_recurrences=r
+        )
+        return decode, *decode.run(prompt)
+
     runs = [("dense" if r is None else f"r = {r}", {}, r) for r in depths]
     runs += [(f"{rule} {x:g}", {"halting": rule, "halting_threshold": x}, None) for rule, x in rules]
+    decoded(*encoded[0], *runs[0][1:])  # a warm-up, untimed
     rows = []
-    for index, (name, halting, r) in enumerate(runs):
+    for name, halting, r in runs:
         right, seconds, steps = 0, 0.0, []
-        for i, (ids, n) in enumerate([encoded[0], *encoded] if index == 0 else encoded):  # a warm-up first
-            prompt = torch.tensor([ids[:-n]], device=device)
-            decode = Generator(
-                hf_model, "per_step", False, 1, prompt.shape[1], n, str(device), halting=halting, num_recurrences=r
-            )
-            tokens, elapsed = decode.run(prompt)
-            if index == 0 and i == 0:
-                continue
+        for ids, n in encoded:
+            decode, tokens, elapsed = decoded(ids, n, halting, r)
             right += tokens[0].tolist() == ids[-n:]
             seconds += elapsed
             if decode.depths:  # the prompt's last position, then each decoded token but the last
