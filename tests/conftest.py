@@ -78,9 +78,33 @@ def module_of(item: pytest.Item) -> str:
         return ""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """LONGEST_FIRST's modules first, longest first; a stable sort keeps every module's tests
-    together and in their order, and the other modules in collection order."""
+def suite_part(items: list[pytest.Item], part: str) -> tuple[list[pytest.Item], list[pytest.Item]]:
+    """(kept, dropped): `part` "training" keeps the modules that hold a slow test, "unit" the others."""
+    training = {module_of(item) for item in items if item.get_closest_marker("slow")}
+    kept = [item for item in items if (module_of(item) in training) == (part == "training")]
+    ids = {id(item) for item in kept}
+    return kept, [item for item in items if id(item) not in ids]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--suite-part",
+        choices=("training", "unit"),
+        default=None,
+        help="training: only the modules that hold a slow test; unit: only the others. CI runs "
+        "the two one after the other on a small disk, installing torch 2.11 beside the unit part "
+        "alone (.ci/run; tests/README.md, 'Budget')",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--suite-part`'s modules alone (whole modules, so that a module's shared fixture runs
+    once); then LONGEST_FIRST's modules first, longest first: a stable sort keeps every
+    module's tests together and in their order, and the other modules in collection order."""
+    if part := config.getoption("--suite-part"):
+        keep, dropped = suite_part(items, part)
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
     items.sort(key=lambda item: -LONGEST_FIRST.get(module_of(item), 0))
 
 

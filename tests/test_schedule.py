@@ -1,6 +1,7 @@
-"""The collection order that CI's scheduling relies on (tests/conftest.py, LONGEST_FIRST)."""
+"""The collection order and the suite's two parts that CI's scheduling relies on
+(tests/conftest.py: LONGEST_FIRST, `--suite-part`)."""
 
-from tests.conftest import LONGEST_FIRST, TESTS, module_of
+from tests.conftest import LONGEST_FIRST, TESTS, module_of, suite_part
 
 
 def test_longest_first_names_modules_that_exist():
@@ -45,3 +46,23 @@ def test_budget_charges_each_area_its_tests_seconds(tmp_path, capsys):
     assert main([str(log)]) == 0
     log.write_text("no durations here\n")
     assert main([str(log)]) == 1
+
+
+class _Item:
+    def __init__(self, module: str, slow: bool):
+        self.path, self.slow = TESTS / module, slow
+
+    def get_closest_marker(self, name: str):
+        return object() if name == "slow" and self.slow else None
+
+
+def test_the_suite_parts_split_whole_modules_by_whether_one_holds_a_slow_test():
+    """The training part: every module that holds a slow test, its fast tests with it (its
+    shared fixture then runs once); the unit part: the rest; together the whole suite once."""
+    items = [_Item("infra/a.py", False), _Item("infra/a.py", True), _Item("data/b.py", False), _Item("c.py", False)]
+    items.append(_Item("c.py", True))
+    training, rest = suite_part(items, "training")
+    unit, rest_of_unit = suite_part(items, "unit")
+    assert [i.path.name for i in training] == ["a.py", "a.py", "c.py", "c.py"]
+    assert [i.path.name for i in unit] == ["b.py"]
+    assert rest == unit and rest_of_unit == training
