@@ -7,7 +7,8 @@ reference until its first miss, and there it leaves it). So one forward per reco
 scores it: the prompt and the completion, at ``num_recurrences = r``, for r = 0..max depth
 (default 2R where the model extrapolates, else R; a dense model has its one depth). The
 arrival step of a problem is the first r from which it is right at every deeper r scored:
-its distribution by depth is the ignition curve (arXiv 2608.03263).
+its distribution by depth is the ignition curve (arXiv 2608.03263). A record of many answers
+(``turns``) is scored answer by answer, each after the reference answers before it (`answers`).
 
 `--halting RULE:THRESHOLD` scores the same completions with every token halting by a
 per-token rule (grt_titan/model/halting.py, at most R steps): accuracy and the steps the
@@ -35,9 +36,22 @@ from grt_titan.model.halting import HALTING_RULES
 DENSE = "dense"
 
 
+def answers(record: Record) -> list[Record]:
+    """The answers a record asks for, each scored alone: the record itself, or each turn of a
+    record of many answers as a record whose prompt is all the text before its completion (the
+    turns before it answered by their references, as teacher forcing reads them)."""
+    if record.turns is None:
+        return [record]
+    out, before = [], ""
+    for turn in record.turns:
+        out.append(Record(before + turn.prompt, turn.completion, turn.where, turn.meta))
+        before += turn.prompt + turn.completion
+    return out
+
+
 def task_records(path: Path) -> list[Record]:
-    """The file's records; each must carry its problem depth."""
-    out = list(read_records([path]))
+    """The file's answers (`answers`); each must carry its problem depth."""
+    out = [answer for record in read_records([path]) for answer in answers(record)]
     if not out:
         raise ValueError(f"{path}: no prompt/completion record")
     for record in out:

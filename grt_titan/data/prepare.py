@@ -281,7 +281,7 @@ def _prepare_records(
     Encoded in this process (records are short); a first pass checks every record and
     finds the most steps."""
     prefix, suffix = document_specials(tokenizer)
-    max_steps = max((len(r.meta.get("steps", ())) for r in records.read_records(paths)), default=0)
+    max_steps = max((records.max_steps_of(r) for r in records.read_records(paths)), default=0)
     with atomic_directory(out, overwrite) as tmp:
         splits = [_RecordSplit(tmp, s, shard_tokens, dtype, max_steps) for s in sh.SPLITS]
         count = 0

@@ -10,7 +10,9 @@ fields ``depth`` (an int >= 1) and ``steps`` (``depth`` strings: the intermediat
 a multi-step task) are kept as metadata, one JSON line per record in ``{split}_meta.jsonl``,
 with the record's source (``where``: file:line). ``steps`` also become per-step target
 streams (``encode_records``; in a chat record they stand in for the last assistant turn),
-which ``[grt] step_supervision`` trains step t's readout on.
+which ``[grt] step_supervision`` trains step t's readout on. A record of many answers holds a
+``turns`` list of prompt/completion objects (each with its own ``depth`` and ``steps``), laid
+end to end with every completion counted (``check_turns``).
 Records are validated before anything is written: the first bad one stops `prepare` with its
 file, line and field.
 """
@@ -28,7 +30,7 @@ import numpy as np
 from grt_titan.data.shards import RECORDS_KIND
 from grt_titan.data.sources import InvalidUTF8, jsonl_values
 
-PROMPT, COMPLETION, MESSAGES = "prompt", "completion", "messages"
+PROMPT, COMPLETION, MESSAGES, TURNS = "prompt", "completion", "messages", "turns"
 ROLES = ("system", "user", "assistant", "tool")
 KIND = RECORDS_KIND
 
@@ -40,6 +42,12 @@ class Record:
     where: str
     meta: dict = field(default_factory=dict)
     messages: list[dict] | None = None  # a chat record: rendered by the tokenizer's chat template
+    turns: list[Record] | None = None  # a record of many answers: its turns laid end to end
+
+
+def plain_turns(record: Record) -> list[Record]:
+    """A plain record's prompt/completion pairs: its turns, or the record itself."""
+    return record.turns if record.turns is not None else [record]
 
 
 def is_record_file(kind: str, path: Path) -> bool:
@@ -50,7 +58,7 @@ def is_record_file(kind: str, path: Path) -> bool:
         obj, _ = next(jsonl_values(path), (None, ""))
     except ValueError:  # not JSON: the documents' reader names the line
         return False
-    return isinstance(obj, dict) and ((PROMPT in obj and COMPLETION in obj) or MESSAGES in obj)
+    return isinstance(obj, dict) and ((PROMPT in obj and COMPLETION in obj) or MESSAGES in obj or TURNS in obj)
 
 
 def check_record(obj, where: str) -> Record:
@@ -59,6 +67,8 @@ def check_record(obj, where: str) -> Record:
         raise ValueError(f"{where}: a record must be a JSON object, got {type(obj).__name__}")
     if MESSAGES in obj and PROMPT not in obj and COMPLETION not in obj:
         return Record("", "", where, _meta(obj, where), check_messages(obj[MESSAGES], where))
+    if TURNS in obj and PROMPT not in obj and COMPLETION not in obj:
+        return Record("", "", where, {}, turns=check_turns(obj, where))
     for name in (PROMPT, COMPLETION):
         if name not in obj:
             raise ValueError(f"{where}: field {name!r} is missing (found {sorted(obj)})")
@@ -84,6 +94,23 @@ def check_messages(messages, where: str) -> list[dict]:
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError(f"{where}: field 'messages' has no assistant turn; the loss counts assistant turns only")
     return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def check_turns(obj: dict, where: str) -> list[Record]:
+    """A record of many answers: ``turns``, a non-empty list of prompt/completion objects, each
+    with its own optional ``depth`` and ``steps``; no other field beside it."""
+    turns = obj[TURNS]
+    if not isinstance(turns, list) or not turns:
+        raise ValueError(f"{where}: field 'turns' must be a non-empty list of {{prompt, completion}} objects")
+    extra = sorted(set(obj) - {TURNS})
+    if extra:
+        raise ValueError(f"{where}: field {extra[0]!r} beside 'turns'; allowed: 'depth' and 'steps' inside each turn")
+    out = []
+    for k, turn in enumerate(turns):
+        if not isinstance(turn, dict) or MESSAGES in turn or TURNS in turn:
+            raise ValueError(f"{where}: field 'turns' turn {k}: must be an object with 'prompt' and 'completion'")
+        out.append(check_record(turn, f"{where} turn {k}"))
+    return out
 
 
 def _meta(obj: dict, where: str) -> dict:
@@ -156,16 +183,17 @@ def step_completions(record: Record) -> list[str]:
 
 
 def encode_records(tokenizer, batch: list[Record], prefix: list[int], suffix: list[int], max_steps: int = 0) -> Encoded:
-    """Records laid end to end: each is prefix + prompt + completion + suffix, the mask 1 on
-    the completion and the suffix. Prompt and completion are encoded apart, so the boundary
-    is where the record puts it. With `max_steps`, also the per-step target streams: step t's
-    target tokens in place of the completion's (as many tokens, else `unaligned` says which
-    record), the completion itself past the record's last step. A chat record's steps stand in
-    for its last assistant turn, rendered by the template as the record is."""
-    plain = [r for r in batch if r.messages is None]
-    prompts = iter(ordinary_batch(tokenizer, [r.prompt for r in plain]))
-    completions = iter(ordinary_batch(tokenizer, [r.completion for r in plain]))
-    steps = iter(ordinary_batch(tokenizer, [s for r in plain for s in step_completions(r)])) if max_steps else None
+    """Records laid end to end: each is prefix + prompt + completion + suffix (a record of many
+    answers: prefix, then each turn's prompt + completion, then suffix), the mask 1 on the
+    completions and the suffix. Prompt and completion are encoded apart, so the boundary is
+    where the record puts it. With `max_steps`, also the per-step target streams: step t's
+    target tokens in place of each completion's (as many tokens, else `unaligned` says which
+    record), the completion itself past its last step. A chat record's steps stand in for its
+    last assistant turn, rendered by the template as the record is."""
+    turns = [turn for r in batch if r.messages is None for turn in plain_turns(r)]
+    prompts = iter(ordinary_batch(tokenizer, [t.prompt for t in turns]))
+    completions = iter(ordinary_batch(tokenizer, [t.completion for t in turns]))
+    steps = iter(ordinary_batch(tokenizer, [s for t in turns for s in step_completions(t)])) if max_steps else None
     ids, mask, lengths, step_rows, unaligned = [], [], [], [], None
     for record in batch:
         if record.messages is not None:
@@ -176,14 +204,19 @@ def encode_records(tokenizer, batch: list[Record], prefix: list[int], suffix: li
                 step_rows.append(rows)
                 unaligned = unaligned or why
         else:
-            prompt, completion = next(prompts), next(completions)
-            record_ids = [*prefix, *prompt, *completion, *suffix]
-            record_mask = [0] * (len(prefix) + len(prompt)) + [1] * (len(completion) + len(suffix))
+            record_ids, record_mask, answers = list(prefix), [0] * len(prefix), []
+            for turn in plain_turns(record):
+                prompt, completion = next(prompts), next(completions)
+                record_ids += prompt
+                record_mask += [0] * len(prompt)
+                targets = [next(steps) for _ in turn.meta.get("steps", [])] if steps is not None else []
+                answers.append((turn, len(record_ids), completion, targets))
+                record_ids += completion
+                record_mask += [1] * len(completion)
+            record_ids += suffix
+            record_mask += [1] * len(suffix)
             if steps is not None:
-                record_steps = [next(steps) for _ in record.meta.get("steps", [])]
-                rows, why = _step_rows(
-                    record, record_ids, len(prefix) + len(prompt), completion, record_steps, max_steps
-                )
+                rows, why = _step_rows(record_ids, answers, max_steps)
                 step_rows.append(rows)
                 unaligned = unaligned or why
         ids += record_ids
@@ -197,18 +230,20 @@ def encode_records(tokenizer, batch: list[Record], prefix: list[int], suffix: li
 
 
 def _step_rows(
-    record: Record, record_ids: list[int], at: int, completion: list[int], steps: list[list[int]], max_steps: int
+    record_ids: list[int], answers: list[tuple[Record, int, list[int], list[list[int]]]], max_steps: int
 ) -> tuple[np.ndarray, str | None]:
-    """One record's [tokens, max_steps] step streams (`encode_records`), or why not."""
+    """One plain record's [tokens, max_steps] step streams (`encode_records`): each answer
+    (turn, where its completion starts, the completion, its step targets' tokens), or why not."""
     rows = np.tile(np.array(record_ids, dtype=np.int64)[:, None], (1, max_steps))
-    for t, step in enumerate(steps):
-        if len(step) != len(completion):
-            texts = step_completions(record)
-            return rows, (
-                f"{record.where}: steps[{t}] as a completion, {texts[t]!r}, is {len(step)} token(s) but the "
-                f"completion {record.completion!r} is {len(completion)}"
-            )
-        rows[at : at + len(step), t] = step
+    for turn, at, completion, steps in answers:
+        for t, step in enumerate(steps):
+            if len(step) != len(completion):
+                texts = step_completions(turn)
+                return rows, (
+                    f"{turn.where}: steps[{t}] as a completion, {texts[t]!r}, is {len(step)} token(s) but the "
+                    f"completion {turn.completion!r} is {len(completion)}"
+                )
+            rows[at : at + len(step), t] = step
     return rows, None
 
 
@@ -306,6 +341,16 @@ class ChatTemplate:
         return list(encoding.ids), mask
 
 
+def meta_of(record: Record) -> dict:
+    """A record's metadata line: its ``depth`` and ``steps``, or each turn's under ``turns``."""
+    return record.meta if record.turns is None else {TURNS: [turn.meta for turn in record.turns]}
+
+
+def max_steps_of(record: Record) -> int:
+    """The most per-step targets of any answer in the record."""
+    return max(len(turn.meta.get("steps", ())) for turn in plain_turns(record))
+
+
 class RecordIndex:
     """One split's record starts (token offsets) and metadata lines, written at close."""
 
@@ -318,7 +363,7 @@ class RecordIndex:
     def add(self, batch: list[Record], lengths: list[int]) -> None:
         for record, tokens in zip(batch, lengths):
             self.starts.append(self.starts[-1] + tokens)
-        self.meta.write("".join(json.dumps({"where": r.where, **r.meta}, sort_keys=True) + "\n" for r in batch))
+        self.meta.write("".join(json.dumps({"where": r.where, **meta_of(r)}, sort_keys=True) + "\n" for r in batch))
 
     def close(self) -> dict:
         self.meta.close()

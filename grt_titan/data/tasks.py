@@ -53,6 +53,29 @@ def iterated_function(rng: random.Random, depth: int, symbols: int) -> dict:
     return {"prompt": prompt, "completion": f" {orbit[-1]}", "depth": depth, "steps": orbit[1:]}
 
 
+def iterated_function_queries(rng: random.Random, depths: list[int], symbols: int) -> dict:
+    """One table, a query per depth in `depths`, each answered: a record of many answers
+    (``turns``). f is a single cycle over the S symbols, so f^a(x) != f^b(x) for a != b < S: an
+    answer a step short is wrong, and every orbit of d < S steps is d + 1 distinct symbols."""
+    if max(depths) + 1 > symbols:
+        raise ValueError(
+            f"iterated-function: depth {max(depths)} needs at least {max(depths) + 1} symbols; got --symbols {symbols}"
+        )
+    cycle = rng.sample(SYMBOLS[:symbols], symbols)
+    f = {a: cycle[(i + 1) % symbols] for i, a in enumerate(cycle)}
+    table = list(f.items())
+    rng.shuffle(table)
+    turns, before = [], " ".join(f"{a} > {b} ;" for a, b in table) + " "
+    for depth in depths:
+        orbit = [rng.choice(cycle)]
+        for _ in range(depth):
+            orbit.append(f[orbit[-1]])
+        turns.append({"prompt": f"{before}| {orbit[0]} * {depth} =", "completion": f" {orbit[-1]}", "depth": depth})
+        turns[-1]["steps"] = orbit[1:]
+        before = " "
+    return {"turns": turns}
+
+
 def chains(rng: random.Random, depth: int, symbols: int) -> dict:
     """CHAINS chains of d variables, each first set to its own digit, each next to the one
     before; the query is one chain's last variable, d lookups from its digit. Every chain has
@@ -105,9 +128,10 @@ def problem_split(prompt: str) -> str:
 
 
 def generate(
-    name: str, depths: range, n: int, seed: int, split: str = "train", symbols: int | None = None
+    name: str, depths: range, n: int, seed: int, split: str = "train", symbols: int | None = None, queries: int = 1
 ) -> list[dict]:
-    """``n`` distinct problems of ``split``, depths cycling through ``depths``."""
+    """``n`` distinct problems of ``split``, depths cycling through ``depths``; with ``queries``
+    > 1 (iterated-function), records of that many answers over one table each."""
     if name not in TASKS:
         raise ValueError(f"task {name!r}: unknown; allowed: {', '.join(TASKS)}")
     if split not in SPLIT_BUCKETS:
@@ -117,20 +141,28 @@ def generate(
     symbols = DEFAULT_SYMBOLS[name] if symbols is None else symbols
     if name != "mano" and not 2 <= symbols <= len(SYMBOLS):
         raise ValueError(f"--symbols {symbols}; allowed: 2 to {len(SYMBOLS)}")
+    if queries < 1 or (queries > 1 and name != "iterated-function"):
+        raise ValueError(f"--queries {queries}; allowed: 1, or more for iterated-function (one table, many answers)")
     rng = random.Random(f"{name}:{seed}")
     seen, out = set(), []
     for k in range(n):
         depth = depths[k % len(depths)]
         for _ in range(MAX_TRIES_PER_PROBLEM):
-            record = TASKS[name](rng, depth, symbols)
-            if record["prompt"] not in seen and problem_split(record["prompt"]) == split:
+            if queries > 1:
+                record = iterated_function_queries(
+                    rng, [depths[(k * queries + j) % len(depths)] for j in range(queries)], symbols
+                )
+            else:
+                record = TASKS[name](rng, depth, symbols)
+            key = record["turns"][0]["prompt"] if queries > 1 else record["prompt"]
+            if key not in seen and problem_split(key) == split:
                 break
         else:
             raise ValueError(
                 f"{name}: found no new {split} problem of depth {depth} after {MAX_TRIES_PER_PROBLEM} tries "
                 f"({len(seen)} made); lower --n or widen the problem space (--symbols)"
             )
-        seen.add(record["prompt"])
+        seen.add(key)
         out.append(record)
     return out
 
@@ -212,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--scratchpad", action="store_true", help="the completion writes every intermediate value, the answer last"
     )
+    p.add_argument(
+        "--queries",
+        type=int,
+        default=1,
+        help="iterated-function: queries per table, each answered (a record of many answers, `turns`; default 1)",
+    )
     return p
 
 
@@ -222,7 +260,13 @@ def main(argv: list[str] | None = None) -> int:
             folder = write_task_tokenizer(args.out)
             print(f"wrote {folder}: a word-level tokenizer of {len(task_vocabulary()) + 2} tokens")
             return 0
-        problems = generate(args.name, parse_depths(args.depths), args.n, args.seed, args.split, args.symbols)
+        if args.queries > 1 and (args.chat or args.scratchpad):
+            raise ValueError(
+                f"--queries {args.queries} writes records of many answers; allowed with neither --chat nor --scratchpad"
+            )
+        problems = generate(
+            args.name, parse_depths(args.depths), args.n, args.seed, args.split, args.symbols, args.queries
+        )
     except ValueError as e:
         print(f"grt-titan task: error: {e}", file=sys.stderr)
         return 2
@@ -234,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text("".join(json.dumps(as_chat(p) if args.chat else p) + "\n" for p in problems))
     tmp.replace(out)
     kind = ("scratchpad " if args.scratchpad else "") + ("chat records" if args.chat else "problems")
+    kind += f" of {args.queries} queries each" if args.queries > 1 else ""
     print(f"wrote {out}: {len(problems)} {args.split} {kind} of {args.name}, depths {args.depths}")
     return 0
 

@@ -264,3 +264,33 @@ def test_a_chat_record_is_scored_on_its_last_assistant_turn_as_the_template_rend
     assert task_eval.encode(chat_words, record, chat_words.get_vocab_size(), len(ids) - 1) == (ids, n)  # last: unread
     with pytest.raises(ValueError, match=rf"t\.jsonl:1: {len(ids) - 1} tokens read .* exceed the model's max_seq_len"):
         task_eval.encode(chat_words, record, chat_words.get_vocab_size(), len(ids) - 2)
+
+
+def test_each_answer_of_a_record_of_many_answers_is_scored_after_the_references_before_it(tmp_path, words):
+    """A `turns` record is one scored answer per turn, its prompt every word before that answer
+    (the earlier answers as the record writes them), its depth the turn's; encoded, each is the
+    record's own token prefix (what the trained model read), a turn without `depth` refused."""
+    (record,) = tasks.generate("iterated-function", range(2, 5), 1, seed=0, queries=3)
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    scored = task_eval.task_records(path)
+    turns = record["turns"]
+    assert [r.meta["depth"] for r in scored] == [2, 3, 4] and [r.completion for r in scored] == [
+        t["completion"] for t in turns
+    ]
+    assert (
+        scored[2].prompt
+        == turns[0]["prompt"]
+        + turns[0]["completion"]
+        + turns[1]["prompt"]
+        + turns[1]["completion"]
+        + turns[2]["prompt"]
+    )
+    whole = words.encode_ordinary("".join(t["prompt"] + t["completion"] for t in turns))
+    for answer in scored:
+        ids, n = task_eval.encode(words, answer, words.get_vocab_size(), 512)
+        assert n == 1 and ids == whole[: len(ids)]
+    del turns[1]["depth"], turns[1]["steps"]
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.raises(ValueError, match=r"q\.jsonl:1 turn 1: no 'depth' field"):
+        task_eval.task_records(path)

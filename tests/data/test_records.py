@@ -190,6 +190,16 @@ BAD = [
     ),
     ({"prompt": "p", "completion": " x", "depth": 0}, r"bad\.jsonl:2: field 'depth' is 0; allowed: an integer >= 1"),
     ("{not json", r"bad\.jsonl:2: not valid JSON"),
+    ({"turns": []}, r"bad\.jsonl:2: field 'turns' must be a non-empty list"),
+    ({"turns": [{"prompt": "p", "completion": " x"}], "depth": 1}, r"bad\.jsonl:2: field 'depth' beside 'turns'"),
+    (
+        {"turns": [{"prompt": "p", "completion": " x"}, {"prompt": "q"}]},
+        r"bad\.jsonl:2 turn 1: field 'completion' is missing",
+    ),
+    (
+        {"turns": [{"prompt": "p", "completion": " x", "depth": 2, "steps": ["a"]}]},
+        r"bad\.jsonl:2 turn 0: field 'steps' has 1 targets but 'depth' is 2",
+    ),
 ]
 
 
@@ -278,3 +288,20 @@ def test_chat_records_need_a_chat_template(tmp_path):
     with pytest.raises(ValueError, match=r"chat\.jsonl:1: field 'messages' has no assistant turn"):
         prepare([src], tmp_path / "out", workers=1, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_record_of_many_answers_counts_each_completion(tokenizer):
+    """`turns`: the turns end to end between the document specials, the mask 1 on each
+    completion and the end token, 0 on every prompt; by hand."""
+    turns = [
+        {"prompt": "Table: a b. Query one:", "completion": " first"},
+        {"prompt": " Query two:", "completion": " second"},
+    ]
+    record = records.check_record({"turns": turns}, "t.jsonl:1")
+    prefix, suffix = [], [tokenizer.eos_id]
+    encoded = records.encode_records(tokenizer, [record], prefix, suffix)
+    pieces = [tokenizer.encoding.encode_ordinary(t[key]) for t in turns for key in ("prompt", "completion")]
+    assert encoded.ids.tolist() == [*pieces[0], *pieces[1], *pieces[2], *pieces[3], *suffix]
+    expected = [0] * len(pieces[0]) + [1] * len(pieces[1]) + [0] * len(pieces[2]) + [1] * len(pieces[3]) + [1]
+    assert encoded.mask.tolist() == expected and encoded.lengths == [len(expected)]
+    assert records.meta_of(record) == {"turns": [{}, {}]}

@@ -196,3 +196,37 @@ def test_step_supervision_rules_and_flops():
     )
     assert extra == 5 * readout_flops_per_token(grt, 128)
     assert forward_flops_per_token(supervised, 128, 6) == forward_flops_per_token(grt, 128, 6)  # eval: one readout
+
+
+def test_each_answer_of_a_record_of_many_answers_gets_its_own_steps(tmp_path):
+    """`turns`: step t's stream holds each turn's t-th target at that turn's completion (its
+    answer past its last step), the record's other tokens unchanged; prepare writes as many
+    streams as the deepest turn has steps."""
+    words = load_tokenizer(tasks.write_task_tokenizer(tmp_path / "vocab"))
+    (record,) = tasks.generate("iterated-function", range(1, 4), 1, seed=0, queries=3)
+    (tmp_path / "q.jsonl").write_text(json.dumps(record) + "\n")
+    prepare(
+        [tmp_path / "q.jsonl"],
+        tmp_path / "ds",
+        tokenizer_path=tmp_path / "vocab",
+        val_fraction=0.0,
+        workers=1,
+        progress=False,
+    )
+    assert json.loads((tmp_path / "ds" / "manifest.json").read_text())["step_targets"] == 3
+    tokens = np.fromfile(tmp_path / "ds" / "train_000000.bin", dtype="<u2")
+    mask = np.fromfile(tmp_path / "ds" / "train_000000.mask.bin", dtype="<u1")
+    streams = [np.fromfile(tmp_path / "ds" / f"train_000000.step{t}.bin", dtype="<u2") for t in range(1, 4)]
+    answers, at = [], 0
+    for turn in record["turns"]:
+        at += len(words.encode_ordinary(turn["prompt"]))
+        answers.append((at, turn))
+        at += 1  # one word
+    assert [int(k) for k in np.flatnonzero(mask)] == [a for a, _ in answers] + [at]  # and the end token
+    for t, stream in enumerate(streams):
+        for position, turn in answers:
+            target = turn["steps"][min(t, turn["depth"] - 1)]
+            assert stream[position] == words.encode_ordinary(target)[0]
+        others = np.ones(len(tokens), bool)
+        others[[a for a, _ in answers]] = False
+        assert np.array_equal(stream[others], tokens[others])

@@ -3,6 +3,7 @@ prompt text alone; deterministic per seed; splits disjoint; the task tokenizer g
 token per word and prepares like any tokenizer."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -83,3 +84,42 @@ def test_a_scratchpad_writes_every_step_the_answer_last(name, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows == [tasks.as_chat(tasks.as_scratchpad(p)) for p in problems]
     assert set(rows[0]) == {"messages", "depth"}  # no per-step targets: the steps are the text
+
+
+def test_many_queries_share_one_table_and_each_answer_is_what_the_prompt_says():
+    """--queries: every turn's answer and steps recomputed from the first turn's table; f is
+    one cycle over the symbols; depths cycle across the file's queries; distinct and split by
+    the first turn's prompt (the table)."""
+    records = tasks.generate("iterated-function", range(1, 7), 30, seed=2, queries=4)
+    depths = [turn["depth"] for r in records for turn in r["turns"]]
+    assert depths == [1 + k % 6 for k in range(120)]
+    for record in records:
+        first, *rest = record["turns"]
+        table = first["prompt"].split(" | ")[0]
+        assert all(t["prompt"].startswith(" | ") and " > " not in t["prompt"] for t in rest)
+        f = dict(re.findall(r"(\w) > (\w) ;", table))
+        x, walk = "a", ["a"]
+        while (x := f[x]) != "a":
+            walk.append(x)
+        assert len(walk) == 12  # one cycle through every symbol
+        for turn in record["turns"]:
+            steps = SOLVERS["iterated-function"](table + " | " + turn["prompt"].split("| ")[-1])
+            assert steps == turn["steps"] and len(steps) == turn["depth"] and turn["completion"] == " " + steps[-1]
+    keys = [r["turns"][0]["prompt"] for r in records]
+    assert len(set(keys)) == 30 and {tasks.problem_split(k) for k in keys} == {"train"}
+    test = tasks.generate("iterated-function", range(1, 7), 10, seed=2, split="test", queries=4)
+    assert not set(keys) & {r["turns"][0]["prompt"] for r in test}
+    with pytest.raises(ValueError, match=r"--queries 3; allowed: 1, or more for iterated-function"):
+        tasks.generate("chains", range(1, 3), 2, seed=0, queries=3)
+    with pytest.raises(ValueError, match="depth 12 needs at least 13 symbols"):
+        tasks.generate("iterated-function", range(1, 13), 2, seed=0, queries=12)
+
+
+def test_cli_refuses_many_queries_as_chat_or_scratchpad(tmp_path, capsys):
+    out = tmp_path / "q.jsonl"
+    assert tasks.main(["iterated-function", "--queries", "4", "--chat", "--out", str(out)]) == 2
+    assert (
+        "--queries 4 writes records of many answers; allowed with neither --chat nor --scratchpad"
+        in capsys.readouterr().err
+    )
+    assert not out.exists()
