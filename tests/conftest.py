@@ -81,9 +81,8 @@ def module_of(item: pytest.Item) -> str:
 def suite_part(items: list[pytest.Item], part: str) -> tuple[list[pytest.Item], list[pytest.Item]]:
     """(kept, dropped): `part` "training" keeps the modules that hold a slow test, "unit" the others."""
     training = {module_of(item) for item in items if item.get_closest_marker("slow")}
-    kept = [item for item in items if (module_of(item) in training) == (part == "training")]
-    ids = {id(item) for item in kept}
-    return kept, [item for item in items if id(item) not in ids]
+    keep = [(module_of(item) in training) == (part == "training") for item in items]
+    return [i for i, k in zip(items, keep) if k], [i for i, k in zip(items, keep) if not k]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

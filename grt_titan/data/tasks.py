@@ -147,14 +147,14 @@ def generate(
     seen, out = set(), []
     for k in range(n):
         depth = depths[k % len(depths)]
+        query_depths = [depths[(k * queries + j) % len(depths)] for j in range(queries)]
         for _ in range(MAX_TRIES_PER_PROBLEM):
             if queries > 1:
-                record = iterated_function_queries(
-                    rng, [depths[(k * queries + j) % len(depths)] for j in range(queries)], symbols
-                )
+                record = iterated_function_queries(rng, query_depths, symbols)
+                key = record["turns"][0]["prompt"]
             else:
                 record = TASKS[name](rng, depth, symbols)
-            key = record["turns"][0]["prompt"] if queries > 1 else record["prompt"]
+                key = record["prompt"]
             if key not in seen and problem_split(key) == split:
                 break
         else:
