@@ -149,9 +149,11 @@ def _describe(status: int) -> tuple[int, str]:
     return code, f"exit code {code}"
 
 
-def _run_ranks(nproc: int, module: str) -> int:
+def _run_ranks(nproc: int, module: str, every_rank_output: bool = False) -> int:
     """Fork ranks 0..nproc-1 of `python -m module` (sys.argv set) and wait for them: 0 if every
-    rank exits 0; when one fails, the others are stopped and its last output is printed."""
+    rank exits 0; when one fails, the others are stopped and its last output is printed. With
+    `every_rank_output` the other ranks' output follows rank 0's when they end (torchrun
+    without --local-ranks-filter shows every rank's)."""
     port = free_port()
     logs = tempfile.mkdtemp(prefix="grt-ranks-")
     sys.stdout.flush()
@@ -200,6 +202,10 @@ def _run_ranks(nproc: int, module: str) -> int:
         if os.path.exists(log):
             with open(log, errors="replace") as f:
                 print(f"[launcher] rank {rank}'s last output:\n{f.read()[-8000:]}", file=sys.stderr)
+    if every_rank_output:
+        for rank in sorted({*range(1, nproc)} - {rank for rank, _ in failed}):
+            with open(os.path.join(logs, f"rank{rank}.log"), errors="replace") as f:
+                sys.stderr.write(f.read())
     for name in os.listdir(logs):
         os.unlink(os.path.join(logs, name))
     os.rmdir(logs)
@@ -230,11 +236,11 @@ def _skip_end_of_training_wait() -> None:
     torchtitan.train.time = _TimeWithoutSleep()
 
 
-def _run_job(module: str, args: list[str], nproc: int) -> int:
+def _run_job(module: str, args: list[str], nproc: int, every_rank_output: bool = False) -> int:
     sys.argv = [module, *args]  # as `python -m MODULE ARGS` sets it
     _skip_end_of_training_wait()
     if nproc:
-        return _run_ranks(nproc, module)
+        return _run_ranks(nproc, module, every_rank_output)
     return _run_module_as_main(module)
 
 
@@ -267,7 +273,9 @@ def _serve_job(request: dict) -> NoReturn:
 
             torch._logging._internal._init_logs()
         _fresh_random_state()
-        return _run_job(request["module"], request["args"], request["nproc"] or 0)
+        return _run_job(
+            request["module"], request["args"], request["nproc"] or 0, request.get("every_rank_output", False)
+        )
 
     _exit_forked_child(body)
 
@@ -474,11 +482,26 @@ class _FreshJob(Job):
 
 
 def _submit(
-    path: str, module: str, args: list[str], env: dict, nproc: int | None, cwd: str | Path, stdout: str, stderr: str
+    path: str,
+    module: str,
+    args: list[str],
+    env: dict,
+    nproc: int | None,
+    cwd: str | Path,
+    stdout: str,
+    stderr: str,
+    every_rank_output: bool = False,
 ) -> _ServedJob:
     """Have the server at `path` fork the job (`serve`), output appended to the two files."""
     request = dict(
-        module=module, args=list(args), env=dict(env), cwd=str(cwd), nproc=nproc, stdout=stdout, stderr=stderr
+        module=module,
+        args=list(args),
+        env=dict(env),
+        cwd=str(cwd),
+        nproc=nproc,
+        stdout=stdout,
+        stderr=stderr,
+        every_rank_output=every_rank_output,
     )
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -513,16 +536,56 @@ def _captured(begin: Callable[[str, str], Job], timeout: float) -> subprocess.Co
 SOCKET_ENV = "GRT_TEST_LAUNCH_SOCKET"
 
 
-def call(module: str, args: list[str]) -> int:
-    """`python -m tests.launcher call MODULE ARGS`: `python -m MODULE ARGS` run by the server
-    at $GRT_TEST_LAUNCH_SOCKET in this working directory and environment; its output printed
-    when it ends, its exit code returned. The docs' `grt-titan` commands go through it
-    (tests/docs: a console command is otherwise an interpreter start that imports torchtitan)."""
+def call(module: str, args: list[str], nproc: int | None = None, every_rank_output: bool = False) -> int:
+    """`python -m tests.launcher call MODULE ARGS`: `python -m MODULE ARGS` (or `nproc` ranks
+    of it) run by the server at $GRT_TEST_LAUNCH_SOCKET in this working directory and
+    environment; its output printed when it ends, its exit code returned. The docs'
+    `grt-titan` and `torchrun` commands go through it (tests/docs: a console command is
+    otherwise an interpreter start that imports torchtitan, a torchrun command three)."""
     env, cwd = dict(os.environ), os.getcwd()
-    proc = _captured(lambda out, err: _submit(env[SOCKET_ENV], module, args, env, None, cwd, out, err), 3600)
+    proc = _captured(
+        lambda out, err: _submit(env[SOCKET_ENV], module, args, env, nproc, cwd, out, err, every_rank_output), 3600
+    )
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
     return proc.returncode
+
+
+def served_torchrun(argv: list[str]) -> tuple[int, str, list[str], bool] | None:
+    """What `torchrun ARGV` runs when it is `torchrun --nproc_per_node=N
+    [--local-ranks-filter=0] -m MODULE ARGS` (one node, no restarts), as (N, MODULE, ARGS,
+    every rank's output shown); None for any other option, which the real torchrun runs."""
+    nproc, every_rank_output, i = None, True, 0
+    while i < len(argv):
+        key, has_value, value = argv[i].partition("=")
+        if key in ("--nproc_per_node", "--nproc-per-node", "--local-ranks-filter", "--local_ranks_filter"):
+            if not has_value:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            if key.startswith("--nproc") and value.isdigit() and int(value) >= 1:
+                nproc = int(value)
+            elif key.startswith("--local") and value == "0":
+                every_rank_output = False
+            else:
+                return None
+        elif argv[i] == "-m" and i + 1 < len(argv) and nproc:
+            return nproc, argv[i + 1], argv[i + 2 :], every_rank_output
+        else:
+            return None
+        i += 1
+    return None
+
+
+def torchrun(argv: list[str]) -> int:
+    """`python -m tests.launcher torchrun ARGS`: a `torchrun` of one node run by the server
+    (`call`, torchrun's rank environment, tests/docs' shim), any other by the real torchrun
+    beside this interpreter."""
+    served = served_torchrun(argv)
+    if served is None:
+        real = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        os.execv(real, [real, *argv])
+    nproc, module, args, every_rank_output = served
+    return call(module, args, nproc, every_rank_output)
 
 
 def _read(path: str) -> str:
@@ -591,13 +654,15 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["call"] and len(argv) >= 2:
         return call(argv[1], argv[2:])
+    if argv[:1] == ["torchrun"]:
+        return torchrun(argv[1:])
     if argv[:1] == ["run"] and len(argv) >= 3 and argv[1].isdigit():
         _die_with_parent()
         for name in PRELOADED:
             importlib.import_module(name)
         return _run_job(argv[2], argv[3:], int(argv[1]))
     print(
-        "usage: python -m tests.launcher serve SOCKET | run NPROC MODULE [ARGS...] (NPROC 0: no ranks) | call MODULE [ARGS...]",
+        "usage: python -m tests.launcher serve SOCKET | run NPROC MODULE [ARGS...] (NPROC 0: no ranks) | call MODULE [ARGS...] | torchrun [ARGS...]",
         file=sys.stderr,
     )
     return 2

@@ -199,3 +199,36 @@ def test_call_runs_a_job_in_the_callers_folder_and_environment(tmp_path):
     (line,) = probe_lines(proc)
     assert proc.returncode == 3 and line["argv"][1:] == ["--exit", "3", "x"]
     assert line["probe"] == "called" and line["cwd"] == str(tmp_path)
+
+
+def test_the_torchrun_shim_runs_one_node_through_the_server_and_every_other_torchrun_itself(tmp_path):
+    """`python -m tests.launcher torchrun ARGS` (the docs' `torchrun` shim): a one-node torchrun
+    of a module runs its ranks through the server, every rank's output shown unless
+    --local-ranks-filter=0 keeps rank 0's; any other option goes to the real torchrun."""
+    from tests.launcher import SOCKET_ENV, served_torchrun
+
+    assert served_torchrun(["--nproc_per_node=2", "-m", "m", "--a", "1"]) == (2, "m", ["--a", "1"], True)
+    assert served_torchrun(["--nproc-per-node", "4", "--local-ranks-filter=0", "-m", "m"]) == (4, "m", [], False)
+    for other in (
+        ["--nproc_per_node=2", "--max-restarts", "1", "-m", "m"],
+        ["--nnodes=2", "--nproc_per_node=2", "-m", "m"],
+        ["--nproc_per_node=2", "--local-ranks-filter=1", "-m", "m"],
+        ["--nproc_per_node=gpu", "-m", "m"],
+        ["--nproc_per_node=2", "train.py"],
+        ["-m", "m"],
+    ):
+        assert served_torchrun(other) is None, other
+    env = {**job_env(), "PYTHONPATH": str(REPO), SOCKET_ENV: _SERVER.socket_path()}
+    for ranks_filter, shown in (([], [0, 1]), (["--local-ranks-filter=0"], [0])):
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.launcher", "torchrun", "--nproc_per_node=2", *ranks_filter]
+            + ["-m", "tests.launch_probe", "x"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        lines = json_lines(proc.stdout + proc.stderr)
+        assert proc.returncode == 0 and [line["rank"] for line in lines] == shown
+        assert all(line["world_size"] == "2" and line["argv"][1:] == ["x"] for line in lines)

@@ -9,6 +9,9 @@ for models too small to pay for 50k embedding rows.
 - ``iterated-function``: a shuffled table ``a > q ;`` of a function f over S symbols, a start
   x and d: the answer is f^d(x). The orbit x, f(x), ..., f^d(x) is d + 1 distinct symbols,
   so no cycle ends the walk early (the iterated-function task of the recurrent-retrofit study).
+  ``--table ordered`` writes the lines in symbol order instead: symbol i's line is at a fixed
+  place, so a lookup can go by position (one attention layer) rather than by matching the
+  line's first symbol and reading past it (an induction-style circuit of two).
 - ``chains``: variable assignments ``b = a ;`` forming a chain of d hops from the queried
   variable to a digit, among two distractor chains of the same depth with digits of their
   own, shuffled (p-hop / variable tracking).
@@ -37,7 +40,15 @@ MAX_TRIES_PER_PROBLEM = 200
 CHAINS = 3  # chains per `chains` problem: the query's and two distractors
 
 
-def iterated_function(rng: random.Random, depth: int, symbols: int) -> dict:
+def table_text(f: dict[str, str], rng: random.Random, table: str) -> str:
+    """f's lines ``a > f(a) ;``: shuffled, or in symbol order (``table`` ``ordered``)."""
+    lines = sorted(f.items())
+    if table == "shuffled":
+        rng.shuffle(lines)
+    return " ".join(f"{a} > {b} ;" for a, b in lines)
+
+
+def iterated_function(rng: random.Random, depth: int, symbols: int, table: str = "shuffled") -> dict:
     if depth + 1 > symbols:
         raise ValueError(
             f"iterated-function: depth {depth} needs at least {depth + 1} symbols; got --symbols {symbols}"
@@ -47,13 +58,11 @@ def iterated_function(rng: random.Random, depth: int, symbols: int) -> dict:
     f = {a: rng.choice(names) for a in names}
     for a, b in zip(orbit, orbit[1:]):
         f[a] = b
-    table = list(f.items())
-    rng.shuffle(table)
-    prompt = " ".join(f"{a} > {b} ;" for a, b in table) + f" | {orbit[0]} * {depth} ="
+    prompt = table_text(f, rng, table) + f" | {orbit[0]} * {depth} ="
     return {"prompt": prompt, "completion": f" {orbit[-1]}", "depth": depth, "steps": orbit[1:]}
 
 
-def iterated_function_queries(rng: random.Random, depths: list[int], symbols: int) -> dict:
+def iterated_function_queries(rng: random.Random, depths: list[int], symbols: int, table: str = "shuffled") -> dict:
     """One table, a query per depth in `depths`, each answered: a record of many answers
     (``turns``). f is a single cycle over the S symbols, so f^a(x) != f^b(x) for a != b < S: an
     answer a step short is wrong, and every orbit of d < S steps is d + 1 distinct symbols."""
@@ -63,9 +72,7 @@ def iterated_function_queries(rng: random.Random, depths: list[int], symbols: in
         )
     cycle = rng.sample(SYMBOLS[:symbols], symbols)
     f = {a: cycle[(i + 1) % symbols] for i, a in enumerate(cycle)}
-    table = list(f.items())
-    rng.shuffle(table)
-    turns, before = [], " ".join(f"{a} > {b} ;" for a, b in table) + " "
+    turns, before = [], table_text(f, rng, table) + " "
     for depth in depths:
         orbit = [rng.choice(cycle)]
         for _ in range(depth):
@@ -120,6 +127,7 @@ def mano(rng: random.Random, depth: int, symbols: int) -> dict:
 
 TASKS = {"iterated-function": iterated_function, "chains": chains, "mano": mano}
 DEFAULT_SYMBOLS = {"iterated-function": 12, "chains": 24, "mano": 0}
+TABLES = ("shuffled", "ordered")  # iterated-function's table order (--table)
 
 
 def problem_split(prompt: str) -> str:
@@ -128,10 +136,18 @@ def problem_split(prompt: str) -> str:
 
 
 def generate(
-    name: str, depths: range, n: int, seed: int, split: str = "train", symbols: int | None = None, queries: int = 1
+    name: str,
+    depths: range,
+    n: int,
+    seed: int,
+    split: str = "train",
+    symbols: int | None = None,
+    queries: int = 1,
+    table: str = "shuffled",
 ) -> list[dict]:
     """``n`` distinct problems of ``split``, depths cycling through ``depths``; with ``queries``
-    > 1 (iterated-function), records of that many answers over one table each."""
+    > 1 (iterated-function), records of that many answers over one table each, its lines in
+    ``table`` order."""
     if name not in TASKS:
         raise ValueError(f"task {name!r}: unknown; allowed: {', '.join(TASKS)}")
     if split not in SPLIT_BUCKETS:
@@ -143,6 +159,9 @@ def generate(
         raise ValueError(f"--symbols {symbols}; allowed: 2 to {len(SYMBOLS)}")
     if queries < 1 or (queries > 1 and name != "iterated-function"):
         raise ValueError(f"--queries {queries}; allowed: 1, or more for iterated-function (one table, many answers)")
+    if table not in TABLES or (table != "shuffled" and name != "iterated-function"):
+        raise ValueError(f"--table {table}; allowed: {' or '.join(TABLES)} for iterated-function, shuffled otherwise")
+    options = {"table": table} if name == "iterated-function" else {}
     rng = random.Random(f"{name}:{seed}")
     seen, out = set(), []
     for k in range(n):
@@ -150,10 +169,10 @@ def generate(
         query_depths = [depths[(k * queries + j) % len(depths)] for j in range(queries)]
         for _ in range(MAX_TRIES_PER_PROBLEM):
             if queries > 1:
-                record = iterated_function_queries(rng, query_depths, symbols)
+                record = iterated_function_queries(rng, query_depths, symbols, table)
                 key = record["turns"][0]["prompt"]
             else:
-                record = TASKS[name](rng, depth, symbols)
+                record = TASKS[name](rng, depth, symbols, **options)
                 key = record["prompt"]
             if key not in seen and problem_split(key) == split:
                 break
@@ -250,6 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="iterated-function: queries per table, each answered (a record of many answers, `turns`; default 1)",
     )
+    p.add_argument(
+        "--table",
+        default="shuffled",
+        choices=TABLES,
+        help="iterated-function: its table's lines shuffled (default), or ordered by symbol: a lookup by position",
+    )
     return p
 
 
@@ -265,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--queries {args.queries} writes records of many answers; allowed with neither --chat nor --scratchpad"
             )
         problems = generate(
-            args.name, parse_depths(args.depths), args.n, args.seed, args.split, args.symbols, args.queries
+            args.name, parse_depths(args.depths), args.n, args.seed, args.split, args.symbols, args.queries, args.table
         )
     except ValueError as e:
         print(f"grt-titan task: error: {e}", file=sys.stderr)
@@ -279,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.replace(out)
     kind = ("scratchpad " if args.scratchpad else "") + ("chat records" if args.chat else "problems")
     kind += f" of {args.queries} queries each" if args.queries > 1 else ""
+    kind += f" over {args.table} tables" if args.name == "iterated-function" else ""
     print(f"wrote {out}: {len(problems)} {args.split} {kind} of {args.name}, depths {args.depths}")
     return 0
 

@@ -115,6 +115,26 @@ def test_many_queries_share_one_table_and_each_answer_is_what_the_prompt_says():
         tasks.generate("iterated-function", range(1, 13), 2, seed=0, queries=12)
 
 
+@pytest.mark.parametrize("queries", [1, 4])
+def test_an_ordered_table_lists_symbol_i_at_line_i_and_answers_as_the_shuffled_one_would(queries):
+    """--table ordered: the same lines as a shuffled table, in symbol order (a lookup by
+    position); every answer recomputed from the table; the shuffled tables of the same file
+    are in no fixed order."""
+    ordered = tasks.generate("iterated-function", range(1, 7), 20, seed=1, queries=queries, table="ordered")
+    shuffled = tasks.generate("iterated-function", range(1, 7), 20, seed=1, queries=queries)
+    for record in ordered:
+        turns = record.get("turns", [record])
+        table = turns[0]["prompt"].split(" | ")[0]
+        assert [a for a, _ in re.findall(r"(\w) > (\w) ;", table)] == list(tasks.SYMBOLS[:12])
+        for turn in turns:
+            steps = SOLVERS["iterated-function"](table + " | " + turn["prompt"].split("| ")[-1])
+            assert steps == turn["steps"] and turn["completion"] == " " + steps[-1]
+    firsts = [re.findall(r"(\w) > ", r.get("turns", [r])[0]["prompt"]) for r in shuffled]
+    assert any(symbols != sorted(symbols) for symbols in firsts)
+    with pytest.raises(ValueError, match="--table ordered; allowed: shuffled or ordered for iterated-function"):
+        tasks.generate("chains", range(1, 3), 2, seed=0, table="ordered")
+
+
 def test_cli_refuses_many_queries_as_chat_or_scratchpad(tmp_path, capsys):
     out = tmp_path / "q.jsonl"
     assert tasks.main(["iterated-function", "--queries", "4", "--chat", "--out", str(out)]) == 2

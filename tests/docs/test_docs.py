@@ -167,11 +167,13 @@ def _env() -> dict:
 
 
 def _served_console(tmp_path, env: dict) -> dict:
-    """`grt-titan` on the PATH as a shim that has the launcher's fork server run `grt_titan.cli`
-    (the console script's module) with the command's arguments, working directory and
-    environment (tests/launcher.py `call`): each console command would otherwise be an
-    interpreter start importing torchtitan (about 4.5 s of CPU). torchrun and python commands
-    run as printed; GRT_TEST_LAUNCH_SERVER=0 runs the console script itself."""
+    """`grt-titan` and `torchrun` on the PATH as shims that have the launcher's fork server run
+    the command with its arguments, working directory and environment (tests/launcher.py
+    `call`): `grt_titan.cli`, the console script's module, and a one-node torchrun's ranks with
+    torchrun's rank environment, every rank's output shown (`served_torchrun`; any other
+    torchrun runs as printed). Each console command would otherwise be an interpreter start
+    importing torchtitan (about 4.5 s of CPU), each torchrun three. python commands run as
+    printed; GRT_TEST_LAUNCH_SERVER=0 runs every command as printed."""
     from tests.launcher import _SERVER, SOCKET_ENV, needs_fresh_interpreter
 
     if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") == "0":
@@ -181,9 +183,10 @@ def _served_console(tmp_path, env: dict) -> dict:
         return env
     shims = tmp_path / "console"
     shims.mkdir()
-    shim = shims / "grt-titan"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tests.launcher call grt_titan.cli "$@"\n')
-    shim.chmod(0o755)
+    for name, command in (("grt-titan", "call grt_titan.cli"), ("torchrun", "torchrun")):
+        shim = shims / name
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tests.launcher {command} "$@"\n')
+        shim.chmod(0o755)
     return {**env, SOCKET_ENV: path, "PATH": str(shims) + os.pathsep + env["PATH"]}
 
 
