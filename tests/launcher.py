@@ -204,8 +204,7 @@ def _run_ranks(nproc: int, module: str, every_rank_output: bool = False) -> int:
                 print(f"[launcher] rank {rank}'s last output:\n{f.read()[-8000:]}", file=sys.stderr)
     if every_rank_output:
         for rank in sorted({*range(1, nproc)} - {rank for rank, _ in failed}):
-            with open(os.path.join(logs, f"rank{rank}.log"), errors="replace") as f:
-                sys.stderr.write(f.read())
+            sys.stderr.write(_read(os.path.join(logs, f"rank{rank}.log")))
     for name in os.listdir(logs):
         os.unlink(os.path.join(logs, name))
     os.rmdir(logs)
