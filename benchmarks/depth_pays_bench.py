@@ -39,7 +39,8 @@ training FLOPs per token allow (`get_nparams_and_flops`). `--align` (default 1, 
 alike) starts table slot i's position embedding as a fixed rotation of symbol i's embedding
 and each query's as its symbol's: an initialisation aid so that the lookup is learnable in
 minutes; nothing is frozen; `--align 0` turns it off. `--depth-curriculum F` grows the
-deepest training problem from 1 to R over the first F of each row's steps. Accuracy by problem depth x r = 0..2R
+deepest training problem from 1 to R over the first F of each row's steps. `--gate-bias-init B`
+starts every gated row's gate bias at B instead of the paper's +4. Accuracy by problem depth x r = 0..2R
 (r = 0: prelude and coda alone) on fresh problems, and each query's arrival step (the first r
 from which it stays right); for the recurrent rows, each per-token halting rule of HALTING
 (and the `ouro` row's own trained exit, Ouro's Q-exit at OURO_EXIT) on a uniform mix of depths
@@ -107,6 +108,7 @@ TRAINING_OPTIONS = (
     "lr",
     "align",
     "depth_curriculum",
+    "gate_bias_init",
     "seed",
 )
 
@@ -118,6 +120,8 @@ def model_args(row: str, opts) -> GRTModelArgs:
     if row == "dense":
         return GRTModelArgs(**common, n_prelude_layers=opts.dense_layers, n_core_layers=0, n_coda_layers=0)
     parts = dict(num_recurrences=opts.recurrences, min_recurrences=1, state_noise_std=0.0, gate_noise_std=0.0)
+    if opts.gate_bias_init is not None:
+        parts["gate_bias_init"] = opts.gate_bias_init
     if row in PAPER_ROWS:
         parts |= paper_grt(PAPER_ROWS[row])
         if parts.get("step_adapter") == "lora":
@@ -353,7 +357,8 @@ def run_row(row: str, steps: int, opts) -> dict:
     done, weights = opts.out / row / "result.json", opts.out / row / "model.pt"
     finished = json.loads(done.read_text()) if done.exists() else {}
     options = {name: getattr(opts, name) for name in TRAINING_OPTIONS}
-    saved = finished.get("options") and {"depth_given": "query", **finished["options"]}  # of before --depth-given
+    # results of before --depth-given and --gate-bias-init
+    saved = finished.get("options") and {"depth_given": "query", "gate_bias_init": None, **finished["options"]}
     if (finished.get("steps"), saved) == (steps, options) and weights.exists():
         model = GRTModel(model_args(row, opts))
         model.load_state_dict(torch.load(weights))
@@ -408,6 +413,7 @@ def step_table(result: dict) -> list[str]:
 
 def summary(results: dict[str, dict], opts) -> str:
     head = f"N = {opts.symbols} symbols, K = {opts.queries} queries, R = {opts.recurrences}, align {opts.align}"
+    head += "" if opts.gate_bias_init is None else f", gate bias {opts.gate_bias_init}"
     lines = [
         head + f", depth curriculum {opts.depth_curriculum}, seed {opts.seed}, depth given by {opts.depth_given}",
         "",
@@ -535,6 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--align", type=float, default=1.0)
+    parser.add_argument(
+        "--gate-bias-init",
+        type=float,
+        default=None,
+        help="the gate's last bias at initialisation, every gated row (default: the model's, the paper's +4: "
+        "g = 0.98, each step keeps the state); -4 starts the gate near overwriting",
+    )
     parser.add_argument(
         "--depth-curriculum",
         type=float,

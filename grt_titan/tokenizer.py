@@ -207,6 +207,8 @@ class HFTokenizer(HuggingFaceTokenizer):
             and after a document's text (Llama 3: ``[bos]``, ``[eos]``).
         cut_problem: None when long documents may be cut into pieces before a space or
             newline that follows an ASCII letter or digit (``grt-titan prepare``), else why not.
+        unknown_id: The id a word outside the vocabulary is read as, or None (byte-level BPE
+            reads every text).
     """
 
     def __init__(self, folder: str | os.PathLike, expected_sha256: str | None = None):
@@ -232,6 +234,10 @@ class HFTokenizer(HuggingFaceTokenizer):
             self.eos_id = self._fallback_eos_id()
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
         self._vocab_size = max(vocab.values()) + 1
+        # A word-level (or WordPiece, Unigram) model reads a word it lacks as its unknown
+        # token; byte-level BPE (GPT-2, Qwen3) has none. `grt-titan prepare` refuses such text.
+        unknown = (tokenizer_json.get("model") or {}).get("unk_token")
+        self.unknown_id = None if unknown is None else self.tokenizer.token_to_id(unknown)
         self.document_prefix, self.document_suffix = self._document_specials()
         self.cut_problem = _cut_problem(tokenizer_json, self.tokenizer.get_added_tokens_decoder().values())
 

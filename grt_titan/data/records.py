@@ -207,6 +207,7 @@ def encode_records(tokenizer, batch: list[Record], prefix: list[int], suffix: li
             record_ids, record_mask, answers = list(prefix), [0] * len(prefix), []
             for turn in plain_turns(record):
                 prompt, completion = next(prompts), next(completions)
+                check_known(tokenizer, turn, prompt=prompt, completion=completion)
                 record_ids += prompt
                 record_mask += [0] * len(prompt)
                 targets = [next(steps) for _ in turn.meta.get("steps", [])] if steps is not None else []
@@ -227,6 +228,21 @@ def encode_records(tokenizer, batch: list[Record], prefix: list[int], suffix: li
         encoded.steps = np.concatenate(step_rows) if step_rows else np.zeros((0, max_steps), np.int64)
     encoded.unaligned = unaligned
     return encoded
+
+
+def check_known(tokenizer, turn: Record, **ids: list[int]) -> None:
+    """ValueError naming the field and its words when a tokenizer with an unknown token (a
+    word-level one, such as `grt-titan task vocab`'s) read a word of `turn` as that token: the
+    text would train as `<unk>`, silently."""
+    unknown = getattr(tokenizer, "unknown_id", None)
+    for name, field_ids in ids.items():
+        if unknown is not None and unknown in field_ids:
+            words = sorted({w for w in getattr(turn, name).split() if unknown in tokenizer.encode_ordinary(w)})
+            raise ValueError(
+                f"{turn.where}: field {name!r} has words the tokenizer {tokenizer.name!r} does not know "
+                f"({', '.join(map(repr, words[:5]))}): it would read them as its unknown token; allowed: "
+                "text in its vocabulary"
+            )
 
 
 def _step_rows(

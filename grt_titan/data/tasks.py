@@ -11,7 +11,9 @@ for models too small to pay for 50k embedding rows.
   so no cycle ends the walk early (the iterated-function task of the recurrent-retrofit study).
   ``--table ordered`` writes the lines in symbol order instead: symbol i's line is at a fixed
   place, so a lookup can go by position (one attention layer) rather than by matching the
-  line's first symbol and reading past it (an induction-style circuit of two).
+  line's first symbol and reading past it (an induction-style circuit of two). ``--table
+  edges`` writes each line as one word ``a>q``, shuffled: one token per line in the task
+  vocabulary, so a lookup matches that token by its content (one attention layer).
 - ``chains``: variable assignments ``b = a ;`` forming a chain of d hops from the queried
   variable to a digit, among two distractor chains of the same depth with digits of their
   own, shuffled (p-hop / variable tracking).
@@ -41,10 +43,13 @@ CHAINS = 3  # chains per `chains` problem: the query's and two distractors
 
 
 def table_text(f: dict[str, str], rng: random.Random, table: str) -> str:
-    """f's lines ``a > f(a) ;``: shuffled, or in symbol order (``table`` ``ordered``)."""
+    """f's lines ``a > f(a) ;``: shuffled, or in symbol order (``table`` ``ordered``); or
+    shuffled words ``a>f(a)`` (``edges``)."""
     lines = sorted(f.items())
-    if table == "shuffled":
+    if table != "ordered":
         rng.shuffle(lines)
+    if table == "edges":
+        return " ".join(f"{a}>{b}" for a, b in lines)
     return " ".join(f"{a} > {b} ;" for a, b in lines)
 
 
@@ -127,7 +132,10 @@ def mano(rng: random.Random, depth: int, symbols: int) -> dict:
 
 TASKS = {"iterated-function": iterated_function, "chains": chains, "mano": mano}
 DEFAULT_SYMBOLS = {"iterated-function": 12, "chains": 24, "mano": 0}
-TABLES = ("shuffled", "ordered")  # iterated-function's table order (--table)
+TABLES = ("shuffled", "ordered", "edges")  # iterated-function's table (--table)
+# The task vocabulary's `a>b` words (`--table edges`): every pair over the first EDGE_SYMBOLS
+# symbols, so the vocabulary (235 ids) fits the 256 rows of the `task_debug_words` flavor.
+EDGE_SYMBOLS = 10
 
 
 def problem_split(prompt: str) -> str:
@@ -160,7 +168,7 @@ def generate(
     if queries < 1 or (queries > 1 and name != "iterated-function"):
         raise ValueError(f"--queries {queries}; allowed: 1, or more for iterated-function (one table, many answers)")
     if table not in TABLES or (table != "shuffled" and name != "iterated-function"):
-        raise ValueError(f"--table {table}; allowed: {' or '.join(TABLES)} for iterated-function, shuffled otherwise")
+        raise ValueError(f"--table {table}; allowed: {', '.join(TABLES)} for iterated-function, shuffled otherwise")
     options = {"table": table} if name == "iterated-function" else {}
     rng = random.Random(f"{name}:{seed}")
     seen, out = set(), []
@@ -188,8 +196,9 @@ def generate(
 
 def task_vocabulary() -> list[str]:
     """Every word the tasks write, in a fixed order: symbols, digits and numbers to 99,
-    punctuation and operators."""
-    return [*SYMBOLS, *map(str, range(100)), ">", ";", "|", "*", "=", "+", "-"]
+    punctuation and operators, then the edge words ``a>b`` over the first EDGE_SYMBOLS symbols."""
+    edges = [f"{a}>{b}" for a in SYMBOLS[:EDGE_SYMBOLS] for b in SYMBOLS[:EDGE_SYMBOLS]]
+    return [*SYMBOLS, *map(str, range(100)), ">", ";", "|", "*", "=", "+", "-", *edges]
 
 
 def write_task_tokenizer(folder: str | Path) -> Path:
@@ -273,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--table",
         default="shuffled",
         choices=TABLES,
-        help="iterated-function: its table's lines shuffled (default), or ordered by symbol: a lookup by position",
+        help="iterated-function: its table's lines shuffled (default); ordered by symbol (a lookup by position); "
+        f"or edges: each line one word a>b, shuffled (one token per line in the task vocabulary, to --symbols {EDGE_SYMBOLS})",
     )
     return p
 

@@ -128,6 +128,25 @@ def test_table_1_rows_take_their_paper_tomls_parts_at_the_tasks_depth(bench, tmp
     assert bench.model_args("unlooped", opts).num_recurrences == 1
 
 
+def test_gate_bias_init_starts_every_gated_row_near_overwriting(bench, tmp_path):
+    """--gate-bias-init -4: the gate of each gated row starts at sigmoid(-4) = 0.018 (the
+    paper's +4: 0.982), its gate module measured on random states; unset, the model's +4 stays."""
+    default = bench.build_parser().parse_args(["--out", str(tmp_path), "--recurrences", "2"])
+    low = bench.build_parser().parse_args(["--out", str(tmp_path), "--recurrences", "2", "--gate-bias-init", "-4"])
+    for row in ("grt_steps", "grt", "unlooped", "rrt_steps"):
+        assert bench.model_args(row, default).gate_bias_init == 4.0
+        assert bench.model_args(row, low).gate_bias_init == -4.0
+    gates = []
+    for opts in (default, low):
+        torch.manual_seed(0)
+        model = bench.GRTModel(bench.model_args("grt_steps", opts))
+        with torch.no_grad():
+            model.init_weights()
+            h = torch.randn(2, 5, opts.dim)
+            gates.append(model.recurrence.step.gate(h, h, None).mean().item())  # sigmoid(bias + a small term)
+    assert gates == pytest.approx([0.982, 0.018], abs=0.005)
+
+
 def test_loops_give_the_depth_beyond_r(bench, tmp_path, capsys):
     opts = bench.build_parser().parse_args(["--out", str(tmp_path), "--depth-given", "loops", "--recurrences", "3"])
     n, r = opts.symbols, opts.recurrences

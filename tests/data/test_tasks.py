@@ -131,8 +131,42 @@ def test_an_ordered_table_lists_symbol_i_at_line_i_and_answers_as_the_shuffled_o
             assert steps == turn["steps"] and turn["completion"] == " " + steps[-1]
     firsts = [re.findall(r"(\w) > ", r.get("turns", [r])[0]["prompt"]) for r in shuffled]
     assert any(symbols != sorted(symbols) for symbols in firsts)
-    with pytest.raises(ValueError, match="--table ordered; allowed: shuffled or ordered for iterated-function"):
+    with pytest.raises(ValueError, match="--table ordered; allowed: shuffled, ordered, edges for iterated-function"):
         tasks.generate("chains", range(1, 3), 2, seed=0, table="ordered")
+
+
+@pytest.mark.parametrize("queries", [1, 4])
+def test_an_edge_table_is_one_word_a_line_each_a_token_of_the_task_vocabulary(queries, tmp_path):
+    """--table edges: every line one word `a>b`, shuffled (the same lines as the shuffled
+    table's); every answer recomputed from them; over 10 symbols the task tokenizer reads each
+    word as one token; a symbol beyond its edge words is unknown there and prepare says so."""
+    records = tasks.generate("iterated-function", range(1, 7), 20, seed=1, symbols=10, queries=queries, table="edges")
+    vocab = load_tokenizer(tasks.write_task_tokenizer(tmp_path / "vocab"))
+    assert vocab.get_vocab_size() == 235
+    orders = []
+    for record in records:
+        turns = record.get("turns", [record])
+        table = turns[0]["prompt"].split(" | ")[0]
+        words = table.split()
+        assert all(re.fullmatch(r"[a-j]>[a-j]", w) for w in words) and len({w[0] for w in words}) == 10
+        orders.append([w[0] for w in words])
+        for turn in turns:
+            steps = SOLVERS["iterated-function"](table + " | " + turn["prompt"].split("| ")[-1])
+            assert steps == turn["steps"] and turn["completion"] == " " + steps[-1]
+            text = turn["prompt"] + turn["completion"]
+            assert len(vocab.encode_ordinary(text)) == len(text.split())
+    assert any(order != sorted(order) for order in orders)
+    wide = tmp_path / "wide.jsonl"
+    assert tasks.main(["iterated-function", "--table", "edges", "--symbols", "12", "--n", "4", "--out", str(wide)]) == 0
+    with pytest.raises(ValueError) as info:
+        prepare([wide], tmp_path / "ds", tokenizer_path=tmp_path / "vocab", workers=1, progress=False)
+    assert re.fullmatch(
+        rf"{re.escape(str(wide))}:1: field 'prompt' has words the tokenizer 'vocab' does not know \('\w>\w'(, '\w>\w')*\): "
+        r"it would read them as its unknown token; allowed: text in its vocabulary",
+        str(info.value),
+    ), info.value
+    assert "k" in str(info.value) or "l" in str(info.value)  # a symbol past the 10 the edge words cover
+    assert not (tmp_path / "ds").exists()  # nothing half-written
 
 
 def test_cli_refuses_many_queries_as_chat_or_scratchpad(tmp_path, capsys):
