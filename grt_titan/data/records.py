@@ -235,8 +235,10 @@ def check_known(tokenizer, turn: Record, **ids: list[int]) -> None:
     word-level one, such as `grt-titan task vocab`'s) read a word of `turn` as that token: the
     text would train as `<unk>`, silently."""
     unknown = getattr(tokenizer, "unknown_id", None)
+    if unknown is None:
+        return
     for name, field_ids in ids.items():
-        if unknown is not None and unknown in field_ids:
+        if unknown in field_ids:
             words = sorted({w for w in getattr(turn, name).split() if unknown in tokenizer.encode_ordinary(w)})
             raise ValueError(
                 f"{turn.where}: field {name!r} has words the tokenizer {tokenizer.name!r} does not know "

@@ -185,13 +185,14 @@ def make_hf_tokenizer(folder: Path, style: str = "llama3", vocab_size: int | Non
 
 def solve_iterated_function(prompt: str) -> list[str]:
     table, query = prompt.split(" | ")
-    f = dict(re.findall(r"(\w) > (\w) ;", table) or re.findall(r"(\w)>(\w)", table))  # lines, or edge words
+    lines = re.findall(r"(\w) > (\w) ;", table) or re.findall(r"(\w)>(\w)", table)  # lines, or edge words
+    f = dict(lines)
     x, depth = re.fullmatch(r"(\w) \* (\d+) =", query).groups()
     orbit = [x]
     for _ in range(int(depth)):
         orbit.append(f[orbit[-1]])
     assert len(set(orbit)) == len(orbit), "the orbit repeats before the answer"
-    assert len(f) == len(table.split(";" if ";" in table else " ")) - (";" in table)  # each symbol once
+    assert len(f) == len(lines) == table.count(">")  # every line read, each symbol once
     assert len(f) in (10, 12)  # a total function (12 symbols by default; 10: edges in the vocabulary)
     return orbit[1:]
 
