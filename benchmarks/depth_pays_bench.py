@@ -43,8 +43,9 @@ deepest training problem from 1 to R over the first F of each row's steps. `--ga
 starts every gated row's gate bias at B instead of the paper's +4. Accuracy by problem depth x r = 0..2R
 (r = 0: prelude and coda alone) on fresh problems, and each query's arrival step (the first r
 from which it stays right); for the recurrent rows, each per-token halting rule of HALTING
-(and the `ouro` row's own trained exit, Ouro's Q-exit at OURO_EXIT) on a uniform mix of depths
-against the fixed depths; and then, as a deployed model answers, the exported model with its KV
+(and the `ouro` row's own trained exit, Ouro's Q-exit at OURO_EXIT), and the learned rule at
+LEARNED (its probe fitted to the frozen row for `--probe-steps`, grt_titan/model/halting_probe.py),
+on a uniform mix of depths against the fixed depths; and then, as a deployed model answers, the exported model with its KV
 cache taking each query as one decode step (batch 1) at each fixed r and under each rule the
 row takes: seconds per answer (`--cached-sequences`). Each row writes `--out/ROW/result.json`
 and its weights `model.pt`; a second run with the same --out scores the rows it trained
@@ -75,6 +76,8 @@ from grt_titan.analysis.task_eval import halting_summary, halting_table  # noqa:
 from grt_titan.components.loss import grt_loss  # noqa: E402
 from grt_titan.model.args import GRTModelArgs  # noqa: E402
 from grt_titan.model.exit_distribution import q_exit  # noqa: E402
+from grt_titan.model.halting import LEARNED_RULE, HaltingProbe  # noqa: E402
+from grt_titan.model.halting_probe import fit_halting_probe  # noqa: E402
 from grt_titan.model.model import GRTModel  # noqa: E402
 
 IGNORE = -100
@@ -94,6 +97,8 @@ HALTING = (
 )
 # Ouro's trained rule (the `ouro` row): exit at the first step whose exit CDF reaches q.
 OURO_EXIT = (0.5, 0.7, 0.9)
+# The learned rule's thresholds: 1 - P(done) below x halts (P(done) >= 0.97, 0.9, 0.7).
+LEARNED = (0.03, 0.1, 0.3)
 # --depth-given loops: the rows whose every step has a target (loop t toward f^t(x)).
 LOOPS_ROWS = ("grt_steps", "poisson_steps", "rrt_steps")
 # The options a trained row depends on: a row trained under others is trained again.
@@ -269,10 +274,14 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
     correct = [{r: fixed[r][q] for r in fixed} for q in range(len(answers))]
     rows = []
     exits = [("ouro-exit", q) for q in OURO_EXIT] if model.exit_gate is not None else []
-    for rule, threshold in [*HALTING, *exits]:
+    probe, fit = learned_probe(model, opts) if opts.probe_steps else (None, None)
+    learned = [(LEARNED_RULE, x) for x in LEARNED] if opts.probe_steps else []
+    for rule, threshold in [*HALTING, *exits, *learned]:
         try:
+            if probe is None and rule == LEARNED_RULE:
+                raise ValueError(fit)  # the model's reason
             start = time.perf_counter()
-            logits, steps = halted(model, batch["tokens"], rule, threshold, opts.recurrences)
+            logits, steps = halted(model, batch["tokens"], rule, threshold, opts.recurrences, probe)
             elapsed = time.perf_counter() - start
         except ValueError as refused:  # the model's own rule: MoR routes itself; `gate` needs a gate
             rows.append({"rule": rule, "threshold": threshold, "refused": str(refused)})
@@ -282,8 +291,41 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
         row = halting_summary(depths, scored, correct, rule, threshold)
         row["every_token_mean_steps"] = steps.float().mean().item()  # the table's tokens too
         row["time_vs_fixed_R"] = elapsed / fixed_seconds
+        if rule == LEARNED_RULE:
+            row["probe"] = fit
         rows.append(row)
     return rows
+
+
+def learned_probe(model: GRTModel, opts) -> tuple[HaltingProbe | None, dict | str]:
+    """(the learned rule's probe, fitted to the frozen model for --probe-steps on fresh problems
+    of depths 1..R (the query positions' readouts, at R steps), its fit: steps, last loss,
+    seconds); or (None, the model's reason for refusing the rule)."""
+    generator = torch.Generator().manual_seed(opts.seed + 4000)
+    try:  # a model that chooses its own steps (MoR) refuses every rule before any fitting
+        halted(
+            model,
+            problems(opts, 1, generator)["tokens"],
+            LEARNED_RULE,
+            0.1,
+            opts.recurrences,
+            HaltingProbe(model.model_args.dim),
+        )
+    except ValueError as refused:
+        return None, str(refused)
+
+    def batches():
+        while True:
+            tokens = problems(opts, opts.batch, generator)["tokens"]
+            positions = torch.zeros(tokens.shape, dtype=torch.bool)
+            positions[:, opts.symbols :] = True
+            yield tokens, positions
+
+    start = time.perf_counter()
+    with torch.random.fork_rng():  # the probe's initialisation: the same at every scoring of these weights
+        torch.manual_seed(opts.seed + 4000)
+        probe, log = fit_halting_probe(model, batches(), opts.probe_steps, opts.recurrences)
+    return probe, {"steps": opts.probe_steps, "loss": log[-1][1], "seconds": round(time.perf_counter() - start, 1)}
 
 
 @torch.no_grad()
@@ -343,10 +385,10 @@ def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float]]) -> lis
     return rows
 
 
-def halted(model: GRTModel, tokens: torch.Tensor, rule: str, threshold: float, depth: int):
+def halted(model: GRTModel, tokens: torch.Tensor, rule: str, threshold: float, depth: int, probe=None):
     """(logits, each token's steps) of a per-token halting rule, or of Ouro's Q-exit."""
     if rule != "ouro-exit":
-        return model.forward_with_halting(tokens, rule, threshold)
+        return model.forward_with_halting(tokens, rule, threshold, probe=probe if rule == LEARNED_RULE else None)
     h_pre = model.prelude(model.embed(tokens), model.freqs_cis)
     return q_exit(model, model.recurrence(h_pre, model.freqs_cis, depth, all_states=True).step_states, threshold)
 
@@ -376,7 +418,7 @@ def run_row(row: str, steps: int, opts) -> dict:
     if model.recurrence is not None and model.model_args.num_recurrences > 1 and opts.depth_given == "query":
         result["halting"] = evaluate_halting(model, opts)
         rules = [(h["rule"], h["threshold"]) for h in result["halting"] if "refused" not in h]
-        rules = [(rule, x) for rule, x in rules if rule != "ouro-exit"]  # Q-exit is no exported rule
+        rules = [(rule, x) for rule, x in rules if rule not in ("ouro-exit", LEARNED_RULE)]  # not exported rules
         if opts.cached_sequences and rules:
             result["cached"] = cached_answers(model, opts, rules)
     done.write_text(json.dumps(result, indent=1))
@@ -461,7 +503,20 @@ def halting_lines(halting: list[dict]) -> list[str]:
         lines += [f"Mean steps of every token (the table's too): {every}.", ""]
         if all("time_vs_fixed_R" in h for h in scored):  # results of before the timing have none
             times = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['time_vs_fixed_R']:.2f}x" for h in scored)
-            lines += [f"Wall-clock of the halted forward over the fixed r = R forward's: {times}.", ""]
+            fitted = [
+                f"; the learned rule's probe fitted in {h['probe']['seconds']:.0f} s" for h in scored if "probe" in h
+            ]
+            lines += [
+                f"Wall-clock of the halted forward over the fixed r = R forward's: {times}{''.join(fitted[:1])}.",
+                "",
+            ]
+    fits = [h["probe"] for h in scored if "probe" in h]
+    if fits:
+        fit = fits[0]
+        lines += [
+            f"The learned rule's probe: fitted for {fit['steps']} steps to the frozen model, last loss {fit['loss']:.4f}.",
+            "",
+        ]
     if refused:
         lines += ["Halting rules the model refuses: " + "; ".join(refused), ""]
     return lines
@@ -568,6 +623,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=32,
         help="sequences whose queries the exported model answers one decode step at a time with its KV cache, "
         "at each fixed r and halting rule: seconds per answer (0: off)",
+    )
+    parser.add_argument(
+        "--probe-steps",
+        type=int,
+        default=300,
+        help="steps fitting the learned halting rule's probe to each trained recurrent row (0: the rule is not scored)",
     )
     parser.add_argument("--parallel", type=int, default=1, help="rows trained at once, one process and thread each")
     parser.add_argument("--seed", type=int, default=0)

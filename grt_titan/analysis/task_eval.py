@@ -13,6 +13,9 @@ its distribution by depth is the ignition curve (arXiv 2608.03263). A record of 
 `--halting RULE:THRESHOLD` scores the same completions with every token halting by a
 per-token rule (grt_titan/model/halting.py, at most R steps): accuracy and the steps the
 completion's tokens ran, by problem depth, beside the smallest fixed r that is as accurate.
+`learned:THRESHOLD` is the learned rule: its probe is first fitted to the frozen model on the
+completions of `--probe-data` (grt_titan/model/halting_probe.py; no answer is read, the
+model's own readouts are the targets).
 `--wall-clock N` (MODEL an export) decodes the first N records as a user would, greedily with
 the export's model and KV cache, one at a time, at each fixed r and under each rule: seconds
 per answer.
@@ -31,7 +34,10 @@ import torch
 
 from grt_titan.checkpoint_io import OverridesParser, check_overrides_have_config
 from grt_titan.data.records import ChatTemplate, Record, ordinary_batch, read_records
-from grt_titan.model.halting import HALTING_RULES
+from grt_titan.model.halting import HALTING_RULES, LEARNED_RULE
+
+# `--halting RULE:THRESHOLD`: the exported model's rules and the learned one (`--probe-data`).
+EVAL_RULES = (*HALTING_RULES, LEARNED_RULE)
 
 DENSE = "dense"
 
@@ -151,18 +157,37 @@ def parse_halting(text: str) -> tuple[str, float]:
         threshold = float(value)
     except ValueError:
         threshold = None
-    if rule not in HALTING_RULES or threshold is None:
-        raise ValueError(f"--halting {text!r}; allowed: RULE:THRESHOLD with RULE one of {', '.join(HALTING_RULES)}")
+    if rule not in EVAL_RULES or threshold is None:
+        raise ValueError(f"--halting {text!r}; allowed: RULE:THRESHOLD with RULE one of {', '.join(EVAL_RULES)}")
     return rule, threshold
 
 
-def score_halting(model, encoded, rule: str, threshold: float, batch_size: int) -> list[tuple[bool, float]]:
+def fit_probe(model, encoded, steps: int, batch_size: int) -> tuple[Any, list]:
+    """The learned rule's probe, fitted for `steps` batches (cycling through `encoded`) on the
+    positions that predict each completion, at the eval depth (the halting calls' maximum)."""
+    from grt_titan.model.halting_probe import fit_halting_probe
+
+    device = next(model.parameters()).device
+
+    def batches():
+        while True:
+            for batch, ids in _batches(encoded, batch_size, device):
+                positions = torch.zeros(ids[:, :-1].shape, dtype=torch.bool, device=device)
+                for row, i in enumerate(batch):
+                    positions[row, answered(ids, encoded[i][1])] = True
+                yield ids[:, :-1], positions
+
+    return fit_halting_probe(model, batches(), steps, model.recurrence.resolve_depth(None))
+
+
+def score_halting(model, encoded, rule: str, threshold: float, batch_size: int, probe=None) -> list[tuple[bool, float]]:
     """Per record: whether the greedy completion is exact when every token halts by `rule`
-    (at most the eval depth), and the mean steps of the positions that predict it."""
+    (at most the eval depth; the learned rule reads `probe`), and the mean steps of the
+    positions that predict it."""
     device = next(model.parameters()).device
     scored: list = [None] * len(encoded)
     for batch, ids in _batches(encoded, batch_size, device):
-        logits, steps = model.forward_with_halting(ids[:, :-1], rule, threshold)
+        logits, steps = model.forward_with_halting(ids[:, :-1], rule, threshold, probe=probe)
         predicted = logits.argmax(-1)
         for row, i in enumerate(batch):
             at = answered(ids, encoded[i][1])
@@ -368,8 +393,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="RULE:THRESHOLD",
-        help=f"also score with per-token halting ({', '.join(HALTING_RULES)}; repeatable), e.g. kl:0.001",
+        help=f"also score with per-token halting ({', '.join(EVAL_RULES)}; repeatable), e.g. kl:0.001; "
+        f"{LEARNED_RULE} needs --probe-data",
     )
+    p.add_argument(
+        "--probe-data",
+        help=f"records whose completions the {LEARNED_RULE} rule's probe is fitted on (the training split, not "
+        "--data); their answers are not read",
+    )
+    p.add_argument("--probe-steps", type=int, default=300, help="batches fitting the probe")
     p.add_argument(
         "--wall-clock",
         type=int,
@@ -401,11 +433,25 @@ def main(argv: list[str] | None = None) -> int:
         check_overrides_have_config(opts.config, opts.overrides)  # before the data is read
         trained = parse_depths(opts.trained_depths) if opts.trained_depths else None
         rules = [parse_halting(text) for text in opts.halting]
+        learned = any(rule == LEARNED_RULE for rule, _ in rules)
+        if learned != bool(opts.probe_data):
+            raise ValueError(
+                f"--halting {LEARNED_RULE}:X needs --probe-data FILE.jsonl (the records its probe is fitted on)"
+                if learned
+                else f"--probe-data {opts.probe_data} is read by --halting {LEARNED_RULE}:X only; none is given"
+            )
+        if opts.probe_steps < 1:
+            raise ValueError(f"--probe-steps {opts.probe_steps}; allowed: >= 1")
         records = task_records(Path(opts.data))[: opts.limit]
         loaded = load_model(opts.model, opts.config, device=device, overrides=opts.overrides)
         args = loaded.args
         depths = depths_to_score(args, opts.max_depth)
         encoded = [encode(loaded.tokenizer, r, args.vocab_size, args.max_seq_len) for r in records]
+        if learned:
+            fitting = [
+                encode(loaded.tokenizer, r, args.vocab_size, args.max_seq_len)
+                for r in task_records(Path(opts.probe_data))
+            ]
     except (ValueError, FileNotFoundError) as e:
         print(f"grt-titan eval-task: error: {e}", file=sys.stderr)
         return 2
@@ -416,17 +462,32 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result, trained))
     if rules:
         try:
-            halted = [score_halting(loaded.model, encoded, rule, x, opts.batch_size) for rule, x in rules]
+            probe = None
+            if learned:  # a model that refuses every rule (dense, MoR) says so before any fitting
+                loaded.model.forward_with_halting(torch.tensor([encoded[0][0][:1]], device=device), "state", 0.0)
+                probe, log = fit_probe(loaded.model, fitting, opts.probe_steps, opts.batch_size)
+                fit = {"data": str(opts.probe_data), "steps": opts.probe_steps, "loss": log[-1][1]}
+                print(
+                    f"The {LEARNED_RULE} rule's probe: fitted for {opts.probe_steps} steps, last loss {fit['loss']:.4f}"
+                )
+            halted = [
+                score_halting(loaded.model, encoded, rule, x, opts.batch_size, probe if rule == LEARNED_RULE else None)
+                for rule, x in rules
+            ]
         except ValueError as e:  # a dense model, MoR, or a gate rule without the gate
             print(f"grt-titan eval-task: error: {e}", file=sys.stderr)
             return 2
         problem_depths = [record.meta["depth"] for record in records]
         result["halting"] = [halting_summary(problem_depths, h, correct, *rule) for h, rule in zip(halted, rules)]
+        for row in result["halting"]:
+            if row["rule"] == LEARNED_RULE:
+                row["probe"] = fit
         print("\n" + halting_table(result["halting"]))
     if opts.wall_clock:
         timed = encoded[: opts.wall_clock]
         fixed = [r for r in depths if r is None or 1 <= r <= args.num_recurrences]
-        rows = wall_clock(cached_model(opts.model, device), timed, fixed, rules)
+        exported = [(rule, x) for rule, x in rules if rule != LEARNED_RULE]  # the probe is not in the export
+        rows = wall_clock(cached_model(opts.model, device), timed, fixed, exported)
         result["wall_clock"] = {"records": len(timed), "rows": rows}
         print("\n" + wall_clock_table(rows, len(timed)))
     text = json.dumps(result, indent=1, sort_keys=False)

@@ -9,6 +9,7 @@ R). After step s (a <= s <= b) a token halts when its rule says so: its state ke
     kl:      KL(p_{s-1} || p_s) < x                (successive next-token distributions)
     entropy: |H(p_s) - H(p_{s-1})| < x
     argmax:  argmax p_s unchanged for x successive steps (x counts steps)
+    learned: 1 - P_probe(done | h_s) < x           (a probe fitted to the model; below)
 
 p_s is step s's readout (coda, final norm and LM head on h_s); p_0 is the uniform distribution,
 with no argmax. For the first four x = 0 never halts (the fixed depth b) and x = inf halts every
@@ -24,13 +25,19 @@ readout at the step it halted; the state rules read out h once after the loop, a
 depth does. The exported model does the same with its cache (grt_titan/hf/remote/halting_grt.py,
 whose copies of the functions below tests/hf/test_hf_copies.py keeps equal);
 tests/hf/test_hf_halting.py holds the two to the same depths and logits.
+
+The learned rule is this module's alone: its probe (`HaltingProbe`) is fitted to a trained,
+frozen model (grt_titan/model/halting_probe.py) and passed with the call, as CALM's
+learned early-exit classifier is fitted (Schuster et al. 2022, arXiv 2207.07061): its target at
+step s is whether the readout's argmax at s is the last step's and stays so through every
+later step (`consistency_targets`). The exported model's rules are the five above.
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -38,6 +45,8 @@ from torch import nn
 HALTING_RULES = ("state", "gate", "kl", "entropy", "argmax")
 # The rules that read every step out (its next-token distribution): coda and LM head per step.
 READOUT_RULES = ("kl", "entropy", "argmax")
+# The rule that reads a fitted probe: not an exported rule (the probe is not in the weights).
+LEARNED_RULE = "learned"
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,45 @@ def halting_of_call(halting, halting_threshold, min_recurrences, max_depth: int)
             f"min_recurrences = {min_depth} > num_recurrences = {max_depth} (the maximum depth of a halting call)"
         )
     return Halting(halting, float(halting_threshold), min_depth, max_depth)
+
+
+class HaltingProbe(nn.Module):
+    """The learned rule's probe: from a token's state h_s, the logit of "step s's readout is
+    already the answer the last step gives, and stays it". CALM's classifier is linear; this one
+    has a hidden layer, so that it can weigh what the state holds of the problem (its depth, the
+    steps taken) together (docs/tasks.md, "A learned halting rule")."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.net = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, 1))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits `[..., T]` of done, from states `[..., T, dim]` (fp32)."""
+        return self.net(h.float()).squeeze(-1)
+
+
+def consistency_targets(step_tokens: torch.Tensor) -> torch.Tensor:
+    """The probe's targets `[S, B, T]` (bool) from each step's readout argmax `[S, B, T]` (steps
+    1..S): True where step s's token is the last step's and no step after s changes it."""
+    same = (step_tokens == step_tokens[-1]).int()
+    return same.flip(0).cummin(0).values.flip(0).bool()
+
+
+def learned_halting_of_call(probe, halting_threshold, min_recurrences, max_depth: int, dim: int) -> Halting:
+    """The learned rule's `Halting`; ValueError naming the argument. Its threshold reads as the
+    state rules' do (1 - P(done) below it halts: 0 never halts, inf halts at min_recurrences)."""
+    if not isinstance(probe, HaltingProbe):
+        raise ValueError(
+            f"halting = {LEARNED_RULE!r} needs probe = a HaltingProbe fitted to this model "
+            f"(grt_titan.model.halting_probe.fit_halting_probe), got {type(probe).__name__}"
+        )
+    if probe.dim != dim:
+        raise ValueError(f"probe reads states of dim {probe.dim}; this model's dim is {dim}: fit one to this model")
+    if halting_threshold is None:
+        raise ValueError(f"halting = {LEARNED_RULE!r} needs halting_threshold (>= 0; 0 never halts)")
+    plan = halting_of_call("state", halting_threshold, min_recurrences, max_depth)  # the same number checks
+    return replace(plan, rule=LEARNED_RULE)
 
 
 def halting_measure(rule: str, h: torch.Tensor, previous: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -147,12 +195,15 @@ class HaltedTokensKeepTheirKV:
                 handle.remove()
 
 
-def halting_recurrence(recurrence, h_pre: torch.Tensor, freqs_cis, halting: Halting, readout=None, vocab_size=None):
+def halting_recurrence(
+    recurrence, h_pre: torch.Tensor, freqs_cis, halting: Halting, readout=None, vocab_size=None, probe=None
+):
     """(the state, each token's depth `[B, T]`, each token's logits at the step it halted or
     None): the eval loop of `recurrence` (no noise) up to `halting.max_depth` steps, each token
     halting by its rule. A readout rule reads every step out through `readout` (a model whose
     `coda.layers` and `logits_from_state` give the logits; their first `vocab_size` columns are
-    the vocabulary's); the state rules return no logits."""
+    the vocabulary's); the state rules and the learned rule (its `probe` on each step's state)
+    return no logits."""
     step = recurrence.step
     h, source = recurrence.start(h_pre, None)
     depths = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
@@ -171,6 +222,8 @@ def halting_recurrence(recurrence, h_pre: torch.Tensor, freqs_cis, halting: Halt
                 step_logits = readout.logits_from_state(new_h)
                 logits = step_logits if logits is None else torch.where(kv.running[..., None], step_logits, logits)
                 measure, memory = readout_measure(halting.rule, step_logits[..., :vocab_size], memory)
+            elif halting.rule == LEARNED_RULE:
+                measure = 1.0 - torch.sigmoid(probe(new_h))
             else:
                 measure = halting_measure(halting.rule, new_h, h, gate)
             if index + 1 >= halting.min_depth:

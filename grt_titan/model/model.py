@@ -33,7 +33,7 @@ from torchtitan.protocols.train_spec import ModelProtocol
 from .args import GRTModelArgs
 from .blocks import BlockStack, rope_table
 from .exit_distribution import exit_forward
-from .halting import halting_of_call, halting_recurrence
+from .halting import LEARNED_RULE, HaltingProbe, halting_of_call, halting_recurrence, learned_halting_of_call
 from .output import TrainingOutput
 from .part import build_module
 from .recurrence import Recurrence
@@ -155,10 +155,12 @@ class GRTModel(ModelProtocol):
         halting_threshold: float,
         min_recurrences: int | None = None,
         num_recurrences: int | None = None,
+        probe: HaltingProbe | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, each token's depth `[B, S]`) of an eval forward in which each token halts by
-        `halting`'s rule (halting.py; the exported model's `halting=...`), after at least
-        `min_recurrences` (default 1) and at most `num_recurrences` (default the eval depth) steps."""
+        `halting`'s rule (halting.py; the exported model's `halting=...`, or "learned" with a
+        `probe` fitted to this model), after at least `min_recurrences` (default 1) and at most
+        `num_recurrences` (default the eval depth) steps."""
         if self.recurrence is None:
             raise ValueError(f"halting = {halting!r} given to a dense model (no core)")
         if self.training:  # before resolve_depth, which samples a depth in training
@@ -166,8 +168,13 @@ class GRTModel(ModelProtocol):
         if halting is None:
             raise ValueError("halting = None: forward_with_halting needs a rule; a fixed depth is forward(...)")
         depth = self.recurrence.resolve_depth(num_recurrences)  # eval: None is the eval depth
-        plan = halting_of_call(halting, halting_threshold, min_recurrences, depth)
         args = self.model_args
+        if halting == LEARNED_RULE:
+            plan = learned_halting_of_call(probe, halting_threshold, min_recurrences, depth, args.dim)
+        elif probe is not None:
+            raise ValueError(f"probe given with halting = {halting!r}: only halting = {LEARNED_RULE!r} reads one")
+        else:
+            plan = halting_of_call(halting, halting_threshold, min_recurrences, depth)
         own = [f"router = {args.router!r}"] if args.part("router") is not None else []
         if self.exit_gate is not None and args.exit_threshold < 1:
             own.append(f"exit_threshold = {args.exit_threshold} (Ouro's per-token exit)")
@@ -181,7 +188,7 @@ class GRTModel(ModelProtocol):
                 f"halting = 'gate' needs the gate (update = 'gate'); this model's update is {args.update!r}"
             )
         h = self.prelude(self.embed(tokens), self.freqs_cis)
-        h, depths, logits = halting_recurrence(self.recurrence, h, self.freqs_cis, plan, self, args.vocab_size)
+        h, depths, logits = halting_recurrence(self.recurrence, h, self.freqs_cis, plan, self, args.vocab_size, probe)
         return (self.logits_from_state(h) if logits is None else logits), depths
 
     def logits_from_state(self, h: torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,29 @@ def test_exact_match_is_what_a_greedy_decode_loop_gives(words):
     assert set(result["accuracy"]) == {"1", "2", "3"} and result["depths"] == [0, 1, 2, 3, 4]
 
 
+def test_the_learned_rules_probe_learns_from_the_positions_that_predict_each_completion(monkeypatch):
+    """fit_probe hands the fit each batch's inputs (the ids less the last) and, True, exactly the
+    positions whose next token is a completion token, at the eval depth."""
+    from grt_titan.model import halting_probe
+
+    model = build_model("task_debug", 1, vocab_size=64, num_recurrences=3).eval()
+    encoded = [([1, 2, 3, 4, 5], 2), ([6, 7, 8, 9, 10], 1), ([1, 2, 3], 1)]
+    seen = {}
+
+    def fit(model, batches, steps, depth):
+        seen["depth"], seen["batches"] = depth, [next(batches) for _ in range(4)]
+        return "probe", [(steps, 0.5)]
+
+    monkeypatch.setattr(halting_probe, "fit_halting_probe", fit)
+    assert task_eval.fit_probe(model, encoded, 7, batch_size=2) == ("probe", [(7, 0.5)])
+    assert seen["depth"] == 3
+    (short, short_at), (pair, pair_at), (again, _), _ = seen["batches"]  # by length (two batches), then again
+    assert short.tolist() == [[1, 2]] and short_at.tolist() == [[False, True]]
+    assert pair.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]]
+    assert pair_at.tolist() == [[False, False, True, True], [False, False, False, True]]
+    assert torch.equal(again, short)  # the records again once every batch was used
+
+
 def test_halting_scores_and_steps_are_a_halting_decode_loops(words):
     """`--halting`: exact match when each token halts by its rule equals a decode loop whose
     every token is forward_with_halting's argmax; its steps are that forward's depths at the
@@ -187,9 +210,12 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     )
     checkpoint = str(tmp_path / "run" / "checkpoint")
     base = [checkpoint, "--data", str(tmp_path / "test.jsonl"), "--no-progress"]
+    probe_data = tmp_path / "probe.jsonl"  # training records the learned rule's probe is fitted on
+    probe_data.write_text("".join((tmp_path / "train.jsonl").read_text().splitlines(keepends=True)[:32]))
+    learned = ["--halting", "learned:0.1", "--probe-data", str(probe_data), "--probe-steps", "3"]
     capsys.readouterr()
     code = cli(["eval-task", *base, "--out", str(tmp_path / "eval"), "--json", str(tmp_path / "e.json"),
-                "--trained-depths", "1-2", "--halting", "kl:0.001", "--config", str(TASK_TOML), *overrides])  # fmt: skip
+                "--trained-depths", "1-2", "--halting", "kl:0.001", *learned, "--config", str(TASK_TOML), *overrides])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
     result = json.loads((tmp_path / "e.json").read_text())
@@ -198,17 +224,22 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     assert (tmp_path / "eval" / "task_accuracy.png").stat().st_size > 0
     assert "| 3* | 8 |" in out and "r=9*" in out and "beyond the trained R = 8" in out
     halting = result["halting"]
-    assert [(h["rule"], h["threshold"]) for h in halting] == [("kl", 0.001)] and "| kl 0.001 |" in out
-    assert 1 <= halting[0]["mean_steps"] <= 8 and set(halting[0]["by_depth"]) == {"1", "2", "3"}
+    assert [(h["rule"], h["threshold"]) for h in halting] == [("kl", 0.001), ("learned", 0.1)]
+    assert "| kl 0.001 |" in out and "| learned 0.1 |" in out
+    assert "The learned rule's probe: fitted for 3 steps, last loss" in out
+    assert halting[1]["probe"]["steps"] == 3 and halting[1]["probe"]["data"] == str(probe_data)
+    for row in halting:
+        assert 1 <= row["mean_steps"] <= 8 and set(row["by_depth"]) == {"1", "2", "3"}
     # The run exported: the transformers-side model and its own tokenizer files score alike.
     export = str(tmp_path / "export")
     assert cli(["export-hf", "--checkpoint", checkpoint, "--config", str(TASK_TOML), "--out", export, *overrides]) == 0
     capsys.readouterr()
     assert cli(["eval-task", export, "--data", str(tmp_path / "test.jsonl"), "--json", str(tmp_path / "x.json"),
-                "--no-progress", "--halting", "kl:0.001", "--wall-clock", "3"]) == 0  # fmt: skip
+                "--no-progress", "--halting", "kl:0.001", *learned, "--wall-clock", "3"]) == 0  # fmt: skip
     exported = json.loads((tmp_path / "x.json").read_text())
+    assert [h["rule"] for h in exported["halting"]] == ["kl", "learned"]  # the export's model takes the probe
     assert exported["accuracy"] == result["accuracy"] and exported["arrival"] == result["arrival"]
-    timed = exported["wall_clock"]  # r = 1..R, then the rule, decoded with the export's cache
+    timed = exported["wall_clock"]  # r = 1..R, then the exported rule (not the probe's), with the export's cache
     assert timed["records"] == 3 and [row["decode"] for row in timed["rows"]] == [f"r = {r}" for r in range(1, 9)] + [
         "kl 0.001"
     ]
@@ -222,6 +253,8 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
         ("nodepth.jsonl", [], "nodepth.jsonl:1: no 'depth' field"),
         ("test.jsonl", ["--max-depth", "-1"], "--max-depth -1: r beyond what the model can run"),
         ("test.jsonl", ["--wall-clock", "2"], "--wall-clock decodes with an export's model and KV cache;"),
+        ("test.jsonl", ["--halting", "learned:0.1"], "--halting learned:X needs --probe-data FILE.jsonl"),
+        ("test.jsonl", ["--probe-data", "x.jsonl"], "--probe-data x.jsonl is read by --halting learned:X only"),
         ("words.jsonl", [], "words.jsonl:1: the model's tokenizer 'vocab' does not read this record back"),
     ):
         argv = ["eval-task", checkpoint, "--data", str(tmp_path / data), *extra, "--config", str(TASK_TOML), *overrides]

@@ -50,7 +50,7 @@ def test_problems_are_pointer_chases_over_one_cycle(bench, tmp_path):
 
 def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
     args = ["--out", str(tmp_path), "--steps", "4", "--eval-sequences", "2", "--recurrences", "3"]
-    args += ["--cached-sequences", "0"]  # the cached decode: its own test below
+    args += ["--cached-sequences", "0", "--probe-steps", "3"]  # the cached decode: its own test below
     assert bench.main([*args, "--parallel", "2"]) == 0  # rows in two spawned processes
     out = capsys.readouterr().out
     steps = {}
@@ -68,7 +68,8 @@ def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
         table, halting = named[recurrent].split("Halting on a uniform mix")
         assert table.split("Step t's readout")[0].count("\n| ") == 4  # the header and depths 1..3
         rules = [line.split(" | ")[0] for line in halting.strip().splitlines()[4:] if line.startswith("| ")]
-        assert rules == [f"| {rule} {x:g}" for rule, x in bench.HALTING]
+        assert rules == [f"| {rule} {x:g}" for rule, x in bench.HALTING] + [f"| learned {x:g}" for x in bench.LEARNED]
+        assert "The learned rule's probe: fitted for 3 steps to the frozen model" in halting
         assert "Fixed depth on the same queries: r = 1: " in halting and "Mean steps of every token" in halting
         assert "over the fixed r = R forward's: argmax 1: " in halting
     assert "| depth | accuracy |" in named["dense"] and "Halting" not in named["dense"]
@@ -77,6 +78,7 @@ def test_every_row_trains_scores_and_summarises(bench, tmp_path, capsys):
     assert (
         "Halting on a uniform mix" not in named["mor"]
         and "Halting rules the model refuses: argmax 1, argmax 2: " in named["mor"]
+        and "learned 0.03, learned 0.1, learned 0.3: halting = 'learned' is not supported with router" in named["mor"]
     )
     assert "refuses: gate 0.02:" in named["poisson_steps"]  # no gate to halt on; its other rules scored
     ouro = named["ouro"].split("Halting on a uniform mix")[1]
