@@ -447,10 +447,10 @@ def main(argv: list[str] | None = None) -> int:
         args = loaded.args
         depths = depths_to_score(args, opts.max_depth)
         encoded = [encode(loaded.tokenizer, r, args.vocab_size, args.max_seq_len) for r in records]
-        if learned:
+        if learned:  # as many records as the fit's batches take, at most
             fitting = [
                 encode(loaded.tokenizer, r, args.vocab_size, args.max_seq_len)
-                for r in task_records(Path(opts.probe_data))
+                for r in task_records(Path(opts.probe_data))[: opts.probe_steps * opts.batch_size]
             ]
     except (ValueError, FileNotFoundError) as e:
         print(f"grt-titan eval-task: error: {e}", file=sys.stderr)
