@@ -46,7 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 PRESET = REPO / "train_configs" / "grt_task_debug.toml"
 PAPER = REPO / "train_configs" / "paper"
 TRAIN_DEPTHS = "1-6"
-HALTING = ["kl:0.01", "argmax:1"]
+# eval-task's rules on the rows that halt; the learned one's probe is fitted on the training records.
+HALTING = ["kl:0.01", "argmax:1", "learned:0.1"]
 # Per row: the paper TOML whose [grt] parts it takes (None: the preset's), and the overrides.
 ROWS: dict[str, tuple[str | None, list[str]]] = {
     "grt_steps": (None, ["--grt.step_supervision", "True"]),
@@ -122,7 +123,7 @@ def run(command: list[str], log: Path, threads: int = 1) -> float:
     return time.perf_counter() - start
 
 
-def prepare_task(opts, out: Path) -> tuple[Path, Path, Path]:
+def prepare_task(opts, out: Path) -> tuple[Path, Path, Path, Path]:
     cli = [sys.executable, "-m", "grt_titan.cli"]
     vocab, data, test = out / "vocab", out / "data", out / f"{opts.task}-test.jsonl"
     train = out / f"{opts.task}-train.jsonl"
@@ -133,10 +134,10 @@ def prepare_task(opts, out: Path) -> tuple[Path, Path, Path]:
         out / "task-test.log")  # fmt: skip
     prepare = [*cli, "prepare", str(train), "--out", str(data), "--tokenizer", str(vocab), "--val-fraction", "0.02"]
     run(prepare, out / "prepare.log")
-    return vocab, data, test
+    return vocab, data, test, train
 
 
-def train_and_score(row: str, steps: int, opts, vocab: Path, data: Path, test: Path) -> dict:
+def train_and_score(row: str, steps: int, opts, vocab: Path, data: Path, test: Path, train_records: Path) -> dict:
     """One row trained and scored; a row already done in --out (its result.json) is read back."""
     folder = opts.out / row
     done = folder / "result.json"
@@ -153,7 +154,7 @@ def train_and_score(row: str, steps: int, opts, vocab: Path, data: Path, test: P
     score += ["--config", str(folder / "grt_run.json"), "--data", str(test), "--trained-depths", TRAIN_DEPTHS]
     score += ["--out", str(folder / "eval"), "--no-progress"]
     if row not in ("dense", "unlooped", "mor"):  # one depth, or a router that decides it
-        score += [arg for rule in HALTING for arg in ("--halting", rule)]
+        score += [arg for rule in HALTING for arg in ("--halting", rule)] + ["--probe-data", str(train_records)]
     eval_s = run(score, folder / "eval.log")
     result = json.loads((folder / "eval" / "eval_task.json").read_text())
     result = {"row": row, "steps": steps, "train_s": train_s, "eval_s": eval_s, "eval": result}
@@ -207,13 +208,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan", action="store_true", help="write the task, print each row's FLOPs and steps, stop")
     opts = p.parse_args(argv)
     opts.out.mkdir(parents=True, exist_ok=True)
-    vocab, data, test = prepare_task(opts, opts.out)
+    vocab, data, test, train_records = prepare_task(opts, opts.out)
     costs = {row: flops_per_token(row_overrides(row, data, vocab)) for row in opts.rows}
     steps = equal_flop_steps(costs, opts.rows[0], opts.steps, opts.rows)
     if opts.plan:
         return 0
     with ThreadPoolExecutor(opts.parallel) as pool:
-        futures = [pool.submit(train_and_score, row, steps[row], opts, vocab, data, test) for row in opts.rows]
+        futures = [
+            pool.submit(train_and_score, row, steps[row], opts, vocab, data, test, train_records) for row in opts.rows
+        ]
         results = [f.result() for f in futures]
     from grt_titan.checkpoint_io import load_model_args
     from grt_titan.data.tasks import parse_depths

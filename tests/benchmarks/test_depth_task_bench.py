@@ -1,9 +1,13 @@
 """benchmarks/depth_task_bench.py's summary of eval-task results (no training here: the rows
 train through torchrun for minutes): accuracy at r = 1 / R / 2R per depth, arrival, and each
-halting row's table as eval-task prints it."""
+halting row's table as eval-task prints it; and the commands each row runs."""
 
+import argparse
+import json
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from grt_titan.analysis.task_eval import halting_summary, halting_table
@@ -35,3 +39,37 @@ def test_summary_has_each_rows_cells_arrival_and_eval_tasks_halting_table(bench)
     assert "| grt | d2: 2.0 (1/1) |" in text
     assert text.endswith("Halting, grt:\n\n" + halting_table([halting]))
     assert "Halting, dense" not in text and halting["steps_saved"] == 1 - 1.25 / 2
+
+
+def test_each_row_trains_from_the_preset_and_halts_where_it_can_with_the_learned_rules_probe_data(bench, tmp_path):
+    """The commands a row runs (no process started): torchrun on the preset, then eval-task on
+    its last checkpoint with HALTING (the learned rule's probe fitted on the training records)
+    on the rows that halt, none on those of one depth or a router's."""
+    commands = []
+
+    def run(command, log):
+        commands.append(command)
+        if "eval-task" in command:
+            out = Path(command[command.index("--out") + 1])
+            out.mkdir(parents=True)
+            (out / "eval_task.json").write_text(json.dumps({"accuracy": {}}))
+        return 1.0
+
+    bench.run = run
+    opts = argparse.Namespace(out=tmp_path, seed=0)
+    paths = [tmp_path / name for name in ("vocab", "data", "test.jsonl", "train.jsonl")]
+    paths[1].mkdir()
+    for split in ("train", "val"):  # record offsets: the longest record (25 tokens) sets seq_len 24
+        np.array([0, 20, 45], dtype="<i8").tofile(paths[1] / f"{split}_records.bin")
+    for row in ("grt_steps", "unlooped", "mor"):
+        commands.clear()
+        result = bench.train_and_score(row, 7, opts, *paths)
+        train, score = commands
+        assert result["steps"] == 7 and "grt_titan.train" in train and str(bench.PRESET) in train
+        assert train[train.index("--training.seq_len") + 1] == "24"
+        halting = [score[i + 1] for i, arg in enumerate(score) if arg == "--halting"]
+        if row == "grt_steps":
+            assert halting == bench.HALTING and "learned:0.1" in halting
+            assert score[score.index("--probe-data") + 1] == str(tmp_path / "train.jsonl")
+        else:
+            assert halting == [] and "--probe-data" not in score
