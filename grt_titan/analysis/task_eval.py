@@ -335,13 +335,17 @@ def summarize(records: list[Record], correct: list[dict], depths: list, args) ->
     for d in accuracy:
         accuracy[d] = {r: n / counts[d] for r, n in accuracy[d].items()}
     order = sorted(accuracy, key=int)
-    return {
+    result = {
         "accuracy": {d: accuracy[d] for d in order},
         "arrival": {d: arrival[d] for d in order},
         "counts": {d: counts[d] for d in order},
         "depths": [DENSE if r is None else r for r in depths],
         "num_recurrences": args.num_recurrences if args.n_core_layers else None,
     }
+    if any(record.meta.get("depth_given") == "loops" for record in records):
+        # The query does not name its depth: the answer to depth d is the one read after d steps.
+        result["at_loops"] = {d: accuracy[d][d] for d in order if d in accuracy[d]}
+    return result
 
 
 def table(result: dict, trained_depths: range | None) -> str:
@@ -360,6 +364,9 @@ def table(result: dict, trained_depths: range | None) -> str:
         cells = " | ".join(f"{row[str(r)]:.2f}" for r in result["depths"])  # "dense" or "<r>"
         lines.append(f"| {d}{'*' if beyond else ''} | {result['counts'][d]} | {cells} | {mean} |")
     notes = []
+    if "at_loops" in result:
+        cells = ", ".join(f"{d}: {a:.2f}" for d, a in result["at_loops"].items())
+        notes.append(f"loops = depth (the answer to depth d read at r = d): {cells}")
     if R is not None and any(r != DENSE and r > R for r in result["depths"]):
         notes.append(f"r=N*: beyond the trained R = {R} (extrapolation)")
     if trained_depths is not None:

@@ -53,7 +53,15 @@ def table_text(f: dict[str, str], rng: random.Random, table: str) -> str:
     return " ".join(f"{a} > {b} ;" for a, b in lines)
 
 
-def iterated_function(rng: random.Random, depth: int, symbols: int, table: str = "shuffled") -> dict:
+def query_text(x: str, depth: int, depth_given: str) -> str:
+    """An iterated-function query: ``| x * d =`` names the depth; ``| x =`` (``loops``) leaves it
+    to the number of recurrence steps the model runs (docs/tasks.md, "The depth given by the loops")."""
+    return f"| {x} =" if depth_given == "loops" else f"| {x} * {depth} ="
+
+
+def iterated_function(
+    rng: random.Random, depth: int, symbols: int, table: str = "shuffled", depth_given: str = "query"
+) -> dict:
     if depth + 1 > symbols:
         raise ValueError(
             f"iterated-function: depth {depth} needs at least {depth + 1} symbols; got --symbols {symbols}"
@@ -63,11 +71,14 @@ def iterated_function(rng: random.Random, depth: int, symbols: int, table: str =
     f = {a: rng.choice(names) for a in names}
     for a, b in zip(orbit, orbit[1:]):
         f[a] = b
-    prompt = table_text(f, rng, table) + f" | {orbit[0]} * {depth} ="
-    return {"prompt": prompt, "completion": f" {orbit[-1]}", "depth": depth, "steps": orbit[1:]}
+    prompt = table_text(f, rng, table) + " " + query_text(orbit[0], depth, depth_given)
+    record = {"prompt": prompt, "completion": f" {orbit[-1]}", "depth": depth, "steps": orbit[1:]}
+    return record | ({"depth_given": "loops"} if depth_given == "loops" else {})
 
 
-def iterated_function_queries(rng: random.Random, depths: list[int], symbols: int, table: str = "shuffled") -> dict:
+def iterated_function_queries(
+    rng: random.Random, depths: list[int], symbols: int, table: str = "shuffled", depth_given: str = "query"
+) -> dict:
     """One table, a query per depth in `depths`, each answered: a record of many answers
     (``turns``). f is a single cycle over the S symbols, so f^a(x) != f^b(x) for a != b < S: an
     answer a step short is wrong, and every orbit of d < S steps is d + 1 distinct symbols."""
@@ -82,8 +93,12 @@ def iterated_function_queries(rng: random.Random, depths: list[int], symbols: in
         orbit = [rng.choice(cycle)]
         for _ in range(depth):
             orbit.append(f[orbit[-1]])
-        turns.append({"prompt": f"{before}| {orbit[0]} * {depth} =", "completion": f" {orbit[-1]}", "depth": depth})
+        turns.append(
+            {"prompt": before + query_text(orbit[0], depth, depth_given), "completion": f" {orbit[-1]}", "depth": depth}
+        )
         turns[-1]["steps"] = orbit[1:]
+        if depth_given == "loops":
+            turns[-1]["depth_given"] = "loops"
         before = " "
     return {"turns": turns}
 
@@ -133,6 +148,7 @@ def mano(rng: random.Random, depth: int, symbols: int) -> dict:
 TASKS = {"iterated-function": iterated_function, "chains": chains, "mano": mano}
 DEFAULT_SYMBOLS = {"iterated-function": 12, "chains": 24, "mano": 0}
 TABLES = ("shuffled", "ordered", "edges")  # iterated-function's table (--table)
+DEPTH_GIVEN = ("query", "loops")  # iterated-function's query names its depth, or the loops give it
 # The task vocabulary's `a>b` words (`--table edges`): every pair over the first EDGE_SYMBOLS
 # symbols, so the vocabulary (235 ids) fits the 256 rows of the `task_debug_words` flavor.
 EDGE_SYMBOLS = 10
@@ -152,10 +168,11 @@ def generate(
     symbols: int | None = None,
     queries: int = 1,
     table: str = "shuffled",
+    depth_given: str = "query",
 ) -> list[dict]:
     """``n`` distinct problems of ``split``, depths cycling through ``depths``; with ``queries``
     > 1 (iterated-function), records of that many answers over one table each, its lines in
-    ``table`` order."""
+    ``table`` order; ``depth_given`` ``loops``: queries without their depth."""
     if name not in TASKS:
         raise ValueError(f"task {name!r}: unknown; allowed: {', '.join(TASKS)}")
     if split not in SPLIT_BUCKETS:
@@ -169,7 +186,11 @@ def generate(
         raise ValueError(f"--queries {queries}; allowed: 1, or more for iterated-function (one table, many answers)")
     if table not in TABLES or (table != "shuffled" and name != "iterated-function"):
         raise ValueError(f"--table {table}; allowed: {', '.join(TABLES)} for iterated-function, shuffled otherwise")
-    options = {"table": table} if name == "iterated-function" else {}
+    if depth_given not in DEPTH_GIVEN or (depth_given != "query" and name != "iterated-function"):
+        raise ValueError(
+            f"--depth-given {depth_given}; allowed: {', '.join(DEPTH_GIVEN)} for iterated-function, query otherwise"
+        )
+    options = {"table": table, "depth_given": depth_given} if name == "iterated-function" else {}
     rng = random.Random(f"{name}:{seed}")
     seen, out = set(), []
     for k in range(n):
@@ -177,7 +198,7 @@ def generate(
         query_depths = [depths[(k * queries + j) % len(depths)] for j in range(queries)]
         for _ in range(MAX_TRIES_PER_PROBLEM):
             if queries > 1:
-                record = iterated_function_queries(rng, query_depths, symbols, table)
+                record = iterated_function_queries(rng, query_depths, symbols, **options)
                 key = record["turns"][0]["prompt"]
             else:
                 record = TASKS[name](rng, depth, symbols, **options)
@@ -285,6 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="iterated-function: its table's lines shuffled (default); ordered by symbol (a lookup by position); "
         f"or edges: each line one word a>b, shuffled (one token per line in the task vocabulary, to --symbols {EDGE_SYMBOLS})",
     )
+    p.add_argument(
+        "--depth-given",
+        default="query",
+        choices=DEPTH_GIVEN,
+        help="iterated-function: the query names its depth (`| x * d =`, default), or not (`| x =`, loops: the "
+        "answer to depth d is read after d recurrence steps; train on --depths R-R with per-step supervision)",
+    )
     return p
 
 
@@ -300,7 +328,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"--queries {args.queries} writes records of many answers; allowed with neither --chat nor --scratchpad"
             )
         problems = generate(
-            args.name, parse_depths(args.depths), args.n, args.seed, args.split, args.symbols, args.queries, args.table
+            args.name,
+            parse_depths(args.depths),
+            args.n,
+            args.seed,
+            args.split,
+            args.symbols,
+            args.queries,
+            args.table,
+            args.depth_given,
         )
     except ValueError as e:
         print(f"grt-titan task: error: {e}", file=sys.stderr)
@@ -315,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     kind = ("scratchpad " if args.scratchpad else "") + ("chat records" if args.chat else "problems")
     kind += f" of {args.queries} queries each" if args.queries > 1 else ""
     kind += f" over {args.table} tables" if args.name == "iterated-function" else ""
+    kind += ", the depth given by the loops" if args.depth_given == "loops" else ""
     print(f"wrote {out}: {len(problems)} {args.split} {kind} of {args.name}, depths {args.depths}")
     return 0
 

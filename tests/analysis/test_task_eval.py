@@ -173,6 +173,22 @@ def test_arrival_step_by_hand():
     assert task_eval.arrival_step(dict(zip(depths, [1, 1, 1, 1, 0])), depths) is None
 
 
+def test_with_the_depth_given_by_the_loops_the_answer_to_depth_d_is_read_at_r_equal_d():
+    """Records whose query does not name its depth (`depth_given: loops`): the summary adds each
+    depth's accuracy at r = d (by hand), which the table prints; records that name it get none."""
+    args = grt_flavors["task_debug"]  # R = 8
+    depths = [0, 1, 2, 3]
+    loops = [Record("p", " a", f"x:{k}", {"depth": d, "depth_given": "loops"}) for k, d in enumerate([1, 1, 2, 3])]
+    correct = [dict(zip(depths, right)) for right in ([0, 1, 0, 0], [0, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0])]
+    result = task_eval.summarize(loops, correct, depths, args)
+    assert result["at_loops"] == {"1": 0.5, "2": 1.0, "3": 0.0}  # depth 1: right at r = 1 once of twice
+    assert "loops = depth (the answer to depth d read at r = d): 1: 0.50, 2: 1.00, 3: 0.00" in task_eval.table(
+        result, None
+    )
+    named = [Record(r.prompt, r.completion, r.where, {"depth": r.meta["depth"]}) for r in loops]
+    assert "at_loops" not in task_eval.summarize(named, correct, depths, args)
+
+
 def test_depths_a_model_can_run():
     grt = grt_flavors["task_debug"]
     assert task_eval.depths_to_score(grt, None) == list(range(17))  # 2R

@@ -183,11 +183,15 @@ def make_hf_tokenizer(folder: Path, style: str = "llama3", vocab_size: int | Non
 # ---- multi-step tasks (grt_titan/data/tasks.py): each answer and step from the prompt alone ----
 
 
-def solve_iterated_function(prompt: str) -> list[str]:
+def solve_iterated_function(prompt: str, loops: int | None = None) -> list[str]:
+    """The steps the prompt asks for; `loops`: the depth of a query that does not name it (`| x =`)."""
     table, query = prompt.split(" | ")
     lines = re.findall(r"(\w) > (\w) ;", table) or re.findall(r"(\w)>(\w)", table)  # lines, or edge words
     f = dict(lines)
-    x, depth = re.fullmatch(r"(\w) \* (\d+) =", query).groups()
+    if loops is None:
+        x, depth = re.fullmatch(r"(\w) \* (\d+) =", query).groups()
+    else:
+        (x,), depth = re.fullmatch(r"(\w) =", query).groups(), loops
     orbit = [x]
     for _ in range(int(depth)):
         orbit.append(f[orbit[-1]])

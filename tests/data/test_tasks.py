@@ -170,6 +170,32 @@ def test_an_edge_table_is_one_word_a_line_each_a_token_of_the_task_vocabulary(qu
     assert not (tmp_path / "ds").exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("queries", [1, 16])
+def test_with_the_depth_given_by_the_loops_a_query_names_its_start_alone(queries, tmp_path):
+    """--depth-given loops: a query is `| x =`; its answer and steps are f's orbit from x for
+    the record's depth (recomputed from the table), marked `depth_given`; other tasks refuse it."""
+    options = dict(symbols=10, queries=queries, table="edges")
+    loops = tasks.generate("iterated-function", range(1, 10), 18, seed=2, depth_given="loops", **options)
+    depths = []
+    for record in loops:
+        turns = record.get("turns", [record])
+        table = turns[0]["prompt"].split(" | ")[0]
+        for turn in turns:
+            query = turn["prompt"].split("| ")[-1]
+            assert re.fullmatch(r"[a-j] =", query) and turn["depth_given"] == "loops"
+            steps = SOLVERS["iterated-function"](table + " | " + query, loops=turn["depth"])
+            assert steps == turn["steps"] and turn["completion"] == " " + steps[-1] and len(steps) == turn["depth"]
+            depths.append(turn["depth"])
+    assert set(depths) == set(range(1, 10))
+    out = tmp_path / "loops.jsonl"
+    assert tasks.main(["iterated-function", "--depth-given", "loops", "--n", "3", "--out", str(out)]) == 0
+    assert all(json.loads(line)["depth_given"] == "loops" for line in out.read_text().splitlines())
+    with pytest.raises(
+        ValueError, match="--depth-given loops; allowed: query, loops for iterated-function, query otherwise"
+    ):
+        tasks.generate("chains", range(1, 3), 2, seed=0, depth_given="loops")
+
+
 def test_cli_refuses_many_queries_as_chat_or_scratchpad(tmp_path, capsys):
     out = tmp_path / "q.jsonl"
     assert tasks.main(["iterated-function", "--queries", "4", "--chat", "--out", str(out)]) == 2
