@@ -501,22 +501,17 @@ def halting_lines(halting: list[dict]) -> list[str]:
         lines += [halting_table(scored), "", f"Fixed depth on the same queries: {fixed}.", ""]
         every = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['every_token_mean_steps']:.2f}" for h in scored)
         lines += [f"Mean steps of every token (the table's too): {every}.", ""]
+        fit = next((h["probe"] for h in scored if "probe" in h), None)  # the learned rule's, one per row
         if all("time_vs_fixed_R" in h for h in scored):  # results of before the timing have none
             times = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['time_vs_fixed_R']:.2f}x" for h in scored)
-            fitted = [
-                f"; the learned rule's probe fitted in {h['probe']['seconds']:.0f} s" for h in scored if "probe" in h
-            ]
+            fitted = f"; the learned rule's probe fitted in {fit['seconds']:.0f} s" if fit else ""
+            lines += [f"Wall-clock of the halted forward over the fixed r = R forward's: {times}{fitted}.", ""]
+        if fit:
             lines += [
-                f"Wall-clock of the halted forward over the fixed r = R forward's: {times}{''.join(fitted[:1])}.",
+                f"The learned rule's probe: fitted for {fit['steps']} steps to the frozen model, "
+                f"last loss {fit['loss']:.4f}.",
                 "",
             ]
-    fits = [h["probe"] for h in scored if "probe" in h]
-    if fits:
-        fit = fits[0]
-        lines += [
-            f"The learned rule's probe: fitted for {fit['steps']} steps to the frozen model, last loss {fit['loss']:.4f}.",
-            "",
-        ]
     if refused:
         lines += ["Halting rules the model refuses: " + "; ".join(refused), ""]
     return lines
