@@ -7,7 +7,8 @@ turns: ``ChatTemplate``), is read as records instead of documents. Each record b
 (the tokenizer's document specials: GPT-2 ``[] ... [eos]``, Llama 3 ``[bos] ... [eos]``) and
 a loss mask, 1 on the completion and the end token, 0 on the prefix and the prompt. Optional
 fields ``depth`` (an int >= 1) and ``steps`` (``depth`` strings: the intermediate targets of
-a multi-step task) are kept as metadata, one JSON line per record in ``{split}_meta.jsonl``,
+a multi-step task) and ``depth_given`` (``query`` or ``loops``: whether the prompt names the
+depth, `grt-titan task --depth-given`) are kept as metadata, one JSON line per record in ``{split}_meta.jsonl``,
 with the record's source (``where``: file:line). ``steps`` also become per-step target
 streams (``encode_records``; in a chat record they stand in for the last assistant turn),
 which ``[grt] step_supervision`` trains step t's readout on. A record of many answers holds a
@@ -113,8 +114,18 @@ def check_turns(obj: dict, where: str) -> list[Record]:
     return out
 
 
+# `depth_given`: the prompt names the problem's depth, or the recurrence steps run give it.
+DEPTH_GIVEN = ("query", "loops")
+
+
 def _meta(obj: dict, where: str) -> dict:
     meta = {}
+    if "depth_given" in obj:
+        if obj["depth_given"] not in DEPTH_GIVEN:
+            raise ValueError(
+                f"{where}: field 'depth_given' is {obj['depth_given']!r}; allowed: {', '.join(map(repr, DEPTH_GIVEN))}"
+            )
+        meta["depth_given"] = obj["depth_given"]
     if "depth" in obj:
         depth = obj["depth"]
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:

@@ -35,6 +35,8 @@ import string
 import sys
 from pathlib import Path
 
+from grt_titan.data.records import DEPTH_GIVEN  # iterated-function's query names its depth, or the loops give it
+
 SPLIT_BUCKETS = {"train": range(0, 80), "val": range(80, 90), "test": range(90, 100)}
 SYMBOLS = string.ascii_lowercase
 MANO_MODULUS = 23
@@ -148,7 +150,7 @@ def mano(rng: random.Random, depth: int, symbols: int) -> dict:
 TASKS = {"iterated-function": iterated_function, "chains": chains, "mano": mano}
 DEFAULT_SYMBOLS = {"iterated-function": 12, "chains": 24, "mano": 0}
 TABLES = ("shuffled", "ordered", "edges")  # iterated-function's table (--table)
-DEPTH_GIVEN = ("query", "loops")  # iterated-function's query names its depth, or the loops give it
+
 # The task vocabulary's `a>b` words (`--table edges`): every pair over the first EDGE_SYMBOLS
 # symbols, so the vocabulary (235 ids) fits the 256 rows of the `task_debug_words` flavor.
 EDGE_SYMBOLS = 10

@@ -10,6 +10,7 @@ import pytest
 
 from grt_titan.data import tasks
 from grt_titan.data.prepare import prepare
+from grt_titan.data.records import read_records
 from grt_titan.tokenizer import load_tokenizer
 
 from data_helpers import SOLVERS
@@ -190,6 +191,11 @@ def test_with_the_depth_given_by_the_loops_a_query_names_its_start_alone(queries
     out = tmp_path / "loops.jsonl"
     assert tasks.main(["iterated-function", "--depth-given", "loops", "--n", "3", "--out", str(out)]) == 0
     assert all(json.loads(line)["depth_given"] == "loops" for line in out.read_text().splitlines())
+    assert all(record.meta["depth_given"] == "loops" for record in read_records([out]))  # kept as metadata
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "a", "completion": " b", "depth_given": "steps"}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'depth_given' is 'steps'; allowed: 'query', 'loops'"):
+        list(read_records([bad]))
     with pytest.raises(
         ValueError, match="--depth-given loops; allowed: query, loops for iterated-function, query otherwise"
     ):
