@@ -34,7 +34,7 @@ import torch
 
 from grt_titan.checkpoint_io import OverridesParser, check_overrides_have_config
 from grt_titan.data.records import ChatTemplate, Record, ordinary_batch, read_records
-from grt_titan.model.halting import HALTING_RULES, LEARNED_RULE
+from grt_titan.model.halting import HALTING_RULES, LEARNED_RULE, HaltingProbe
 
 # `--halting RULE:THRESHOLD`: the exported model's rules and the learned one (`--probe-data`).
 EVAL_RULES = (*HALTING_RULES, LEARNED_RULE)
@@ -178,6 +178,18 @@ def fit_probe(model, encoded, steps: int, batch_size: int) -> tuple[Any, list]:
                 yield ids[:, :-1], positions
 
     return fit_halting_probe(model, batches(), steps, model.recurrence.resolve_depth(None))
+
+
+def learned_probe(model, encoded, fitting, opts) -> tuple[Any, dict]:
+    """(the learned rule's probe fitted on `fitting`, its fit: data, steps, last loss), printed;
+    a model that refuses per-token halting (dense, MoR) says so before any fitting."""
+    device = next(model.parameters()).device
+    probe = HaltingProbe(model.model_args.dim)
+    model.forward_with_halting(torch.tensor([encoded[0][0][:1]], device=device), LEARNED_RULE, 0.0, probe=probe)
+    probe, log = fit_probe(model, fitting, opts.probe_steps, opts.batch_size)
+    fit = {"data": str(opts.probe_data), "steps": opts.probe_steps, "loss": log[-1][1]}
+    print(f"The {LEARNED_RULE} rule's probe: fitted for {opts.probe_steps} steps, last loss {fit['loss']:.4f}")
+    return probe, fit
 
 
 def score_halting(model, encoded, rule: str, threshold: float, batch_size: int, probe=None) -> list[tuple[bool, float]]:
@@ -469,14 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result, trained))
     if rules:
         try:
-            probe = None
-            if learned:  # a model that refuses every rule (dense, MoR) says so before any fitting
-                loaded.model.forward_with_halting(torch.tensor([encoded[0][0][:1]], device=device), "state", 0.0)
-                probe, log = fit_probe(loaded.model, fitting, opts.probe_steps, opts.batch_size)
-                fit = {"data": str(opts.probe_data), "steps": opts.probe_steps, "loss": log[-1][1]}
-                print(
-                    f"The {LEARNED_RULE} rule's probe: fitted for {opts.probe_steps} steps, last loss {fit['loss']:.4f}"
-                )
+            probe, fit = learned_probe(loaded.model, encoded, fitting, opts) if learned else (None, None)
             halted = [
                 score_halting(loaded.model, encoded, rule, x, opts.batch_size, probe if rule == LEARNED_RULE else None)
                 for rule, x in rules
