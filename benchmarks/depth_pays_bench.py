@@ -302,17 +302,6 @@ def learned_probe(model: GRTModel, opts) -> tuple[HaltingProbe | None, dict | st
     of depths 1..R (the query positions' readouts, at R steps), its fit: steps, last loss,
     seconds); or (None, the model's reason for refusing the rule)."""
     generator = torch.Generator().manual_seed(opts.seed + 4000)
-    try:  # a model that chooses its own steps (MoR) refuses every rule before any fitting
-        halted(
-            model,
-            problems(opts, 1, generator)["tokens"],
-            LEARNED_RULE,
-            0.1,
-            opts.recurrences,
-            HaltingProbe(model.model_args.dim),
-        )
-    except ValueError as refused:
-        return None, str(refused)
 
     def batches():
         while True:
@@ -322,9 +311,12 @@ def learned_probe(model: GRTModel, opts) -> tuple[HaltingProbe | None, dict | st
             yield tokens, positions
 
     start = time.perf_counter()
-    with torch.random.fork_rng():  # the probe's initialisation: the same at every scoring of these weights
-        torch.manual_seed(opts.seed + 4000)
-        probe, log = fit_halting_probe(model, batches(), opts.probe_steps, opts.recurrences)
+    try:
+        with torch.random.fork_rng():  # the probe's initialisation: the same at every scoring of these weights
+            torch.manual_seed(opts.seed + 4000)
+            probe, log = fit_halting_probe(model, batches(), opts.probe_steps, opts.recurrences)
+    except ValueError as refused:  # a model that chooses its own steps (MoR) refuses it before any fitting
+        return None, str(refused)
     return probe, {"steps": opts.probe_steps, "loss": log[-1][1], "seconds": round(time.perf_counter() - start, 1)}
 
 

@@ -34,7 +34,7 @@ import torch
 
 from grt_titan.checkpoint_io import OverridesParser, check_overrides_have_config
 from grt_titan.data.records import ChatTemplate, Record, ordinary_batch, read_records
-from grt_titan.model.halting import HALTING_RULES, LEARNED_RULE, HaltingProbe
+from grt_titan.model.halting import HALTING_RULES, LEARNED_RULE
 
 # `--halting RULE:THRESHOLD`: the exported model's rules and the learned one (`--probe-data`).
 EVAL_RULES = (*HALTING_RULES, LEARNED_RULE)
@@ -164,7 +164,8 @@ def parse_halting(text: str) -> tuple[str, float]:
 
 def fit_probe(model, encoded, steps: int, batch_size: int) -> tuple[Any, list]:
     """The learned rule's probe, fitted for `steps` batches (cycling through `encoded`) on the
-    positions that predict each completion, at the eval depth (the halting calls' maximum)."""
+    positions that predict each completion, at the eval depth (the halting calls' maximum; a
+    dense model is refused by the fit)."""
     from grt_titan.model.halting_probe import fit_halting_probe
 
     device = next(model.parameters()).device
@@ -177,15 +178,12 @@ def fit_probe(model, encoded, steps: int, batch_size: int) -> tuple[Any, list]:
                     positions[row, answered(ids, encoded[i][1])] = True
                 yield ids[:, :-1], positions
 
-    return fit_halting_probe(model, batches(), steps, model.recurrence.resolve_depth(None))
+    return fit_halting_probe(model, batches(), steps)
 
 
-def learned_probe(model, encoded, fitting, opts) -> tuple[Any, dict]:
+def learned_probe(model, fitting, opts) -> tuple[Any, dict]:
     """(the learned rule's probe fitted on `fitting`, its fit: data, steps, last loss), printed;
     a model that refuses per-token halting (dense, MoR) says so before any fitting."""
-    device = next(model.parameters()).device
-    probe = HaltingProbe(model.model_args.dim)
-    model.forward_with_halting(torch.tensor([encoded[0][0][:1]], device=device), LEARNED_RULE, 0.0, probe=probe)
     probe, log = fit_probe(model, fitting, opts.probe_steps, opts.batch_size)
     fit = {"data": str(opts.probe_data), "steps": opts.probe_steps, "loss": log[-1][1]}
     print(f"The {LEARNED_RULE} rule's probe: fitted for {opts.probe_steps} steps, last loss {fit['loss']:.4f}")
@@ -481,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result, trained))
     if rules:
         try:
-            probe, fit = learned_probe(loaded.model, encoded, fitting, opts) if learned else (None, None)
+            probe, fit = learned_probe(loaded.model, fitting, opts) if learned else (None, None)
             halted = [
                 score_halting(loaded.model, encoded, rule, x, opts.batch_size, probe if rule == LEARNED_RULE else None)
                 for rule, x in rules

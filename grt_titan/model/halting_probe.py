@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .halting import HaltingProbe, consistency_targets
+from .halting import LEARNED_RULE, HaltingProbe, consistency_targets
 
 
 @torch.no_grad()
@@ -26,22 +26,31 @@ def step_states_and_targets(model, tokens: torch.Tensor, depth: int) -> tuple[to
 
 
 def fit_halting_probe(
-    model, batches: Iterable[tuple[torch.Tensor, torch.Tensor | None]], steps: int, depth: int, lr: float = 3e-3
+    model,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor | None]],
+    steps: int,
+    depth: int | None = None,
+    lr: float = 3e-3,
 ) -> tuple[HaltingProbe, list[tuple[int, float]]]:
     """(the fitted probe, its loss every 50 steps) after `steps` AdamW steps, one per
     `(tokens [B, T], positions [B, T] bool or None: every position)` of `batches`, on a frozen
-    `model` read at `depth` steps (the halting call's maximum depth: its last step is the one
-    the targets agree with)."""
+    `model` read at `depth` steps (default its eval depth: the halting call's maximum depth, whose
+    last step is the one the targets agree with). A model that refuses the learned rule (MoR's router chooses each
+    token's steps itself) says so, in forward_with_halting's words, before any fitting."""
     if model.recurrence is None:
         raise ValueError("a halting probe needs a recurrent model; this one is dense (no core)")
     if steps < 1:
         raise ValueError(f"steps = {steps}; allowed: >= 1")
     was_training = model.training
     model.eval()
+    depth = model.recurrence.resolve_depth(depth)  # eval mode: None is the eval depth
     probe = HaltingProbe(model.model_args.dim)
     optimizer = torch.optim.AdamW(probe.parameters(), lr=lr)
     log, fitted = [], 0
     for tokens, positions in batches:
+        if fitted == 0:
+            with torch.no_grad():
+                model.forward_with_halting(tokens[:1, :1], LEARNED_RULE, 0.0, probe=probe)
         states, targets = step_states_and_targets(model, tokens, depth)
         with torch.enable_grad():  # whatever the caller's mode: the probe trains
             logits = probe(states)

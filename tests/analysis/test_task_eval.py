@@ -56,20 +56,21 @@ def test_exact_match_is_what_a_greedy_decode_loop_gives(words):
 
 def test_the_learned_rules_probe_learns_from_the_positions_that_predict_each_completion(monkeypatch):
     """fit_probe hands the fit each batch's inputs (the ids less the last) and, True, exactly the
-    positions whose next token is a completion token, at the eval depth."""
+    positions whose next token is a completion token, at the fit's default depth (the eval depth:
+    tests/model/test_halting_probe.py)."""
     from grt_titan.model import halting_probe
 
     model = build_model("task_debug", 1, vocab_size=64, num_recurrences=3).eval()
     encoded = [([1, 2, 3, 4, 5], 2), ([6, 7, 8, 9, 10], 1), ([1, 2, 3], 1)]
     seen = {}
 
-    def fit(model, batches, steps, depth):
+    def fit(model, batches, steps, depth=None):
         seen["depth"], seen["batches"] = depth, [next(batches) for _ in range(4)]
         return "probe", [(steps, 0.5)]
 
     monkeypatch.setattr(halting_probe, "fit_halting_probe", fit)
     assert task_eval.fit_probe(model, encoded, 7, batch_size=2) == ("probe", [(7, 0.5)])
-    assert seen["depth"] == 3
+    assert seen["depth"] is None
     (short, short_at), (pair, pair_at), (again, _), _ = seen["batches"]  # by length (two batches), then again
     assert short.tolist() == [[1, 2]] and short_at.tolist() == [[False, True]]
     assert pair.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]]

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from grt_titan.model.halting_probe import fit_halting_probe, step_states_and_targets
 
-from grt_test_helpers import build_model
+from grt_test_helpers import MOR_PARTS, build_model
 
 DEPTH = 4
 
@@ -72,6 +72,16 @@ def test_only_the_positions_asked_are_learned_from(model):
         assert (a - b).abs().max() < 1e-4 < (a - c).abs().max()  # 5 steps of lr 3e-3 move it ~1e-2
 
 
+def test_the_default_depth_is_the_eval_depth(model):
+    torch.manual_seed(0)
+    default, _ = fit_halting_probe(model, batches(3), steps=3)
+    torch.manual_seed(0)
+    explicit, _ = fit_halting_probe(model, batches(3), steps=3, depth=DEPTH)
+    assert model.recurrence.eval_recurrences == DEPTH
+    for a, b in zip(default.parameters(), explicit.parameters()):
+        assert torch.equal(a, b)
+
+
 def test_refusals_name_the_cause(model):
     with pytest.raises(ValueError, match="steps = 0; allowed: >= 1"):
         fit_halting_probe(model, batches(0), steps=0, depth=DEPTH)
@@ -80,3 +90,6 @@ def test_refusals_name_the_cause(model):
     dense = build_model("debug", n_core_layers=0, num_recurrences=0)
     with pytest.raises(ValueError, match="a halting probe needs a recurrent model"):
         fit_halting_probe(dense, batches(0), steps=1, depth=DEPTH)
+    mor = build_model("debug", **MOR_PARTS).eval()  # its router chooses each token's steps
+    with pytest.raises(ValueError, match="halting = 'learned' is not supported with router = "):
+        fit_halting_probe(mor, batches(0), steps=1, depth=DEPTH)
