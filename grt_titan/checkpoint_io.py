@@ -58,8 +58,8 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torchtitan.config import ConfigManager
 
+from grt_titan.job_config import GRTConfigManager
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.flavors import flavor_from_file, grt_flavors
 from grt_titan.model.model import GRTModel, build_meta_model
@@ -328,8 +328,8 @@ class OverridesParser(argparse.ArgumentParser):
         return namespace
 
 
-class _RecordedConfigManager(ConfigManager):
-    """torchtitan's ConfigManager reading a run record's resolved `job_config` where it would
+class _RecordedConfigManager(GRTConfigManager):
+    """grt_titan's ConfigManager reading a run record's resolved `job_config` where it would
     read the TOML (`_maybe_load_toml`, the one method replaced; torchtitan 0.2.2): the values
     the run started with, its command-line overrides included."""
 
@@ -360,7 +360,7 @@ def parse_job_config(config_file: str | Path, overrides: tuple[str, ...] | list[
             return _RecordedConfigManager(read_record_file(config_file, ("job_config",))["job_config"]).parse_args(
                 list(overrides)
             )
-        return ConfigManager().parse_args(["--job.config_file", str(config_file), *overrides])
+        return GRTConfigManager().parse_args(["--job.config_file", str(config_file), *overrides])
     except (ValueError, TypeError, KeyError, SystemExit) as e:
         raise CheckpointError(f"{config_file}: cannot parse as a torchtitan config{with_overrides}: {e}") from e
 

@@ -114,9 +114,9 @@ def teacher_tokenizer(source: TeacherSource):
     the Hugging Face folder's tokenizer files (the shipped GPT-2 ranks for grt_titan's exports)."""
     if source.kind == "hf":
         return export_tokenizer(source.path)
-    from torchtitan.config import ConfigManager
+    from grt_titan.job_config import GRTConfigManager
 
-    job = ConfigManager().parse_args(["--job.config_file", str(source.config)])
+    job = GRTConfigManager().parse_args(["--job.config_file", str(source.config)])
     return load_tokenizer(resolve_tokenizer_source(job.model.hf_assets_path))
 
 

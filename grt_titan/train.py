@@ -88,11 +88,11 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     enable_cpu_training()
     import torch
     import torchtitan
-    from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger, logger
 
     import grt_titan  # noqa: F401  registers the `grt` train spec
     from grt_titan.components.trainer import GRTTrainer
+    from grt_titan.job_config import GRTConfigManager
     from grt_titan.teacher import build_teacher
 
     GRTTrainer.build_teacher = build_teacher  # the [distill] teacher (components/ may not read hf/)
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     init_logger()
     quiet_other_ranks()
     logger.info("torchtitan version: %s (0.0.0 means __version__ is not defined correctly).", torchtitan.__version__)
-    config = ConfigManager().parse_args(sys.argv[1:] if argv is None else list(argv))
+    config = GRTConfigManager().parse_args(sys.argv[1:] if argv is None else list(argv))
     trainer = None
     try:
         trainer = trainer_for(config, trainer_class)(config)

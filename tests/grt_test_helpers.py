@@ -210,9 +210,9 @@ def step_losses(output: str) -> dict[int, float]:
 
 def parse_config(*overrides: str, path: Path = DEBUG_TOML):
     """torchtitan's JobConfig of a TOML (default grt_debug) with command-line overrides."""
-    from torchtitan.config import ConfigManager
+    from grt_titan.job_config import GRTConfigManager
 
-    return ConfigManager().parse_args(["--job.config_file", str(path), *overrides])
+    return GRTConfigManager().parse_args(["--job.config_file", str(path), *overrides])
 
 
 def one_rank_dims():

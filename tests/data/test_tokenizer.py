@@ -83,3 +83,29 @@ def test_build_tokenizer_from_hf_assets_path(tmp_path):
     jc.model.hf_assets_path = str(tmp_path / "missing.tiktoken")
     with pytest.raises(FileNotFoundError, match="missing.tiktoken"):
         build_tokenizer(jc)
+
+
+def test_one_encoding_per_rank_file_content_and_a_bad_file_refused_every_time(tmp_path):
+    """A process builds a rank file's encoding once (the start-up check and the trainer both
+    build the tokenizer); another content or name gets its own, and a bad file is never kept."""
+    first, second = GPT2Tokenizer(), GPT2Tokenizer()
+    assert first.encoding is second.encoding and first.eos_id == second.eos_id == 50256
+    copy = tmp_path / "mine.tiktoken"
+    shutil.copy(GPT2_TIKTOKEN_PATH, copy)
+    assert GPT2Tokenizer(copy).encoding is first.encoding  # same ranks, same name (gpt2)
+
+    lines = GPT2_TIKTOKEN_PATH.read_bytes().splitlines()
+    (a, rank_a), (b, rank_b) = lines[100].split(), lines[101].split()
+    lines[100:102] = [a + b" " + rank_b, b + b" " + rank_a]  # two tokens trade ranks
+    swapped_file = tmp_path / "swapped.tiktoken"
+    swapped_file.write_bytes(b"\n".join(lines) + b"\n")
+    swapped = GPT2Tokenizer(swapped_file)
+    assert swapped.encoding is not first.encoding and swapped.name == "swapped"
+    byte = first.encoding.decode_single_token_bytes(100)
+    assert swapped.encoding.encode_single_token(byte) == 101  # its own ranks, not the cached ones
+
+    broken = tmp_path / "broken.tiktoken"
+    broken.write_bytes(GPT2_TIKTOKEN_PATH.read_bytes() + b"not-a-rank-line\n")
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"broken\.tiktoken:50257: not a tiktoken rank line"):
+            GPT2Tokenizer(broken)

@@ -173,13 +173,12 @@ def _argparse_problem(parser: argparse.ArgumentParser, args: list[str]) -> str |
 def job_config_problem(args: list[str]) -> str | None:
     """torchtitan's ConfigManager (with grt_titan's sections when the TOML loads them) and
     grt_titan's field checks on command-line arguments of the trainer."""
-    from torchtitan.config import ConfigManager
-
     from grt_titan.config_checks import config_field_problems
+    from grt_titan.job_config import GRTConfigManager
 
     with _quiet() as (_, err):
         try:
-            config = ConfigManager().parse_args(list(args))
+            config = GRTConfigManager().parse_args(list(args))
         except SystemExit as e:
             if e.code:
                 return f"torchtitan's config parser: {err.getvalue().strip()[-400:]}"

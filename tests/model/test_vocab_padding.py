@@ -104,9 +104,9 @@ def test_non_integer_vocab_multiple_of_names_the_key():
 
 
 def _parse(*overrides, path=DEBUG_TOML):
-    from torchtitan.config import ConfigManager
+    from grt_titan.job_config import GRTConfigManager
 
-    return ConfigManager().parse_args(["--job.config_file", str(path), *overrides])
+    return GRTConfigManager().parse_args(["--job.config_file", str(path), *overrides])
 
 
 def _toml_with(tmp_path: Path, line: str) -> Path:
