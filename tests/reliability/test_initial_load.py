@@ -18,11 +18,11 @@ import re
 
 import pytest
 import torch
-from torchtitan.config import ConfigManager
 from torchtitan.protocols.train_spec import get_train_spec
 
 import grt_titan  # noqa: F401  registers the spec
 from grt_titan.hf.retrofit import write_retrofit
+from grt_titan.job_config import GRTConfigManager
 
 from grt_test_helpers import DEBUG_TOML, one_process, step_losses
 from tests.data.data_helpers import make_hf_tokenizer
@@ -67,7 +67,7 @@ def gpt2_source(folder):
 
 def first_batch(args: list[str]):
     """The first (inputs, labels) of the trainer's dataloader on one rank (the spec's builders)."""
-    job_config = ConfigManager().parse_args(args)
+    job_config = GRTConfigManager().parse_args(args)
     spec = get_train_spec("grt")
     tokenizer = spec.build_tokenizer_fn(job_config)
     loader = spec.build_dataloader_fn(dp_world_size=1, dp_rank=0, tokenizer=tokenizer, job_config=job_config)
