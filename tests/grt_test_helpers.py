@@ -55,6 +55,25 @@ def torchrun_command(
     return [*cmd, "-m", module, *args]
 
 
+def restart_command(nproc: int, args: list[str], module: str, max_restarts: int, env: dict) -> tuple[list[str], dict]:
+    """torchrun's own agent with `--max-restarts`, as (command, environment). Each rank it
+    starts (and restarts) is `python -m tests.launcher call MODULE ARGS`: a rank forked by the
+    launcher's server in the agent's rank environment, its exit (a signal's too) the agent's to
+    see, the agent's SIGTERM passed on (tests/launcher.py `call`). A rank would otherwise be an
+    interpreter start importing torchtitan, about 9 s of CPU on CI's cores, four per run.
+    Without the server (GRT_TEST_LAUNCH_SERVER=0, or an environment it cannot fork for) the
+    agent starts `python -m MODULE` itself."""
+    from tests.launcher import _SERVER, SOCKET_ENV, needs_fresh_interpreter
+
+    env = job_env({**RESTART_ENV, **env})
+    if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") == "0":
+        return torchrun_command(nproc, args, module, max_restarts), env
+    served = {**env, SOCKET_ENV: _SERVER.socket_path()}  # starts the server: its environment, next
+    if needs_fresh_interpreter(env, _SERVER.env):
+        return torchrun_command(nproc, args, module, max_restarts), env
+    return torchrun_command(nproc, ["call", module, *args], "tests.launcher", max_restarts), served
+
+
 # Relative tolerance between the grad norms that torchtitan logs for two layouts (or 1 and 2
 # ranks) of one run on CPU. torch's CPU float32 L2 norm keeps one float32 accumulator per tensor
 # (pytorch#169237, still open in 2.13), so its error grows with the tensor and differs between a
@@ -137,7 +156,7 @@ def torchrun(
 
     The ranks are forked by tests/launcher.py (same ranks, environment and output as torchrun,
     a fraction of the CPU of a small run on CI); with `max_restarts`, torchrun's real agent,
-    which restarts need (RESTART_ENV set)."""
+    which restarts need (RESTART_ENV set), its ranks forked by the server too (restart_command)."""
     dump = _dump_folder(args)
     backup = None
     if dump is not None and dump.exists():
@@ -146,10 +165,11 @@ def torchrun(
     tmp_path.mkdir(parents=True, exist_ok=True)
     for attempt in (1, 2):
         if max_restarts is not None:
+            command, restart_env = restart_command(nproc, args, module, max_restarts, env or {})
             proc = subprocess.run(
-                torchrun_command(nproc, args, module, max_restarts),
+                command,
                 cwd=REPO,
-                env=job_env({**RESTART_ENV, **(env or {})}),
+                env=restart_env,
                 capture_output=True,
                 text=True,
                 timeout=timeout,

@@ -1,6 +1,7 @@
 """A job for tests/test_launcher.py: prints what it was started with, then exits.
 
-python -m tests.launch_probe [--sleep S] [--exit N] [--fail-rank R] [ARGS...]
+python -m tests.launch_probe [--sleep S] [--exit N] [--fail-rank R] [--kill-self SIGNAL] [ARGS...]
+(GRT_PROBE_STARTED=FILE: the file is made once the probe has printed its line)
 python -m tests.launch_probe --torch-logs | --end-of-training-sleep
 """
 
@@ -35,7 +36,7 @@ if __name__ == "__main__":
             )
         )
         sys.exit(0)
-    while args and args[0] in ("--sleep", "--exit", "--fail-rank"):
+    while args and args[0] in ("--sleep", "--exit", "--fail-rank", "--kill-self"):
         options[args[0]] = float(args[1])
         args = args[2:]
     rank = int(os.environ.get("RANK", "0"))
@@ -46,6 +47,7 @@ if __name__ == "__main__":
                 "cwd": os.getcwd(),
                 "path": [p for p in sys.path[:3] if "site-packages" not in p],
                 "rank": rank,
+                "pid": os.getpid(),
                 "world_size": os.environ.get("WORLD_SIZE"),
                 "torch_seed": __import__("torch").initial_seed(),
                 "probe": os.environ.get("GRT_PROBE"),
@@ -54,6 +56,10 @@ if __name__ == "__main__":
         ),
         flush=True,
     )
+    if os.environ.get("GRT_PROBE_STARTED"):
+        open(os.environ["GRT_PROBE_STARTED"], "w").close()
+    if "--kill-self" in options:
+        os.kill(os.getpid(), int(options["--kill-self"]))
     time.sleep(options.get("--sleep", 0))
     if options.get("--fail-rank") == rank:
         print(f"rank {rank} fails", file=sys.stderr)

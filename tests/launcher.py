@@ -18,7 +18,9 @@ default bound at import). What a fork cannot give is an environment read at impo
 (inductor's TORCHINDUCTOR_* settings, OMP threads): a job whose environment differs from the
 server's in one of those runs in a fresh interpreter (`python -m tests.launcher run NPROC
 MODULE ARGS`), as does every job when GRT_TEST_LAUNCH_SERVER=0. Jobs that restart ranks
-(`--max-restarts`) and the docs' commands use torchrun itself (grt_test_helpers.torchrun).
+(`--max-restarts`) run torchrun's own agent, whose ranks are `python -m tests.launcher call
+MODULE ARGS` (`call`: a job of the server that stands in for the rank's process, its exit and
+the agent's SIGTERM passed through; grt_test_helpers.restart_command).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ IMPORT_TIME_ENV = re.compile(r"^(TORCH|PYTORCH|OMP_|MKL_|KMP_|TRITON|CUDA|GOMP_)
 # ... except these: the cache folders are read when inductor first compiles, and a job re-reads
 # torch's log settings (`_init_logs`, what `import torch` runs) when it sets them.
 PER_JOB_ENV = {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_LOGS", "TORCH_LOGS_OUT"}
+# ... and what torchrun's agent reads when it runs (its rendezvous) or sets for its ranks that
+# a process group reads when it is made (grt_test_helpers.RESTART_ENV; the agent's rank environment).
+PER_JOB_ENV |= {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
 # ... and torchrun's TORCHELASTIC_* (rank_environment): torch.distributed.elastic reads them
 # when a job runs or fails, never at import. Without this every one-process job
 # (grt_test_helpers.one_process) paid a fresh interpreter.
@@ -540,13 +545,40 @@ def call(module: str, args: list[str], nproc: int | None = None, every_rank_outp
     of it) run by the server at $GRT_TEST_LAUNCH_SOCKET in this working directory and
     environment; its output printed when it ends, its exit code returned. The docs'
     `grt-titan` and `torchrun` commands go through it (tests/docs: a console command is
-    otherwise an interpreter start that imports torchtitan, a torchrun command three)."""
+    otherwise an interpreter start that imports torchtitan, a torchrun command three), and so
+    do the ranks that torchrun's own agent starts for a restart (grt_test_helpers.torchrun).
+
+    For that agent it stands in for the rank's process: a job killed by a signal ends this
+    process by the same signal, and SIGTERM (how the agent stops the survivors of a failed
+    rank) kills the job, prints its output so far, and ends this process by SIGTERM."""
     env, cwd = dict(os.environ), os.getcwd()
-    proc = _captured(
-        lambda out, err: _submit(env[SOCKET_ENV], module, args, env, nproc, cwd, out, err, every_rank_output), 3600
-    )
+    started: list[tuple[Job, str, str]] = []
+
+    def begin(out: str, err: str) -> Job:
+        job = _submit(env[SOCKET_ENV], module, args, env, nproc, cwd, out, err, every_rank_output)
+        started.append((job, out, err))
+        return job
+
+    def stop(signum: int, frame) -> None:
+        for job, out, err in started:
+            job.kill()
+            sys.stdout.write(_read(out))
+            sys.stderr.write(_read(err))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    proc = _captured(begin, 3600)
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
+    if proc.returncode < 0:  # killed by a signal: so is this process, as the job's would be
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with contextlib.suppress(OSError):  # SIGKILL and SIGSTOP have no handler to reset
+            signal.signal(-proc.returncode, signal.SIG_DFL)
+        os.kill(os.getpid(), -proc.returncode)
     return proc.returncode
 
 

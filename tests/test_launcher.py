@@ -55,6 +55,7 @@ def test_a_job_sees_what_python_dash_m_would(client, tmp_path):
     got["argv"][0] = expected["argv"][0] = "(module path)"
     first_seed = got.pop("torch_seed")
     assert first_seed != expected.pop("torch_seed")  # random per interpreter
+    assert got.pop("pid") != expected.pop("pid")
     assert got == expected
     assert got["argv"][1:] == ["--exit", "7", "a", "b"] and got["probe"] == "one"
     # The next job gets its own arguments and environment, not the last one's.
@@ -199,6 +200,49 @@ def test_call_runs_a_job_in_the_callers_folder_and_environment(tmp_path):
     (line,) = probe_lines(proc)
     assert proc.returncode == 3 and line["argv"][1:] == ["--exit", "3", "x"]
     assert line["probe"] == "called" and line["cwd"] == str(tmp_path)
+
+
+def test_call_stands_in_for_a_rank_that_torchruns_agent_starts(tmp_path):
+    """A rank started by torchrun's own agent as `call` (grt_test_helpers.restart_command): a
+    job killed by a signal ends the caller by that signal, and the agent's SIGTERM kills the
+    job, and ends the caller by SIGTERM with the job's output so far printed."""
+    from tests.launcher import SOCKET_ENV
+
+    env = {**job_env(), "PYTHONPATH": str(REPO), SOCKET_ENV: _SERVER.socket_path()}
+    command = [sys.executable, "-m", "tests.launcher", "call", "tests.launch_probe"]
+    killed = subprocess.run(
+        [*command, "--kill-self", str(int(signal.SIGKILL))], env=env, capture_output=True, timeout=60
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+    started = tmp_path / "started"
+    proc = subprocess.Popen(
+        [*command, "--sleep", "600"],
+        env={**env, "GRT_PROBE_STARTED": str(started)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate(timeout=10)
+    proc.terminate()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM, err
+    (line,) = [json.loads(text) for text in out.splitlines() if text.startswith("{")]
+    deadline = time.monotonic() + 10
+    while _alive(line["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(line["pid"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_the_torchrun_shim_runs_one_node_through_the_server_and_every_other_torchrun_itself(tmp_path):

@@ -10,9 +10,7 @@ of test_fault_tolerance.py, each otherwise an interpreter start that imports tor
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -30,10 +28,9 @@ WORKER = "tests.reliability.ft_worker"
 FT_RUN = [*SHORT_DEBUG_RUN, "--training.local_batch_size", "2", "--metrics.no-enable-tensorboard"]
 
 
-def lighthouse_binary() -> str:
-    path = shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse")
-    assert os.path.exists(path), "torchft_lighthouse is installed with torchft (pip install -e '.[ft]')"
-    return path
+def lighthouse_command(*flags: str) -> list[str]:
+    """`torchft_lighthouse FLAGS`, in a process that does not import torch (lighthouse.py)."""
+    return [sys.executable, str(Path(__file__).with_name("lighthouse.py")), *flags]
 
 
 @dataclass
@@ -49,8 +46,14 @@ class Lighthouse:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Lighthouse:
-        command = [lighthouse_binary(), "--min_replicas", str(self.min_replicas), "--bind", f"[::]:{self.port}"]
-        command += ["--join_timeout_ms", str(self.join_timeout_ms)]
+        command = lighthouse_command(
+            "--min_replicas",
+            str(self.min_replicas),
+            "--bind",
+            f"[::]:{self.port}",
+            "--join_timeout_ms",
+            str(self.join_timeout_ms),
+        )
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

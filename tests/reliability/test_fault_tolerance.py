@@ -13,8 +13,10 @@ one group.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import subprocess
 import time
 
 import pytest
@@ -23,6 +25,7 @@ from ft_helpers import (
     Group,
     Lighthouse,
     digests_by_step,
+    lighthouse_command,
     no_process_left,
     run_to_the_end,
     tails,
@@ -289,6 +292,33 @@ def test_no_lighthouse_stops_in_one_line_naming_it():
     message = str(info.value)
     assert "\n" not in message and f"no torchft lighthouse answered at {address} within 1 s" in message
     assert "torchft_lighthouse --min_replicas 1" in message
+
+
+@needs_torchft
+def test_the_lighthouse_is_the_scripts_without_importing_torch(tmp_path):
+    """The tests start `torchft_lighthouse`'s own entry point (tests/reliability/lighthouse.py)
+    in a process that never imports torch; it serves and reads flags as the script does."""
+    from importlib.metadata import entry_points
+
+    from grt_titan.components.fault_tolerance import FaultToleranceError, wait_for_lighthouse
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "torchft_lighthouse"]
+    assert script.value == "torchft._torchft:lighthouse_main"
+    assert subprocess.run(lighthouse_command("--check-no-torch"), timeout=60).returncode == 0
+    port = free_port()
+    flags = ["--min_replicas", "1", "--bind", f"[::]:{port}", "--join_timeout_ms", "100"]
+    with open(tmp_path / "lighthouse.log", "w") as log:
+        proc = subprocess.Popen(lighthouse_command(*flags), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with contextlib.suppress(FaultToleranceError):  # the process's end says why, below
+            wait_for_lighthouse(f"http://127.0.0.1:{port}", 30)
+        assert proc.poll() is None, (tmp_path / "lighthouse.log").read_text()
+        assert "Lighthouse listening on: http://" in (tmp_path / "lighthouse.log").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+    bad = subprocess.run(lighthouse_command("--no_such_flag"), capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--no_such_flag" in bad.stderr, bad.stderr
 
 
 def test_without_torchft_the_run_names_the_extra(monkeypatch):
