@@ -564,6 +564,7 @@ def call(module: str, args: list[str], nproc: int | None = None, every_rank_outp
             job.kill()
             sys.stdout.write(_read(out))
             sys.stderr.write(_read(err))
+            shutil.rmtree(os.path.dirname(out), ignore_errors=True)  # _captured's folder
         sys.stdout.flush()
         sys.stderr.flush()
         signal.signal(signum, signal.SIG_DFL)

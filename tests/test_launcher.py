@@ -68,10 +68,13 @@ def test_a_job_sees_what_python_dash_m_would(client, tmp_path):
 
 
 def test_forked_ranks_through_the_server(client):
-    proc = client.run("tests.launch_probe", ["--fail-rank", "1", "x"], job_env(), timeout=60, nproc=2)
+    # Rank 1 fails a second after its line, so that rank 0 has printed its own before the
+    # launcher stops it (on a loaded machine rank 0 could otherwise be stopped first).
+    args = ["--sleep", "1", "--fail-rank", "1", "x"]
+    proc = client.run("tests.launch_probe", args, job_env(), timeout=60, nproc=2)
     assert proc.returncode == 1
     (rank0,) = probe_lines(proc)  # rank 0's output only, as --local-ranks-filter=0
-    assert rank0["rank"] == 0 and rank0["world_size"] == "2" and rank0["argv"][1:] == ["--fail-rank", "1", "x"]
+    assert rank0["rank"] == 0 and rank0["world_size"] == "2" and rank0["argv"][1:] == args
     assert "[launcher] rank 1 failed: exit code 3" in proc.stderr and "rank 1 fails" in proc.stderr
 
 
