@@ -63,15 +63,13 @@ def restart_command(nproc: int, args: list[str], module: str, max_restarts: int,
     interpreter start importing torchtitan, about 9 s of CPU on CI's cores, four per run.
     Without the server (GRT_TEST_LAUNCH_SERVER=0, or an environment it cannot fork for) the
     agent starts `python -m MODULE` itself."""
-    from tests.launcher import _SERVER, SOCKET_ENV, needs_fresh_interpreter
+    from tests.launcher import _SERVER, SOCKET_ENV, served
 
     env = job_env({**RESTART_ENV, **env})
-    if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") == "0":
+    if not served(module, args, env):
         return torchrun_command(nproc, args, module, max_restarts), env
-    served = {**env, SOCKET_ENV: _SERVER.socket_path()}  # starts the server: its environment, next
-    if needs_fresh_interpreter(env, _SERVER.env):
-        return torchrun_command(nproc, args, module, max_restarts), env
-    return torchrun_command(nproc, ["call", module, *args], "tests.launcher", max_restarts), served
+    command = torchrun_command(nproc, ["call", module, *args], "tests.launcher", max_restarts)
+    return command, {**env, SOCKET_ENV: _SERVER.socket_path()}
 
 
 # Relative tolerance between the grad norms that torchtitan logs for two layouts (or 1 and 2

@@ -565,22 +565,24 @@ def call(module: str, args: list[str], nproc: int | None = None, every_rank_outp
             sys.stdout.write(_read(out))
             sys.stderr.write(_read(err))
             shutil.rmtree(os.path.dirname(out), ignore_errors=True)  # _captured's folder
-        sys.stdout.flush()
-        sys.stderr.flush()
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        _end_by_signal(signum)
 
     signal.signal(signal.SIGTERM, stop)
     proc = _captured(begin, 3600)
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
     if proc.returncode < 0:  # killed by a signal: so is this process, as the job's would be
-        sys.stdout.flush()
-        sys.stderr.flush()
-        with contextlib.suppress(OSError):  # SIGKILL and SIGSTOP have no handler to reset
-            signal.signal(-proc.returncode, signal.SIG_DFL)
-        os.kill(os.getpid(), -proc.returncode)
+        _end_by_signal(-proc.returncode)
     return proc.returncode
+
+
+def _end_by_signal(signum: int) -> None:
+    """End this process by signal `signum` (its default action), output flushed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(OSError):  # SIGKILL and SIGSTOP have no handler to reset
+        signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def served_torchrun(argv: list[str]) -> tuple[int, str, list[str], bool] | None:
@@ -630,6 +632,12 @@ def _read(path: str) -> str:
 _SERVER = _Server()
 
 
+def served(module: str, args: list[str], env: dict[str, str]) -> bool:
+    """Whether the server runs this job: not where GRT_TEST_LAUNCH_SERVER=0, nor for an
+    environment it cannot fork for (`_Server.can_run`)."""
+    return os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") != "0" and _SERVER.can_run(module, args, env)
+
+
 def start(
     module: str,
     args: list[str],
@@ -646,7 +654,7 @@ def start(
     (needs_fresh_interpreter) or GRT_TEST_LAUNCH_SERVER=0."""
     env = job_env() if env is None else env
     stderr = stderr or stdout
-    if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") != "0" and _SERVER.can_run(module, args, env):
+    if served(module, args, env):
         return _submit(_SERVER.socket_path(), module, args, env, nproc, cwd, str(stdout), str(stderr))
     with open(stdout, "a") as out, open(stderr, "a") as err:  # O_APPEND, as the server opens them
         return _FreshJob(

@@ -220,7 +220,7 @@ def test_call_stands_in_for_a_rank_that_torchruns_agent_starts(tmp_path):
 
     started = tmp_path / "started"
     proc = subprocess.Popen(
-        [*command, "--sleep", "600"],
+        [*command, "--sleep", "300"],  # not 600: test_a_timeout_kills_the_job looks for those
         env={**env, "GRT_PROBE_STARTED": str(started)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

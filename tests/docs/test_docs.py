@@ -174,13 +174,11 @@ def _served_console(tmp_path, env: dict) -> dict:
     torchrun runs as printed). Each console command would otherwise be an interpreter start
     importing torchtitan (about 4.5 s of CPU), each torchrun three. python commands run as
     printed; GRT_TEST_LAUNCH_SERVER=0 runs every command as printed."""
-    from tests.launcher import _SERVER, SOCKET_ENV, needs_fresh_interpreter
+    from tests.launcher import _SERVER, SOCKET_ENV, served
 
-    if os.environ.get("GRT_TEST_LAUNCH_SERVER", "1") == "0":
+    if not served("docs' console commands", [], env):
         return env
     path = _SERVER.socket_path()
-    if needs_fresh_interpreter(env, _SERVER.env):
-        return env
     shims = tmp_path / "console"
     shims.mkdir()
     for name, command in (("grt-titan", "call grt_titan.cli"), ("torchrun", "torchrun")):

@@ -313,7 +313,11 @@ def test_the_lighthouse_is_the_scripts_without_importing_torch(tmp_path):
         with contextlib.suppress(FaultToleranceError):  # the process's end says why, below
             wait_for_lighthouse(f"http://127.0.0.1:{port}", 30)
         assert proc.poll() is None, (tmp_path / "lighthouse.log").read_text()
-        assert "Lighthouse listening on: http://" in (tmp_path / "lighthouse.log").read_text()
+        # It logs this line once it has bound the port, so the connection can come first.
+        deadline = time.monotonic() + 10
+        while "Lighthouse listening on: http://" not in (tmp_path / "lighthouse.log").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "lighthouse.log").read_text()
+            time.sleep(0.05)
     finally:
         proc.kill()
         proc.wait()
