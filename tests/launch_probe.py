@@ -1,7 +1,7 @@
 """A job for tests/test_launcher.py: prints what it was started with, then exits.
 
 python -m tests.launch_probe [--sleep S] [--exit N] [--fail-rank R] [--kill-self SIGNAL] [ARGS...]
-(GRT_PROBE_STARTED=FILE: the file is made once the probe has printed its line)
+(GRT_PROBE_STARTED=FILE: the file, holding the probe's pid, is made once it has printed its line)
 python -m tests.launch_probe --torch-logs | --end-of-training-sleep
 """
 
@@ -57,7 +57,9 @@ if __name__ == "__main__":
         flush=True,
     )
     if os.environ.get("GRT_PROBE_STARTED"):
-        open(os.environ["GRT_PROBE_STARTED"], "w").close()
+        with open(os.environ["GRT_PROBE_STARTED"] + ".part", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(os.environ["GRT_PROBE_STARTED"] + ".part", os.environ["GRT_PROBE_STARTED"])
     if "--kill-self" in options:
         os.kill(os.getpid(), int(options["--kill-self"]))
     time.sleep(options.get("--sleep", 0))

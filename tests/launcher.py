@@ -310,8 +310,9 @@ def _read_line(conn: socket.socket) -> bytes:
 def serve(path: str) -> None:
     """One job per connection: the client sends {"module", "args", "env", "cwd", "nproc",
     "stdout", "stderr"} as a JSON line; the server forks the job (its own process group),
-    answers {"pid": ...} at once and {"code": ...} when it ends. Single-threaded, so nothing
-    holds a lock when it forks."""
+    answers {"pid": ...} at once and {"code": ...} when it ends. A job lives no longer than its
+    client's connection: a client that dies (SIGKILL included) takes its job with it, as a
+    rank dies with its process. Single-threaded, so nothing holds a lock when it forks."""
     _die_with_parent()
     for name in PRELOADED:
         importlib.import_module(name)
@@ -319,39 +320,66 @@ def serve(path: str) -> None:
     server.bind(path)
     server.listen(16)
     print("ready", flush=True)
-    jobs: dict[int, socket.socket] = {}
+    jobs: dict[int, socket.socket] = {}  # pid -> its client's connection
+    abandoned: set[int] = set()  # jobs whose client is gone, killed and not yet reaped
     while True:
-        readable, _, _ = select.select([server], [], [], 0.05)
-        if readable:
-            conn, _ = server.accept()
+        clients = {conn: pid for pid, conn in jobs.items() if pid not in abandoned}
+        readable, _, _ = select.select([server, *clients], [], [], 0.05)
+        for conn in readable:
+            if conn is server:
+                _fork_job(server, jobs)
+            elif _client_gone(conn):
+                with contextlib.suppress(OSError):
+                    os.killpg(clients[conn], signal.SIGKILL)
+                abandoned.add(clients[conn])
+        _reap(jobs, abandoned)
+
+
+def _fork_job(server: socket.socket, jobs: dict[int, socket.socket]) -> None:
+    """Accept one request, fork its job, answer with its pid."""
+    conn, _ = server.accept()
+    try:
+        request = json.loads(_read_line(conn))
+    except (ConnectionError, ValueError):
+        conn.close()
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        server.close()
+        _serve_job(request)
+    # The job's own process group before its pid goes out, so that a kill right after the
+    # reply reaches it (the job calls setpgid too: whichever runs first makes it).
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)
+    with contextlib.suppress(OSError):  # a client already gone: _client_gone sees it next
+        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    jobs[pid] = conn
+
+
+def _client_gone(conn: socket.socket) -> bool:
+    """Whether a readable client connection was closed (clients send nothing after their request)."""
+    try:
+        return conn.recv(4096) == b""
+    except OSError:
+        return True
+
+
+def _reap(jobs: dict[int, socket.socket], abandoned: set[int]) -> None:
+    """Send each ended job's exit code to its client."""
+    while jobs:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            break
+        conn = jobs.pop(pid, None)
+        abandoned.discard(pid)
+        if conn is not None:
             try:
-                request = json.loads(_read_line(conn))
-            except (ConnectionError, ValueError):
-                conn.close()
-                continue
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                server.close()
-                _serve_job(request)
-            # The job's own process group before its pid goes out, so that a kill right after the
-            # reply reaches it (the job calls setpgid too: whichever runs first makes it).
-            with contextlib.suppress(OSError):
-                os.setpgid(pid, pid)
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-            jobs[pid] = conn
-        while jobs:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            conn = jobs.pop(pid, None)
-            if conn is not None:
-                try:
-                    conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-                except OSError:  # the client gave up (timeout) and closed its end
-                    pass
-                conn.close()
+                conn.sendall(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            except OSError:  # the client gave up (timeout) and closed its end
+                pass
+            conn.close()
 
 
 class _Server:
@@ -550,7 +578,9 @@ def call(module: str, args: list[str], nproc: int | None = None, every_rank_outp
 
     For that agent it stands in for the rank's process: a job killed by a signal ends this
     process by the same signal, and SIGTERM (how the agent stops the survivors of a failed
-    rank) kills the job, prints its output so far, and ends this process by SIGTERM."""
+    rank) kills the job, prints its output so far, and ends this process by SIGTERM. A caller
+    that dies before it knows its job (a SIGTERM before the server's reply) or without a handler
+    (SIGKILL) takes the job with it all the same: the server kills a job whose client is gone."""
     env, cwd = dict(os.environ), os.getcwd()
     started: list[tuple[Job, str, str]] = []
 

@@ -207,8 +207,9 @@ def test_call_runs_a_job_in_the_callers_folder_and_environment(tmp_path):
 
 def test_call_stands_in_for_a_rank_that_torchruns_agent_starts(tmp_path):
     """A rank started by torchrun's own agent as `call` (grt_test_helpers.restart_command): a
-    job killed by a signal ends the caller by that signal, and the agent's SIGTERM kills the
-    job, and ends the caller by SIGTERM with the job's output so far printed."""
+    job killed by a signal ends the caller by that signal; the agent's SIGTERM kills the job,
+    and ends the caller by SIGTERM with the job's output so far printed; a caller killed
+    outright (SIGKILL: no handler runs) takes its job with it."""
     from tests.launcher import SOCKET_ENV
 
     env = {**job_env(), "PYTHONPATH": str(REPO), SOCKET_ENV: _SERVER.socket_path()}
@@ -218,26 +219,30 @@ def test_call_stands_in_for_a_rank_that_torchruns_agent_starts(tmp_path):
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
 
-    started = tmp_path / "started"
-    proc = subprocess.Popen(
-        [*command, "--sleep", "300"],  # not 600: test_a_timeout_kills_the_job looks for those
-        env={**env, "GRT_PROBE_STARTED": str(started)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert started.exists(), proc.communicate(timeout=10)
-    proc.terminate()
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == -signal.SIGTERM, err
-    (line,) = [json.loads(text) for text in out.splitlines() if text.startswith("{")]
-    deadline = time.monotonic() + 10
-    while _alive(line["pid"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(line["pid"])
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        started = tmp_path / f"started-{signum}"
+        proc = subprocess.Popen(
+            [*command, "--sleep", "300"],  # not 600: test_a_timeout_kills_the_job looks for those
+            env={**env, "GRT_PROBE_STARTED": str(started)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate(timeout=10)
+        job_pid = int(started.read_text())
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == -signum, err
+        if signum == signal.SIGTERM:
+            (line,) = [json.loads(text) for text in out.splitlines() if text.startswith("{")]
+            assert line["pid"] == job_pid
+        deadline = time.monotonic() + 10
+        while _alive(job_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(job_pid), f"the job outlived its caller's {signal.Signals(signum).name}"
 
 
 def _alive(pid: int) -> bool:
