@@ -79,13 +79,14 @@ def test_forked_ranks_through_the_server(client):
 
 
 def test_a_timeout_kills_the_job(client):
+    marker = f"timeout-{os.getpid()}-{time.monotonic_ns()}"  # this job's ranks, not another test's
     start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired) as error:
-        client.run("tests.launch_probe", ["--sleep", "600"], job_env(), timeout=3, nproc=2)
+        client.run("tests.launch_probe", ["--sleep", "600", marker], job_env(), timeout=3, nproc=2)
     assert time.monotonic() - start < 30
     assert '"rank": 0' in error.value.output
     time.sleep(1)
-    leftover = subprocess.run(["pgrep", "-f", "launch_probe --sleep 600"], capture_output=True, text=True)
+    leftover = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
     # The server goes on serving.
     assert client.run("tests.launch_probe", [], job_env(), timeout=60).returncode == 0
@@ -222,7 +223,7 @@ def test_call_stands_in_for_a_rank_that_torchruns_agent_starts(tmp_path):
     for signum in (signal.SIGTERM, signal.SIGKILL):
         started = tmp_path / f"started-{signum}"
         proc = subprocess.Popen(
-            [*command, "--sleep", "300"],  # not 600: test_a_timeout_kills_the_job looks for those
+            [*command, "--sleep", "300"],
             env={**env, "GRT_PROBE_STARTED": str(started)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
