@@ -1,7 +1,9 @@
 """A job for tests/test_launcher.py: prints what it was started with, then exits.
 
 python -m tests.launch_probe [--sleep S] [--exit N] [--fail-rank R] [--kill-self SIGNAL] [ARGS...]
-(GRT_PROBE_STARTED=FILE: the file, holding the probe's pid, is made once it has printed its line)
+(GRT_PROBE_STARTED=FILE: the file, holding the probe's pid, is made once it has printed its line;
+GRT_PROBE_PIDS=DIR: each rank writes its pid to DIR/RANK, for a test that checks they are gone:
+a served job's ranks are forks of the server, whose command line pgrep sees, not the probe's)
 python -m tests.launch_probe --torch-logs | --end-of-training-sleep
 """
 
@@ -40,6 +42,11 @@ if __name__ == "__main__":
         options[args[0]] = float(args[1])
         args = args[2:]
     rank = int(os.environ.get("RANK", "0"))
+    if os.environ.get("GRT_PROBE_PIDS"):  # before the line: a test that read the line finds the file
+        pid_file = os.path.join(os.environ["GRT_PROBE_PIDS"], str(rank))
+        with open(pid_file + ".part", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".part", pid_file)
     print(
         json.dumps(
             {

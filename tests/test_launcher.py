@@ -78,16 +78,20 @@ def test_forked_ranks_through_the_server(client):
     assert "[launcher] rank 1 failed: exit code 3" in proc.stderr and "rank 1 fails" in proc.stderr
 
 
-def test_a_timeout_kills_the_job(client):
-    marker = f"timeout-{os.getpid()}-{time.monotonic_ns()}"  # this job's ranks, not another test's
+def test_a_timeout_kills_the_job(client, tmp_path):
     start = time.monotonic()
+    env = {**job_env(), "GRT_PROBE_PIDS": str(tmp_path)}
     with pytest.raises(subprocess.TimeoutExpired) as error:
-        client.run("tests.launch_probe", ["--sleep", "600", marker], job_env(), timeout=3, nproc=2)
+        client.run("tests.launch_probe", ["--sleep", "600"], env, timeout=3, nproc=2)
     assert time.monotonic() - start < 30
     assert '"rank": 0' in error.value.output
-    time.sleep(1)
-    leftover = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
-    assert leftover.stdout.strip() == ""
+    ranks = {int(f.name): int(f.read_text()) for f in tmp_path.iterdir() if f.name.isdigit()}
+    assert 0 in ranks, ranks  # rank 0 wrote its pid before its line
+    pids = list(ranks.values())
+    deadline = time.monotonic() + 10
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_alive, pids)), pids
     # The server goes on serving.
     assert client.run("tests.launch_probe", [], job_env(), timeout=60).returncode == 0
 
@@ -247,11 +251,12 @@ def test_call_stands_in_for_a_rank_that_torchruns_agent_starts(tmp_path):
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, killed and not yet reaped, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_the_torchrun_shim_runs_one_node_through_the_server_and_every_other_torchrun_itself(tmp_path):
