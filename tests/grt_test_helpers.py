@@ -127,7 +127,9 @@ THREAD_TERMINATE = "terminate called without an active exception"
 
 def is_teardown_abort(output: str) -> bool:
     """The gloo teardown abort above: SIGABRT after training ended, by either signature."""
-    aborted = "(SIGABRT)" in output or "exitcode: -6" in output
+    # torchrun's agent: "Signal 6 (SIGABRT)", "exitcode: -6"; tests/launcher.py: "exit code -6
+    # (signal 6, SIGABRT)", which "(SIGABRT)" alone never matched, so no forked run was repeated.
+    aborted = "SIGABRT)" in output or "exitcode: -6" in output
     return aborted and (TEARDOWN_ABORT[0] in output or THREAD_TERMINATE in output)
 
 

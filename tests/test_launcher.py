@@ -290,3 +290,16 @@ def test_the_torchrun_shim_runs_one_node_through_the_server_and_every_other_torc
         lines = json_lines(proc.stdout + proc.stderr)
         assert proc.returncode == 0 and [line["rank"] for line in lines] == shown
         assert all(line["world_size"] == "2" and line["argv"][1:] == ["x"] for line in lines)
+
+
+def test_a_forked_ranks_teardown_abort_is_recognised():
+    """grt_test_helpers.is_teardown_abort reads the launcher's failure line as it reads torchrun's,
+    so a forked run that hit the gloo teardown abort is repeated once (grt_test_helpers.torchrun)."""
+    from grt_test_helpers import THREAD_TERMINATE, is_teardown_abort
+    from tests.launcher import _describe
+
+    _, text = _describe(signal.SIGABRT)  # a wait status: killed by SIGABRT
+    assert is_teardown_abort(f"[launcher] rank 1 failed: {text}\n{THREAD_TERMINATE}\n")
+    assert not is_teardown_abort(f"[launcher] rank 1 failed: {text}\n")  # no teardown signature
+    _, text = _describe(signal.SIGTERM)
+    assert not is_teardown_abort(f"[launcher] rank 0 failed: {text}\n{THREAD_TERMINATE}\n")
