@@ -12,6 +12,14 @@ import os
 import sys
 import time
 
+
+def write_pid(path: str) -> None:
+    """This process's pid into `path`, whole once the file exists (written aside, then renamed)."""
+    with open(path + ".part", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".part", path)
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     options = {}
@@ -43,10 +51,7 @@ if __name__ == "__main__":
         args = args[2:]
     rank = int(os.environ.get("RANK", "0"))
     if os.environ.get("GRT_PROBE_PIDS"):  # before the line: a test that read the line finds the file
-        pid_file = os.path.join(os.environ["GRT_PROBE_PIDS"], str(rank))
-        with open(pid_file + ".part", "w") as f:
-            f.write(str(os.getpid()))
-        os.rename(pid_file + ".part", pid_file)
+        write_pid(os.path.join(os.environ["GRT_PROBE_PIDS"], str(rank)))
     print(
         json.dumps(
             {
@@ -64,9 +69,7 @@ if __name__ == "__main__":
         flush=True,
     )
     if os.environ.get("GRT_PROBE_STARTED"):
-        with open(os.environ["GRT_PROBE_STARTED"] + ".part", "w") as f:
-            f.write(str(os.getpid()))
-        os.rename(os.environ["GRT_PROBE_STARTED"] + ".part", os.environ["GRT_PROBE_STARTED"])
+        write_pid(os.environ["GRT_PROBE_STARTED"])
     if "--kill-self" in options:
         os.kill(os.getpid(), int(options["--kill-self"]))
     time.sleep(options.get("--sleep", 0))

@@ -3,7 +3,6 @@ fresh-interpreter form would: same arguments, working directory, environment, cl
 exit code and output; ranks as torchrun's; a timeout kills the job; an import-time variable
 sends the job to a fresh interpreter."""
 
-import contextlib
 import json
 import os
 import signal
@@ -96,14 +95,22 @@ def test_a_timeout_kills_the_job(client, tmp_path):
     assert client.run("tests.launch_probe", [], job_env(), timeout=60).returncode == 0
 
 
+def _state_and_group(pid: int | str) -> tuple[str, int] | None:
+    """Process `pid`'s state letter and process group (/proc/PID/stat); None once it is gone."""
+    try:
+        state, _, group = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:3]
+    except OSError:
+        return None
+    return state, int(group)
+
+
 def live_processes_of_group(pgid: int) -> list[int]:
     """The processes of process group `pgid` that are not zombies (/proc)."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-            if int(group) == pgid and state != "Z":
-                found.append(int(stat.parent.name))
+    for entry in Path("/proc").glob("[0-9]*"):
+        stat = _state_and_group(entry.name)
+        if stat is not None and stat[0] != "Z" and stat[1] == pgid:
+            found.append(int(entry.name))
     return found
 
 
@@ -252,11 +259,8 @@ def test_call_stands_in_for_a_rank_that_torchruns_agent_starts(tmp_path):
 
 def _alive(pid: int) -> bool:
     """Whether process `pid` runs (a zombie, killed and not yet reaped, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    stat = _state_and_group(pid)
+    return stat is not None and stat[0] != "Z"
 
 
 def test_the_torchrun_shim_runs_one_node_through_the_server_and_every_other_torchrun_itself(tmp_path):
