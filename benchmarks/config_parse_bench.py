@@ -57,7 +57,7 @@ def main() -> None:
 
     from torchtitan.config import ConfigManager
 
-    import grt_titan  # noqa: F401  registers the `grt` train spec, as a job does
+    import grt_titan.spec  # noqa: F401  registers the `grt` train spec, as a job does
     from grt_titan.job_config import GRTConfigManager
 
     managers = {"torchtitan ConfigManager": ConfigManager, "GRTConfigManager": GRTConfigManager}

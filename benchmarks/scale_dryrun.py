@@ -41,7 +41,7 @@ def worker(config: str, world: int, shard: int, replicate: int, tp: int, seq_len
     from torchtitan.config import ConfigManager
     from torchtitan.train import Trainer
 
-    import grt_titan  # noqa: F401
+    import grt_titan.spec  # noqa: F401  registers the `grt` train spec
     from grt_titan.infra.comm_stats import CollectiveCounter
 
     argv = [

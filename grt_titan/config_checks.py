@@ -34,10 +34,10 @@ from grt_titan.data.shards import find_manifest
 from grt_titan.fake_backend import is_fake_backend
 from grt_titan.field_checks import field_problems
 from grt_titan.infra.trainable import configured_entries, trainable_problems
-from grt_titan.job_config import FLOAT8_CONVERTER, fault_tolerance_enabled
 from grt_titan.model.flavors import flavor_from_file
 from grt_titan.model.model import build_meta_model
 from grt_titan.model.part import JobSettings
+from grt_titan.sections import FLOAT8_CONVERTER, fault_tolerance_enabled
 from grt_titan.teacher import device_memory_bytes, teacher_args, teacher_problems, teacher_source
 from grt_titan.tokenizer import GPT2_VOCAB_SIZE, load_tokenizer, resolve_tokenizer_source
 

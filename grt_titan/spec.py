@@ -1,4 +1,8 @@
-"""The `grt` TrainSpec: torchtitan's components plus the GRT's model, plans and metrics."""
+"""The `grt` TrainSpec of torchtitan 0.2.2: its components plus the GRT's model, plans and metrics.
+
+Importing this module registers the spec (torchtitan 0.2.2 imports it through `custom_import =
+"grt_titan"`, grt_titan/__init__.py).
+"""
 
 from __future__ import annotations
 
@@ -45,3 +49,6 @@ def register() -> None:
         get_train_spec(SPEC_NAME)
     except ValueError:
         register_train_spec(SPEC_NAME, build_grt_train_spec())
+
+
+register()

@@ -41,10 +41,10 @@ from grt_titan.checkpoint_io import (
 from grt_titan.hf.config_map import model_args_from_hf_config
 from grt_titan.hf.stock import dense_args_from_stock_config, is_stock_config, read_stock_folder
 from grt_titan.infra.parallelize import parallelize_teacher
-from grt_titan.job_config import DistillConfig
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.model import build_meta_model
 from grt_titan.model.state_dict_adapter import optional_native_keys
+from grt_titan.sections import DistillConfig
 from grt_titan.tokenizer import export_tokenizer, load_tokenizer, resolve_tokenizer_source
 
 # Text both tokenizers encode at start-up: equal ids (and vocabulary size) = one tokenizer.

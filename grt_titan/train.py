@@ -60,7 +60,7 @@ def trainer_for(config, trainer_class: type | None = None) -> type:
     """GRTTrainer, or its fault-tolerant form when `[fault_tolerance] enable` is set
     (grt_titan/components/fault_tolerance.py); a given class must match the config."""
     from grt_titan.components.trainer import GRTTrainer
-    from grt_titan.job_config import fault_tolerance_enabled
+    from grt_titan.sections import fault_tolerance_enabled
 
     if not fault_tolerance_enabled(config):
         return trainer_class or GRTTrainer
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     import torchtitan
     from torchtitan.tools.logging import init_logger, logger
 
-    import grt_titan  # noqa: F401  registers the `grt` train spec
+    import grt_titan.spec  # noqa: F401  registers the `grt` train spec
     from grt_titan.components.trainer import GRTTrainer
     from grt_titan.job_config import GRTConfigManager
     from grt_titan.teacher import build_teacher

@@ -17,7 +17,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torchtitan.protocols.train_spec import get_train_spec
 
-import grt_titan  # noqa: F401  registers the spec
+import grt_titan.spec  # noqa: F401  registers the spec
 from grt_titan.config_checks import Flavors, UnknownFlavorError, check_job_config
 from grt_titan.model import grt_flavors
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from torchtitan.protocols.train_spec import get_train_spec
 
-import grt_titan  # noqa: F401  registers the spec
+import grt_titan.spec  # noqa: F401  registers the spec
 from grt_titan.config_checks import check_job_config
 from grt_titan.teacher import teacher_problems
 from grt_titan.tokenizer import load_tokenizer

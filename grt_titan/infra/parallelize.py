@@ -60,8 +60,8 @@ from grt_titan.infra.torch_workarounds import (
     install_rng_state_order_fix,
 )
 from grt_titan.infra.trainable import configured_entries, freeze_untrained
-from grt_titan.job_config import FLOAT8_CONVERTER, RecurrenceCheckpoint, fault_tolerance_enabled
 from grt_titan.model import GRTModel
+from grt_titan.sections import FLOAT8_CONVERTER, RecurrenceCheckpoint, fault_tolerance_enabled
 
 
 def grt_stacks(model: GRTModel) -> list[nn.Module]:

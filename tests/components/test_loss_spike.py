@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from grt_titan.components.loss_spike import LOG_NAME, LossSpikeGaveUp, LossSpikeMonitor, LossSpikeRewind
-from grt_titan.job_config import LossSpikeConfig
+from grt_titan.sections import LossSpikeConfig
 
 
 class Loader:

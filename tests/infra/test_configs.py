@@ -3,7 +3,7 @@
 import pytest
 from torchtitan.protocols.train_spec import get_train_spec
 
-import grt_titan  # noqa: F401  registers the spec
+import grt_titan.spec  # noqa: F401  registers the spec
 from grt_titan.model import GRTModel
 from grt_titan.model.model import build_meta_model
 

@@ -17,7 +17,7 @@ import torchtitan.components.quantization  # noqa: F401  registers the float8 co
 from torch import nn
 from torchtitan.protocols.model_converter import build_model_converters
 
-import grt_titan  # noqa: F401
+import grt_titan.spec  # noqa: F401  registers the spec
 from grt_titan.model import grt_flavors
 from grt_titan.model.model import build_meta_model
 

@@ -52,6 +52,7 @@ import pytest
 import tomli
 from torchtitan.protocols.train_spec import get_train_spec
 
+import grt_titan.spec  # noqa: F401  registers the spec
 from grt_titan.model.model import build_meta_model
 
 from grt_test_helpers import (

@@ -11,12 +11,12 @@ from typing import Literal
 import pytest
 import torch
 
-import grt_titan  # noqa: F401  registers the spec (its start-up checks)
 import grt_titan.model.args as args_module
+import grt_titan.spec  # noqa: F401  registers the spec
 from grt_titan.components.loss import grt_loss
-from grt_titan.job_config import GRTSection
 from grt_titan.model import GRTModelArgs, grt_flavors, methods
 from grt_titan.model.args import CONFIGURABLE_FIELDS
+from grt_titan.sections import GRTSection
 
 from grt_test_helpers import REPO, build_model, matmul_flops, parse_config
 

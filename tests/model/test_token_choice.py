@@ -200,6 +200,7 @@ def test_invalid_token_choice_args_name_the_key(changes, pattern):
 def test_tensor_parallel_and_hf_export_are_refused_by_name():
     from torchtitan.protocols.train_spec import get_train_spec
 
+    import grt_titan.spec  # noqa: F401  registers the spec
     from grt_titan.hf.convert import ExportError, check_exportable
 
     overrides = parts_overrides({key: value for key, value in TOKEN_CHOICE.items() if key != "vocab_size"})
@@ -219,6 +220,8 @@ def test_compile_with_step_checkpointing_passes_start_up():
     """No capacity rule: at seq_len 4 expert choice's default capacities would keep one token
     at step 4 (refused with compile); token choice has no capacities."""
     from torchtitan.protocols.train_spec import get_train_spec
+
+    import grt_titan.spec  # noqa: F401  registers the spec
 
     overrides = parts_overrides({key: value for key, value in TOKEN_CHOICE.items() if key != "vocab_size"})
     config = parse_config(

@@ -119,7 +119,7 @@ def _toml_with(tmp_path: Path, line: str) -> Path:
 
 def test_grt_section_sets_vocab_multiple_of(tmp_path):
     assert "vocab_multiple_of" in CONFIGURABLE_FIELDS
-    from grt_titan.job_config import GRTSection
+    from grt_titan.sections import GRTSection
 
     assert GRTSection().vocab_multiple_of is None  # unset keeps the flavor's value (1)
     args = grt_flavors["debug"].replace()

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torchtitan.protocols.train_spec import get_train_spec
 
-import grt_titan  # noqa: F401  registers the spec
+import grt_titan.spec  # noqa: F401  registers the spec
 from grt_titan.hf.retrofit import write_retrofit
 from grt_titan.job_config import GRTConfigManager
 
