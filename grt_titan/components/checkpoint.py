@@ -48,6 +48,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.tensor import DTensor, Replicate
 from torch.futures import Future
 from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
+from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import GarbageCollection
 
@@ -58,9 +59,9 @@ from grt_titan.checkpoint_io import (
     initial_load_line,
     initial_load_source,
 )
-from grt_titan.job_config import fault_tolerance_enabled
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
+from grt_titan.sections import fault_tolerance_enabled
 
 CHECKSUM_FILE = "grt_checksums.json"
 CHECKSUM_FORMAT = "grt_titan.checkpoint_checksums"
@@ -359,9 +360,14 @@ class GRTCheckpointManager(CheckpointManager):
         return -1
 
 
-class ShardedGRTStateDictAdapter(GRTStateDictAdapter):
+class ShardedGRTStateDictAdapter(GRTStateDictAdapter, StateDictAdapter):
     """The spec's `state_dict_adapter`: GRTStateDictAdapter on the DTensors torchtitan's
     CheckpointManager hands it (`last_save_in_hf`, `initial_load_in_hf`).
+
+    torchtitan's StateDictAdapter is a base here, not in model/ (which is host-neutral): it
+    gives `get_hf_storage_reader`, which CheckpointManager calls for `initial_load_in_hf`.
+    Its `__init__` is not run (GRTStateDictAdapter's sets the same attributes, and reads
+    no index from a tokenizer file).
 
     The key map is the model's; what sharding adds is the padded vocabulary
     (`vocab_multiple_of`): `to_hf` of a weight sharded over the vocabulary comes back

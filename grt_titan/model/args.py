@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal
 
 from torch import nn
-from torchtitan.protocols.model import BaseModelArgs
 
 from grt_titan.field_checks import field_problems
 
@@ -98,13 +97,18 @@ GRT_PARTS: dict[str, Any] = {
 
 
 @dataclass
-class GRTModelArgs(BaseModelArgs):
+class GRTModelArgs:
     """Architecture of one GRT flavor: `n_prelude_layers + n_core_layers x R + n_coda_layers`.
 
     A dense model is the same args with `n_core_layers = 0` (no projection, no gate).
     Names follow the paper: prelude, core, coda, gate, recurrence.
+    What torchtitan 0.2.2 calls on model args (its BaseModelArgs, duck-typed):
+    `update_from_config` and `get_nparams_and_flops`.
     """
 
+    # The one field of torchtitan 0.2.2's BaseModelArgs, once our base class: run records,
+    # flavor files and retrofit records hold it (dataclasses.asdict), and load with it.
+    _enforced: str = "This field is used to enforce all fields have defaults."
     block_style: BlockStyle = "gpt2"
     dim: int = 768
     n_heads: int = 12
@@ -178,7 +182,7 @@ class GRTModelArgs(BaseModelArgs):
     # checkpoints and exports load as trained; the MoR TOMLs of train_configs/paper/ set "block".
     router_update: RouterUpdate = "delta"
 
-    # llama style (torchtitan's TransformerBlock)
+    # llama style (grt_titan/model/llama_blocks.py, torchtitan 0.2.2's llama3 block)
     multiple_of: int = 256
     ffn_dim_multiplier: float | None = None
     rope_theta: float = 10000.0
@@ -189,7 +193,7 @@ class GRTModelArgs(BaseModelArgs):
     attention_head_dim: int | None = None  # per-head width; None: dim // n_heads (qwen3: explicit)
     tie_word_embeddings: bool | None = None  # None: tied for gpt2 blocks, untied otherwise
     # llama RoPE scaling [factor, low_freq_factor, high_freq_factor, original_max_position_embeddings]
-    # (torchtitan's RoPEScalingArgs); None: torchtitan's default (8, 1, 4, 8192); factor 1: none.
+    # (llama_blocks.RoPEScalingArgs); None: its default (8, 1, 4, 8192), torchtitan's; factor 1: none.
     rope_scaling: list[float] | None = None
 
     @property
@@ -247,8 +251,8 @@ class GRTModelArgs(BaseModelArgs):
 
     @property
     def ffn_hidden_dim(self) -> int:
-        """MLP hidden size: `ffn_dim` if set; else 4d for gpt2, for llama exactly as torchtitan's
-        FeedForward computes it."""
+        """MLP hidden size: `ffn_dim` if set; else 4d for gpt2, for llama exactly as its
+        FeedForward (llama_blocks.LlamaFeedForward) computes it."""
         if self.ffn_dim is not None:
             return self.ffn_dim
         if self.block_style == "gpt2":

@@ -1,13 +1,16 @@
-"""Transformer blocks of the two styles, behind one call signature.
+"""Transformer blocks of the three styles, behind one call signature.
 
 `gpt2`: the paper's nanoGPT block (pre-LayerNorm, biased linears, GELU MLP 4d); positions
 are added to the embeddings by the model, so the block ignores `freqs_cis`.
-`llama`: torchtitan's own llama3 TransformerBlock (RMSNorm, SwiGLU, RoPE, GQA), reused as is.
-`qwen3`: torchtitan's own qwen3 TransformerBlock (llama's plus q/k RMSNorm per head and an
-explicit head width), reused as is; its RoPE table is qwen3's cos/sin cache, not llama's
-complex `freqs_cis` (the model precomputes the table of its style: `rope_table`).
-All keep torchtitan's parameter names (`attention.wq`, `feed_forward.w1`, `attention_norm`,
-...) so torchtitan's TP plans, float8 filters and AC lists apply unchanged.
+`llama`: our copy of torchtitan 0.2.2's llama3 TransformerBlock (RMSNorm, SwiGLU, RoPE, GQA;
+grt_titan/model/llama_blocks.py).
+`qwen3`: our copy of torchtitan 0.2.2's qwen3 TransformerBlock (llama's plus q/k RMSNorm per
+head and an explicit head width; grt_titan/model/qwen3_blocks.py); its RoPE table is qwen3's
+cos/sin cache, not llama's complex `freqs_cis` (the model precomputes the table of its style:
+`rope_table`).
+All keep torchtitan 0.2.2's parameter names (`attention.wq`, `feed_forward.w1`,
+`attention_norm`, ...), whatever torchtitan hosts them, so its TP plans, float8 filters and AC
+lists apply unchanged and every checkpoint and export loads.
 """
 
 from __future__ import annotations
@@ -17,18 +20,13 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchtitan.models.attention import ScaledDotProductAttentionWrapper
-from torchtitan.models.llama3.model.args import RoPEScalingArgs, TransformerModelArgs
-from torchtitan.models.llama3.model.model import FeedForward as LlamaFeedForward
-from torchtitan.models.llama3.model.model import TransformerBlock as LlamaBlock
-from torchtitan.models.llama3.model.model import precompute_freqs_cis
-from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
-from torchtitan.models.qwen3.model.model import TransformerBlock as TorchtitanQwen3Block
-from torchtitan.models.qwen3.model.model import precompute_rope_cache
-from torchtitan.models.utils import trunc_normal_
 
 from .adapters import BlockAdapter, lora_delta
 from .args import GRTModelArgs
+from .init import trunc_normal_
+from .llama_blocks import LlamaBlock, LlamaBlockArgs, LlamaFeedForward, RoPEScalingArgs, precompute_freqs_cis
+from .qwen3_blocks import Qwen3Block, Qwen3BlockArgs, precompute_rope_cache
+from .sdpa import ScaledDotProductAttentionWrapper
 
 
 class GPT2Attention(nn.Module):
@@ -114,14 +112,14 @@ class GPT2Block(nn.Module):
             nn.init.zeros_(linear.bias)
 
 
-def llama_block_args(args: GRTModelArgs) -> TransformerModelArgs:
-    """torchtitan llama3 args carrying the fields its TransformerBlock reads."""
-    return TransformerModelArgs(
+def llama_block_args(args: GRTModelArgs) -> LlamaBlockArgs:
+    """The llama block's args (torchtitan's llama3 field names: grt_titan/hf/stock.py hands
+    them to torchtitan's Llama3StateDictAdapter too)."""
+    return LlamaBlockArgs(
         dim=args.dim,
         n_layers=args.unrolled_layers,
         n_heads=args.n_heads,
         n_kv_heads=args.n_kv_heads,
-        vocab_size=args.vocab_size,
         multiple_of=args.multiple_of,
         ffn_dim_multiplier=args.ffn_dim_multiplier,
         norm_eps=args.norm_eps,
@@ -134,7 +132,7 @@ def llama_block_args(args: GRTModelArgs) -> TransformerModelArgs:
 
 
 def rope_scaling_args(values: list[float]) -> RoPEScalingArgs:
-    """torchtitan's llama3 RoPE scaling of `GRTModelArgs.rope_scaling` (factor 1: none)."""
+    """llama3's RoPE scaling of `GRTModelArgs.rope_scaling` (factor 1: none)."""
     factor, low, high, original = values
     return RoPEScalingArgs(
         scaling_factor=float(factor),
@@ -144,28 +142,18 @@ def rope_scaling_args(values: list[float]) -> RoPEScalingArgs:
     )
 
 
-class Qwen3Block(TorchtitanQwen3Block):
-    """torchtitan's qwen3 TransformerBlock as is; only `init_weights` takes no argument, as the
-    other styles' (its `buffer_device` serves MoE layers, and these blocks are dense)."""
-
-    def init_weights(self, buffer_device: torch.device | None = None) -> None:
-        super().init_weights(buffer_device)
-
-
-def qwen3_block_args(args: GRTModelArgs) -> Qwen3ModelArgs:
-    """torchtitan qwen3 args carrying the fields its TransformerBlock reads (dense, qk-norm)."""
-    return Qwen3ModelArgs(
+def qwen3_block_args(args: GRTModelArgs) -> Qwen3BlockArgs:
+    """The qwen3 block's args (torchtitan's qwen3 field names: grt_titan/hf/stock.py hands them
+    to torchtitan's Qwen3StateDictAdapter too)."""
+    return Qwen3BlockArgs(
         dim=args.dim,
         n_layers=args.unrolled_layers,
         n_heads=args.n_heads,
         n_kv_heads=args.n_kv_heads or args.n_heads,
-        vocab_size=args.vocab_size,
         head_dim=args.head_dim,
         hidden_dim=args.ffn_hidden_dim,
         norm_eps=args.norm_eps,
-        rope_theta=args.rope_theta,
-        qk_norm=True,
-        max_seq_len=args.max_seq_len,
+        # Depth-scaled init by the unrolled depth, not the position in a stack that is reused.
         depth_init=False,
     )
 
@@ -183,8 +171,8 @@ def rope_table(args: GRTModelArgs) -> torch.Tensor | None:
 
 
 def _llama_ffn_hidden(ffn_dim: int) -> int:
-    """The `hidden_dim` argument for which torchtitan's llama3 FeedForward (multiple_of 1, no
-    multiplier) builds exactly `ffn_dim` hidden units: int(2 h / 3) = ffn_dim."""
+    """The `hidden_dim` argument for which the llama FeedForward (multiple_of 1, no multiplier)
+    builds exactly `ffn_dim` hidden units: int(2 h / 3) = ffn_dim."""
     return -(-3 * ffn_dim // 2)
 
 
@@ -193,6 +181,7 @@ def build_block(args: GRTModelArgs, layer_id: int) -> nn.Module:
     if args.block_style == "llama":
         block = LlamaBlock(layer_id, llama_block_args(args))
         if args.ffn_dim is not None:  # an explicit MLP width (a retrofitted source's)
+            # Swapped in after the default MLP is built, as always: a CPU build draws the same numbers.
             block.feed_forward = LlamaFeedForward(args.dim, _llama_ffn_hidden(args.ffn_dim), 1, None)
         return block
     if args.block_style == "qwen3":

@@ -23,10 +23,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchtitan.models.utils import trunc_normal_
 
 from .args import GRTModelArgs
 from .flops import block_flops
+from .init import trunc_normal_
 from .output import TrainingOutput
 from .part import Bad, JobSettings, Part, tensor_parallel_problems
 

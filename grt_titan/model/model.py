@@ -26,25 +26,27 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchtitan.models.utils import trunc_normal_
-from torchtitan.protocols.model import AttentionMasksType
-from torchtitan.protocols.train_spec import ModelProtocol
 
 from .args import GRTModelArgs
 from .blocks import BlockStack, rope_table
 from .exit_distribution import exit_forward
 from .halting import LEARNED_RULE, HaltingProbe, halting_of_call, halting_recurrence, learned_halting_of_call
+from .init import trunc_normal_
 from .output import TrainingOutput
 from .part import build_module
 from .recurrence import Recurrence
 from .step_supervision import step_supervised_readout
 
 
-class GRTModel(ModelProtocol):
-    """prelude (p blocks) -> recurrence (n shared blocks x r) -> coda (c blocks) -> head."""
+class GRTModel(nn.Module):
+    """prelude (p blocks) -> recurrence (n shared blocks x r) -> coda (c blocks) -> head.
+
+    What torchtitan 0.2.2's trainer calls (its ModelProtocol, duck-typed): the constructor
+    on `model_args`, `init_weights(buffer_device)`, `forward` and `get_attention_masks`.
+    """
 
     def __init__(self, model_args: GRTModelArgs):
-        super().__init__(model_args)
+        super().__init__()
         model_args.validate()
         self.model_args = args = model_args
         self.tok_embeddings = nn.Embedding(args.padded_vocab_size, args.dim)
@@ -105,7 +107,7 @@ class GRTModel(ModelProtocol):
     def forward(
         self,
         tokens: torch.Tensor,
-        attention_masks: AttentionMasksType | None = None,
+        attention_masks: object | None = None,
         positions: torch.Tensor | None = None,
         num_recurrences: int | None = None,
         step_labels: torch.Tensor | None = None,

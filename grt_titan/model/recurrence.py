@@ -38,11 +38,11 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchtitan.models.utils import trunc_normal_
 
 from .args import GRTModelArgs
 from .blocks import BlockStack
 from .depth_law import curriculum_fraction
+from .init import trunc_normal_
 from .part import Bad, JobSettings, Part, build_module, tensor_parallel_problems
 from .routing import RoutedStep
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchtitan.models.utils import trunc_normal_
 
 from .args import GRTModelArgs
+from .init import trunc_normal_
 from .part import Bad, Part
 
 SCSE_CHOICES = {"injection": "deviation", "update": "deviation", "initial_state": "anchor"}

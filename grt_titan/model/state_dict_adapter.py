@@ -44,15 +44,16 @@ DTensors torchtitan's CheckpointManager hands it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
 import torch
-from torchtitan.protocols.state_dict_adapter import StateDictAdapter
-from torchtitan.tools.logging import logger
 
 from .args import GRTModelArgs
 from .model import build_meta_model
+
+logger = logging.getLogger(__name__)
 
 # Buffers that exist only for training and are never exported; import leaves them alone.
 TRAINING_ONLY_KEYS = frozenset({"recurrence.depth_sampler.draws"})
@@ -139,8 +140,10 @@ def optional_native_keys(model_args: GRTModelArgs) -> frozenset[str]:
     return TRAINING_ONLY_KEYS | ({"output.weight"} if model_args.tie_embeddings else frozenset())
 
 
-class GRTStateDictAdapter(StateDictAdapter):
-    """torchtitan's HF checkpoint hook for the `grt` spec (`[checkpoint] last_save_in_hf`).
+class GRTStateDictAdapter:
+    """The native <-> HF key map, on plain tensors; host-neutral. The spec's torchtitan hook
+    (`[checkpoint] last_save_in_hf`) is its subclass `ShardedGRTStateDictAdapter`
+    (grt_titan/components/checkpoint.py), which adds torchtitan's base class.
 
     Args:
         model_args: The flavor's args after `[grt]` overrides.
@@ -151,8 +154,9 @@ class GRTStateDictAdapter(StateDictAdapter):
     """
 
     def __init__(self, model_args: GRTModelArgs, hf_assets_path: str | None):
-        # The base class opens `<hf_assets_path>/model.safetensors.index.json` and fails
-        # when hf_assets_path is a file (our tokenizer path may be a .tiktoken file).
+        # torchtitan's StateDictAdapter.__init__ is not called (a subclass may have it as a
+        # base): it opens `<hf_assets_path>/model.safetensors.index.json` and fails when
+        # hf_assets_path is a file (our tokenizer path may be a .tiktoken file).
         self.model_args = model_args
         self.hf_assets_path = hf_assets_path
         self.block_style = model_args.block_style

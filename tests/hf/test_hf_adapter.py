@@ -107,10 +107,12 @@ def test_torchtitan_hf_save_and_load_paths(style, native_models, exported, tmp_p
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
     from grt_titan.checkpoint_io import load_checkpoint
+    from grt_titan.components.checkpoint import ShardedGRTStateDictAdapter
 
     model = native_models[style]
     args = model.model_args
-    adapter = GRTStateDictAdapter(args, None)
+    # The spec's adapter, CheckpointManager's: torchtitan's base gives it get_hf_storage_reader.
+    adapter = ShardedGRTStateDictAdapter(args, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process"
         # last_save_in_hf: to_hf, then the HF writer with consolidation (no index mapping).

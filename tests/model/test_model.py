@@ -146,11 +146,13 @@ def test_gpt2_head_is_tied_llama_is_not():
     assert llama.output.weight is not llama.tok_embeddings.weight
 
 
-def test_llama_blocks_are_torchtitans():
-    from torchtitan.models.llama3.model.model import TransformerBlock
+def test_llama_blocks_are_our_copy_of_torchtitans():
+    """grt_titan/model/llama_blocks.py (tests/model/test_block_copies.py compares it with
+    torchtitan 0.2.2's llama3 TransformerBlock)."""
+    from grt_titan.model.llama_blocks import LlamaBlock
 
     model = build_model(block_style="llama")
-    assert all(isinstance(b, TransformerBlock) for b in model.prelude.layers.values())
+    assert all(isinstance(b, LlamaBlock) for b in model.prelude.layers.values())
     assert model.freqs_cis is not None and model.pos_embeddings is None
 
 
