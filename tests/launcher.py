@@ -46,7 +46,19 @@ from pathlib import Path
 from typing import Callable, NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
-PRELOADED = ("torchtitan.train", "grt_titan", "grt_titan.components.trainer")
+
+
+def preloaded() -> tuple[str, ...]:
+    """What the server imports before it forks jobs: the installed torchtitan's trainer and
+    grt_titan's adapter for it (0.2.2's train spec and trainer, or 0.3's config registry)."""
+    from importlib.metadata import version
+
+    if version("torchtitan").startswith("0.2"):
+        return ("torchtitan.train", "grt_titan", "grt_titan.spec", "grt_titan.components.trainer")
+    return ("torchtitan.train", "grt_titan.config_registry", "grt_titan.torchtitan_0_3.recipe")
+
+
+PRELOADED = preloaded()
 # Environment variables that torch, inductor, OpenMP or MKL read when they are imported or
 # first used in a process: a job that changes one of them needs an interpreter of its own...
 IMPORT_TIME_ENV = re.compile(r"^(TORCH|PYTORCH|OMP_|MKL_|KMP_|TRITON|CUDA|GOMP_)")

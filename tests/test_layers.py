@@ -1,6 +1,8 @@
 """The package's layer order (docs/architecture.md), read from the source with ast.
 
     leaves  ->  model  ->  io  ->  infra, data, components  ->  (teacher)  ->  config_checks  ->  spec and CLIs
+    torchtitan 0.3's adapter (torchtitan_0_3/, config_registry) sits beside config_checks: it uses
+    model, io, data, infra and components, and nothing imports it.
     hf/ and analysis/ use only model, io, data and the leaves (and hf/remote/, the exported
     model, which analysis decodes with: eval-task --wall-clock); teacher (the distillation
     teacher: read by io and hf's readers, sharded by infra) sits above them.
@@ -36,6 +38,7 @@ LEAVES = {
     "grt_titan.field_checks",
     "grt_titan.quiet_imports",
     "grt_titan.job_config",
+    "grt_titan.sections",
     "grt_titan.model.args",
     "grt_titan.model.depth_law",
     "grt_titan.model.flops",
@@ -63,6 +66,7 @@ ALLOWED = {
     "analysis": {"leaf", "model", "io", "data", "remote"},
     "teacher": {"leaf", "model", "io", "data", "infra", "components", "hf", "remote"},
     "config_checks": {"leaf", "model", "io", "data", "infra", "components", "teacher"},
+    "host_0_3": {"leaf", "model", "io", "data", "infra", "components"},
     "entry": {
         "leaf",
         "model",
@@ -92,6 +96,8 @@ def group(module: str) -> str:
         return "teacher"
     if module == "grt_titan.config_checks":
         return "config_checks"
+    if module == "grt_titan.config_registry" or module.startswith("grt_titan.torchtitan_0_3"):
+        return "host_0_3"
     parts = module.split(".")
     if len(parts) >= 2 and parts[1] in ("model", "data", "infra", "components", "hf", "analysis"):
         return parts[1]

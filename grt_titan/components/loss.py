@@ -1,7 +1,8 @@
 """The training loss: torchtitan's summed cross-entropy, extended to `TrainingOutput`.
 
-Plain logits go straight to torchtitan's `cross_entropy_loss`, so GRT and dense runs
-compute exactly torchtitan's loss. Methods that supervise every step (Ouro, per-step targets)
+Plain logits go to `cross_entropy_loss`, torchtitan 0.2.2's summed cross-entropy as written
+there (0.3 rewrote its own for the SPMD backends we do not use), so GRT and dense runs compute
+exactly torchtitan's loss on both hosts. Methods that supervise every step (Ouro, per-step targets)
 or add an auxiliary loss (MoR's router) return a `TrainingOutput` (grt_titan/model/output.py).
 """
 
@@ -10,10 +11,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
-from torchtitan.components.loss import IGNORE_INDEX, cross_entropy_loss
 from torchtitan.tools.logging import logger
 
 from grt_titan.model.output import TrainingOutput
+
+IGNORE_INDEX = -100  # torchtitan's (both hosts) and torch's default: a label that is not scored
+
+
+def cross_entropy_loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy summed over tokens (torchtitan 0.2.2's `cross_entropy_loss`)."""
+    return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum", ignore_index=IGNORE_INDEX)
 
 
 def grt_loss(pred: torch.Tensor | TrainingOutput, labels: torch.Tensor) -> torch.Tensor:

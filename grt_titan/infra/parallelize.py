@@ -3,6 +3,11 @@ and the distillation teacher's (`parallelize_teacher`: the student's TP and FSDP
 
 Order as in torchtitan's llama3: TP -> AC -> compile -> FSDP (or DDP).
 
+Importable under torchtitan 0.2.2 and 0.3 alike (what it takes at module level exists in
+both): the plans themselves are torch's; `parallelize_grt` is 0.2.2's parallelize_fn, and
+the helpers that only 0.2.2 has (its AC, compile and async-TP functions) are imported where
+that path uses them. grt_titan/torchtitan_0_3/model.py applies the same FSDP plan on 0.3.
+
 The recurrence is the GRT-specific part. Its step (W_proj + core blocks + gate) runs r
 times per forward, so:
 - FSDP shards the whole `model.recurrence` (core, W_proj, gate and the loop) as ONE unit:
@@ -43,13 +48,6 @@ from torch.distributed.tensor.parallel import (
 )
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed import ParallelDims
-from torchtitan.distributed.activation_checkpoint import apply_ac
-from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
-from torchtitan.models.llama3.infra.parallelize import (
-    _op_sac_save_list,
-    apply_compile,
-    disable_fsdp_gradient_division,
-)
 from torchtitan.tools.logging import logger
 
 from grt_titan.infra.torch_workarounds import (
@@ -116,6 +114,8 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
             loss_parallel=not job_config.parallelism.disable_loss_parallel,
             enable_float8_tensorwise_tp=float8_tensorwise_tp(job_config),
         )
+        from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp  # torchtitan 0.2.2
+
         maybe_enable_async_tp(job_config, tp_mesh)
     # After TP (its SequenceParallel and replicated parameters are new Parameters that require
     # grad), before the wrappers that rename (AC) or register (FSDP2, DDP) parameters.
@@ -412,37 +412,52 @@ def uses_op_sac(ac_config) -> bool:
 
 def apply_recurrence_ac(model: GRTModel, ac_config, recurrence_checkpoint: str, compile_enabled: bool) -> None:
     """torchtitan's AC per block; with `step`, the recurrence step is one region instead."""
+    from torchtitan.distributed.activation_checkpoint import apply_ac  # torchtitan 0.2.2
+    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+
+    for stack in checkpointed_stacks(model, recurrence_checkpoint):
+        apply_ac(stack, ac_config, model_compile_enabled=compile_enabled, op_sac_save_list=_op_sac_save_list)
+    if model.recurrence is not None and recurrence_checkpoint == "step":
+        checkpoint_recurrence_step(model, ac_config, early_stop=ac_config.early_stop)
+
+
+def checkpointed_stacks(model: GRTModel, recurrence_checkpoint: str) -> list[nn.Module]:
+    """The BlockStacks whose blocks each hold one AC region: with `step`, not the core's."""
     stacks = [model.prelude, model.coda]
     if model.recurrence is not None and recurrence_checkpoint == "block":
         stacks.insert(1, model.recurrence.step.core)
-    for stack in stacks:
-        if len(stack.layers):
-            apply_ac(
-                stack,
-                ac_config,
-                model_compile_enabled=compile_enabled,
-                op_sac_save_list=_op_sac_save_list,
-            )
-    if model.recurrence is not None and recurrence_checkpoint == "step":
-        # torchtitan's full-AC wrapper around the whole step. The step has no RNG inside
-        # (its noise is an input), so the recomputation is exact either way.
-        model.recurrence.step = checkpoint_wrapper(
-            model.recurrence.step,
-            preserve_rng_state=ac_config.preserve_rng_state,
-            determinism_check=ac_config.determinism_check,
-            early_stop=ac_config.early_stop,
-            debug=ac_config.debug,
-        )
-        logger.info("Checkpointing each recurrence step (W_proj + core + gate) as one region")
+    return [stack for stack in stacks if len(stack.layers)]
+
+
+def checkpoint_recurrence_step(model: GRTModel, ac_config, early_stop: bool = False) -> None:
+    """torch's full-AC wrapper around the whole recurrence step (both hosts' AC configs carry
+    these three fields). The step has no RNG inside (its noise is an input), so the
+    recomputation is exact either way."""
+    model.recurrence.step = checkpoint_wrapper(
+        model.recurrence.step,
+        preserve_rng_state=ac_config.preserve_rng_state,
+        determinism_check=ac_config.determinism_check,
+        early_stop=early_stop,
+        debug=ac_config.debug,
+    )
+    logger.info("Checkpointing each recurrence step (W_proj + core + gate) as one region")
 
 
 def apply_recurrence_compile(model: GRTModel, compile_config) -> None:
     """Prelude/coda blocks compiled per block; the recurrence step compiled once, fullgraph."""
+    from torchtitan.models.llama3.infra.parallelize import apply_compile  # torchtitan 0.2.2
+
     for stack in (model.prelude, model.coda):
         if len(stack.layers):
             apply_compile(stack, compile_config)
+    compile_recurrence_step(model, compile_config.backend)
+
+
+def compile_recurrence_step(model: GRTModel, backend: str) -> None:
+    """The step compiled once and reused for every step and every sampled r: the loop stays
+    eager, so r never enters a graph (no recompiles)."""
     if model.recurrence is not None:
-        model.recurrence.step = torch.compile(model.recurrence.step, backend=compile_config.backend, fullgraph=True)
+        model.recurrence.step = torch.compile(model.recurrence.step, backend=backend, fullgraph=True)
         logger.info("Compiled the recurrence step once (fullgraph); reused for every r")
 
 
@@ -477,11 +492,17 @@ def apply_fsdp(
     for block in model.coda.layers.values():
         fully_shard(block, **config, reshard_after_forward=reshard)
     fully_shard(model, **config)
-    disable_fsdp_gradient_division(model)
-    if dp_mesh.device_type == "cpu":
-        # gloo has neither AVG nor PREMUL_SUM reduce-scatter: reduce with SUM only.
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
+    sum_gradients_across_ranks(model, force_sum=dp_mesh.device_type == "cpu")
+
+
+def sum_gradients_across_ranks(model: nn.Module, force_sum: bool) -> None:
+    """FSDP sums gradients instead of averaging them: the loss is already divided by the global
+    token count (torchtitan's `disable_fsdp_gradient_division`, in both hosts). `force_sum`:
+    gloo has neither AVG nor PREMUL_SUM reduce-scatter, so reduce with SUM only."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            if force_sum:
                 module.set_force_sum_reduction_for_comms(True)
 
 

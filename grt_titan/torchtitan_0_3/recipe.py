@@ -1,0 +1,258 @@
+"""A training TOML (torchtitan 0.2.2's format, train_configs/) as torchtitan 0.3's config.
+
+One recipe per scale: `trainer_config(path)` reads the same TOML that 0.2.2 parses and fills
+`GRTTrainer.Config` with it, key by key (`PLACES`). A key this host does not run yet, set to
+anything but its inert value, stops the start in one line that names the key, the file and the
+host (`HostRefusal`); so does a command-line override that turns such a feature on
+(refusals.py). Keys the TOML leaves out take torchtitan 0.3's defaults.
+
+The refusal lines and the checks of command-line overrides are refusals.py's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import tomllib
+from torchtitan.components.checkpointer import CheckpointManager
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.optimizer import OptimizersContainer
+from torchtitan.components.optimizer.optimizer import ParamGroupConfig
+from torchtitan.components.validate import Validator
+from torchtitan.config import CommConfig, CompileConfig, ParallelismConfig
+from torchtitan.config.configs import DebugConfig
+from torchtitan.distributed.activation_checkpoint import ActivationCheckpointing, FullAC, SelectiveAC
+
+from grt_titan.data.config import DataConfig
+from grt_titan.sections import GRTSection
+from grt_titan.tokenizer import GPT2_TIKTOKEN_PATH
+from grt_titan.torchtitan_0_3.components import GRTDataLoaderConfig, GRTLoss, GRTLRSchedulersConfig, GRTTokenizerConfig
+from grt_titan.torchtitan_0_3.model import MODEL_NAME, EveryNthBlockAC, model_spec
+from grt_titan.torchtitan_0_3.refusals import refusal
+from grt_titan.torchtitan_0_3.trainer import GRTTrainer, GRTTrainingConfig
+
+# Keys that only the 0.2.2 host reads: how it finds grt_titan. Meaningless on 0.3, so accepted.
+ZERO_TWO_ONLY = {("job", "custom_config_module"), ("experimental", "custom_import"), ("model", "name")}
+# Keys accepted only at their inert value (the feature off): anything else is refused.
+INERT = {
+    ("activation_checkpoint", "early_stop"): False,
+    ("parallelism", "tensor_parallel_degree"): 1,
+    ("parallelism", "context_parallel_degree"): 1,
+    ("parallelism", "pipeline_parallel_degree"): 1,
+    ("parallelism", "disable_loss_parallel"): None,
+    ("loss_spike", "enable"): False,
+    ("fault_tolerance", "enable"): False,
+    ("distill", "teacher"): "",
+    ("checkpoint", "checksums"): False,
+    ("model", "converters"): [],
+    ("optimizer", "on_nonfinite"): "stop",
+    ("grt_metrics", "enable"): None,
+    ("grt_metrics", "validation_depths"): None,
+}
+# The 0.3 field each supported 0.2.2 key fills: (section, key) -> (component, field).
+PLACES = {
+    **{
+        ("training", k): ("training", k)
+        for k in (
+            "local_batch_size",
+            "global_batch_size",
+            "seq_len",
+            "steps",
+            "max_norm",
+            "dtype",
+            "mixed_precision_param",
+            "mixed_precision_reduce",
+            "gc_freq",
+            "enable_cpu_offload",
+            "trainable",
+        )
+    },
+    ("training", "dataset"): ("dataloader", "dataset"),
+    ("training", "dataset_path"): ("dataloader", "dataset_path"),
+    **{
+        ("lr_scheduler", k): ("lr_scheduler", k) for k in ("warmup_steps", "decay_ratio", "decay_type", "min_lr_factor")
+    },
+    ("optimizer", "implementation"): ("optimizer", "implementation"),
+    **{
+        ("parallelism", k): ("parallelism", k)
+        for k in (
+            "data_parallel_shard_degree",
+            "data_parallel_replicate_degree",
+            "fsdp_reshard_after_forward",
+        )
+    },
+    **{
+        ("metrics", k): ("metrics", k)
+        for k in (
+            "log_freq",
+            "enable_tensorboard",
+            "save_tb_folder",
+            "save_for_all_ranks",
+            "enable_wandb",
+            "disable_color_printing",
+        )
+    },
+    **{
+        ("checkpoint", k): ("checkpoint", k)
+        for k in (
+            "enable",
+            "folder",
+            "interval",
+            "initial_load_path",
+            "initial_load_model_only",
+            "initial_load_in_hf",
+            "last_save_model_only",
+            "last_save_in_hf",
+            "export_dtype",
+            "keep_latest_k",
+            "load_step",
+            "exclude_from_loading",
+            "enable_first_step_checkpoint",
+            "create_seed_checkpoint",
+            "async_mode",
+        )
+    },
+    **{("validation", k): ("validator", k) for k in ("enable", "freq", "steps")},
+    ("validation", "dataset"): ("validation_loader", "dataset"),
+    ("validation", "dataset_path"): ("validation_loader", "dataset_path"),
+    **{("comm", k): ("comm", k) for k in ("init_timeout_seconds", "train_timeout_seconds", "trace_buf_size")},
+    **{("compile", k): ("compile", k) for k in ("enable", "components", "backend")},
+    **{("debug", k): ("debug", k) for k in ("seed", "deterministic")},
+    ("job", "dump_folder"): ("trainer", "dump_folder"),
+    ("job", "description"): ("trainer", "description"),
+    ("model", "hf_assets_path"): ("trainer", "hf_assets_path"),
+}
+# Read by the functions below rather than placed field by field.
+WHOLE = {"grt", "data"}
+READ_BELOW = {
+    ("model", "flavor"),
+    ("optimizer", "name"),
+    ("optimizer", "lr"),
+    ("optimizer", "beta1"),
+    ("optimizer", "beta2"),
+    ("optimizer", "eps"),
+    ("optimizer", "weight_decay"),
+    ("validation", "local_batch_size"),
+    ("validation", "seq_len"),
+    ("activation_checkpoint", "mode"),
+    ("activation_checkpoint", "selective_ac_option"),
+    ("activation_checkpoint", "preserve_rng_state"),
+    ("activation_checkpoint", "determinism_check"),
+    ("activation_checkpoint", "debug"),
+    ("activation_checkpoint", "per_op_sac_force_recompute_mm_shapes_by_fqns"),
+}
+
+
+def read_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the training TOML: {e}") from e
+
+
+def check_keys(recipe: dict[str, dict[str, Any]], source: str) -> None:
+    """Every key is placed, read below, 0.2.2's own, or inert; else one line names it."""
+    for section, values in recipe.items():
+        if section in WHOLE:
+            continue
+        for key, value in values.items():
+            where = (section, key)
+            if where in PLACES or where in READ_BELOW or where in ZERO_TWO_ONLY:
+                continue
+            if where in INERT and (INERT[where] is None or value == INERT[where]):
+                continue
+            raise refusal(f"[{section}] {key}", value, source)
+    if recipe.get("model", {}).get("name", MODEL_NAME) != MODEL_NAME:
+        raise ValueError(f"{source}: [model] name = {recipe['model']['name']!r}; grt_titan trains {MODEL_NAME!r}")
+
+
+def optimizer_config(values: dict[str, Any], source: str) -> OptimizersContainer.Config:
+    """0.2.2's `[optimizer]` as one catch-all param group, the same optimizer and settings."""
+    name = values.get("name", "AdamW")
+    if name not in ("AdamW", "Adam"):
+        raise refusal("[optimizer] name", name, source)
+    kwargs = {
+        "lr": values.get("lr", 8e-4),
+        "betas": (values.get("beta1", 0.9), values.get("beta2", 0.95)),
+        "eps": values.get("eps", 1e-8),
+        "weight_decay": values.get("weight_decay", 0.1),
+    }
+    return OptimizersContainer.Config(
+        param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name=name, optimizer_kwargs=kwargs)]
+    )
+
+
+def activation_checkpoint(values: dict[str, Any], source: str) -> ActivationCheckpointing.Config | None:
+    """0.2.2's `[activation_checkpoint]` as 0.3's policy: none, full, per-op selective, or
+    0.2.2's every-Nth-block selective (its default, `selective_ac_option = "2"`), which 0.3
+    dropped: grt_titan's EveryNthBlockAC (model.py)."""
+    mode = values.get("mode", "selective")
+    common = {k: values[k] for k in ("preserve_rng_state", "determinism_check", "debug") if k in values}
+    if mode == "none":
+        return None
+    if mode == "full":
+        return FullAC.Config(**common)
+    option = values.get("selective_ac_option", "2")
+    if mode != "selective":
+        raise refusal("[activation_checkpoint] mode", mode, source)
+    if option.isdigit():
+        return EveryNthBlockAC.Config(every=int(option), **common)
+    if option != "op":
+        raise ValueError(
+            f"{source}: [activation_checkpoint] selective_ac_option = {option!r}; allowed: 'op' or a number"
+        )
+    if "per_op_sac_force_recompute_mm_shapes_by_fqns" in values:
+        common["force_recompute_mm_shapes_by_fqns"] = values["per_op_sac_force_recompute_mm_shapes_by_fqns"]
+    return SelectiveAC.Config(**common)
+
+
+def validation_loader(recipe: dict[str, dict[str, Any]], source: str) -> GRTDataLoaderConfig:
+    """0.3 validates at the training batch and sequence length: other values are refused."""
+    validation, training = recipe.get("validation", {}), recipe.get("training", {})
+    for key in ("local_batch_size", "seq_len"):
+        if key in validation and validation[key] != training.get(key, validation[key]):
+            raise refusal(f"[validation] {key} (unlike [training] {key})", validation[key], source)
+    return GRTDataLoaderConfig(dataset="grt_default", split="val", infinite=False)
+
+
+def place(config: GRTTrainer.Config, recipe: dict[str, dict[str, Any]]) -> None:
+    targets: dict[str, Callable[[], Any]] = {
+        "trainer": lambda: config,
+        "validation_loader": lambda: config.validator.dataloader,
+    }
+    for (section, key), (component, name) in PLACES.items():
+        if key in recipe.get(section, {}):
+            target = targets[component]() if component in targets else getattr(config, component)
+            setattr(target, name, recipe[section][key])
+
+
+def trainer_config(path: str | Path) -> GRTTrainer.Config:
+    """`GRTTrainer.Config` of a training TOML."""
+    source = str(path)
+    recipe = read_recipe(path)
+    check_keys(recipe, source)
+    config = GRTTrainer.Config(
+        config_file=source,
+        model_spec=model_spec(recipe.get("model", {}).get("flavor", "debug")),
+        hf_assets_path=str(GPT2_TIKTOKEN_PATH),
+        tokenizer=GRTTokenizerConfig(),
+        dataloader=GRTDataLoaderConfig(),
+        optimizer=optimizer_config(recipe.get("optimizer", {}), source),
+        lr_scheduler=GRTLRSchedulersConfig(),
+        training=GRTTrainingConfig(),
+        parallelism=ParallelismConfig(spmd_backend="partial_dtensor"),  # the DTensor plans of grt_titan/infra
+        checkpoint=CheckpointManager.Config(),
+        activation_checkpoint=activation_checkpoint(recipe.get("activation_checkpoint", {}), source),
+        compile=CompileConfig(),
+        comm=CommConfig(),
+        metrics=MetricsProcessor.Config(),
+        validator=Validator.Config(dataloader=validation_loader(recipe, source)),
+        debug=DebugConfig(),
+        loss=GRTLoss.Config(),
+        grt=GRTSection(**recipe.get("grt", {})),
+        data=DataConfig(**recipe.get("data", {})),
+    )
+    place(config, recipe)
+    return config
