@@ -12,30 +12,11 @@ accelerator exists.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from grt_titan.torchtitan_0_3.host import check_host, enable_cpu_training
+from grt_titan.torchtitan_0_3.presets import presets, unknown_preset
 
 check_host()
 enable_cpu_training()
-
-# The presets ship beside the package in a source checkout; GRT_TRAIN_CONFIGS names another folder.
-TRAIN_CONFIGS = Path(__file__).resolve().parents[1] / "train_configs"
-PAPER_PREFIX = "paper_"
-
-
-def train_configs() -> Path:
-    import os
-
-    return Path(os.environ.get("GRT_TRAIN_CONFIGS", TRAIN_CONFIGS))
-
-
-def presets() -> dict[str, Path]:
-    """Every preset name and its TOML."""
-    root = train_configs()
-    found = {path.stem: path for path in sorted(root.glob("*.toml"))}
-    found.update({PAPER_PREFIX + path.stem: path for path in sorted((root / "paper").glob("*.toml"))})
-    return found
 
 
 def preset(name: str):
@@ -44,7 +25,7 @@ def preset(name: str):
 
     known = presets()
     if name not in known:
-        raise ValueError(f"--config {name!r} is not a grt_titan preset; allowed: {', '.join(known)}")
+        raise ValueError(unknown_preset(name))
     return trainer_config(known[name])
 
 

@@ -76,6 +76,18 @@ def trainer_for(config, trainer_class: type | None = None) -> type:
     return trainer_class
 
 
+def refuse_other_hosts() -> None:
+    """This launcher runs torchtitan 0.2.2's main; on 0.3 it says, in one line, what to run."""
+    from importlib.metadata import version
+
+    installed = version("torchtitan")
+    if not installed.startswith("0.2"):
+        raise SystemExit(
+            f"grt_titan.train is the launcher of torchtitan 0.2.2, and torchtitan {installed} is installed: "
+            "run `torchrun ... -m torchtitan.train --module grt_titan --config <preset>` (docs/training.md)"
+        )
+
+
 def main(argv: list[str] | None = None, trainer_class: type | None = None) -> None:
     """torchtitan.train.main (0.2.2) with `GRTTrainer` (or a subclass) and the arguments
     `argv`, by default this process's command line as it is now. torchtitan's main parses
@@ -84,6 +96,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     pass a job its arguments; here they are passed explicitly. The rest is torchtitan's."""
     from grt_titan.cpu_support import enable_cpu_training
 
+    refuse_other_hosts()
     quiet_torchrun_defaults()
     enable_cpu_training()
     import torch

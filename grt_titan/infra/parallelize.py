@@ -453,12 +453,18 @@ def apply_recurrence_compile(model: GRTModel, compile_config) -> None:
     compile_recurrence_step(model, compile_config.backend)
 
 
-def compile_recurrence_step(model: GRTModel, backend: str) -> None:
+def compile_recurrence_step(model: GRTModel, backend: str, in_place: bool = False) -> None:
     """The step compiled once and reused for every step and every sampled r: the loop stays
-    eager, so r never enters a graph (no recompiles)."""
-    if model.recurrence is not None:
+    eager, so r never enters a graph (no recompiles). `in_place` (`nn.Module.compile`, as
+    torchtitan 0.3 compiles its blocks) keeps the parameters' names, which 0.3's optimizer
+    state is keyed by; 0.2.2's state dicts strip the wrapper's `_orig_mod` themselves."""
+    if model.recurrence is None:
+        return
+    if in_place:
+        model.recurrence.step.compile(backend=backend, fullgraph=True)
+    else:
         model.recurrence.step = torch.compile(model.recurrence.step, backend=backend, fullgraph=True)
-        logger.info("Compiled the recurrence step once (fullgraph); reused for every r")
+    logger.info("Compiled the recurrence step once (fullgraph); reused for every r")
 
 
 # ---- data parallel ---------------------------------------------------------------------

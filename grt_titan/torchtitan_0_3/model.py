@@ -110,7 +110,7 @@ def parallelize_grt(
         for stack in (model.prelude, model.coda):
             if len(stack.layers):
                 apply_compile(stack, compile_config=compile_config, parallel_dims=parallel_dims)
-        compile_recurrence_step(model, compile_config.backend)
+        compile_recurrence_step(model, compile_config.backend, in_place=True)
     if parallel_dims.fsdp_enabled:
         names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
         apply_fsdp(

@@ -247,6 +247,19 @@ def _pip_problem(args: list[str]) -> str | None:
 LIGHTHOUSE_FLAGS = {"--min_replicas", "--bind", "--join_timeout_ms", "--quorum_tick_ms", "--heartbeat_timeout_ms"}
 
 
+def host_0_3_problem(args: list[str]) -> str | None:
+    """A torchtitan 0.3 command (`--module grt_titan --config NAME ...`): the module and the
+    preset here; its other flags by 0.3's own parser in the 0.3 lane
+    (tests/torchtitan_0_3/test_docs_commands.py)."""
+    from grt_titan.torchtitan_0_3.presets import presets, unknown_preset
+
+    module = args[args.index("--module") + 1] if args.index("--module") + 1 < len(args) else None
+    if module != "grt_titan":
+        return f"--module {module!r}: grt_titan's docs run --module grt_titan"
+    config = args[args.index("--config") + 1] if "--config" in args[:-1] else None
+    return None if config in presets() else unknown_preset(str(config))
+
+
 def command_problems(cmd: list[str]) -> list[str]:
     """What is wrong with one simple command: repository paths that do not exist, flags or
     TOML keys its program does not know. Programs the docs have no business naming fail."""
@@ -274,6 +287,8 @@ def command_problems(cmd: list[str]) -> list[str]:
                 ns = None
         if ns is None:
             problem = "torchrun rejects its arguments"
+        elif ns.module and ns.training_script == "torchtitan.train" and "--module" in ns.training_script_args:
+            problem = host_0_3_problem(ns.training_script_args)
         elif ns.module and ns.training_script in TRAIN_MODULES:
             problem = job_config_problem(ns.training_script_args)
         else:

@@ -112,7 +112,7 @@ def gpu_recipe(folder: Path) -> Path:
         '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "op"',
     )
     text = text.replace("[grt]\n", '[grt]\nrecurrence_checkpoint = "step"\n') + "\n[compile]\nenable = true\n"
-    assert text.count("selective") == 1 and text.count("recurrence_checkpoint") == 1
+    assert text.count('mode = "selective"') == 1 and text.count("recurrence_checkpoint") == 1
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "grt_debug_gpu_recipe.toml").write_text(text)
     return folder
