@@ -1,15 +1,16 @@
-"""Reading and writing a trained GRT in one process: training TOMLs, checkpoint folders,
-HF weights, and what a start or a resume would load.
+"""Reading and writing a trained GRT in one process: checkpoint folders, HF weights, and what
+a start or a resume would load.
 
 Why here, outside model/: model/ is the single-device model package (args, modules, the
 recurrence, the HF key map), as torchtitan's `models/<name>/model/`, and imports nothing
-from torch.distributed or torchtitan's config manager. Parsing a TOML with ConfigManager
-and reading DCP folders is I/O: it sits one layer above model/ and below components/, hf/
-and analysis/ (docs/architecture.md, "Layer order"), as torchtitan keeps its checkpoint code
-out of its model packages (`components/checkpoint.py`, the conversion scripts). Every tool that
-reads a trained GRT outside torchrun goes through here: `grt-titan export-hf` /
-`import-hf`, `grt-titan analyze` / `table`, benchmarks and tests; so does the start-up
-check of a resume, and the checkpoint manager takes its steps from here.
+from torch.distributed or torchtitan's config manager. Reading DCP folders is I/O: it sits
+one layer above model/ and below components/, hf/ and analysis/ (docs/architecture.md,
+"Layer order"), as torchtitan keeps its checkpoint code out of its model packages
+(`components/checkpoint.py`, the conversion scripts). Every tool that reads a trained GRT
+outside torchrun goes through here: `grt-titan export-hf` / `import-hf`, `grt-titan analyze` /
+`table`, benchmarks and tests; so does the start-up check of a resume, and the checkpoint
+manager takes its steps from here. It imports nothing that only torchtitan 0.2.2 has: it
+serves either host.
 
 - `checkpoint_steps` / `latest_complete_step`: THE definition of a checkpoint folder's
   latest complete step, torchtitan's (`CheckpointManager._find_load_step`): the largest N of
@@ -26,9 +27,11 @@ check of a resume, and the checkpoint manager takes its steps from here.
   (GRTCheckpointManager: with checkpointing off too), a path
   there that is not a checkpoint (reported at start-up), and the start-up line naming what was
   loaded (a `grt-titan retrofit`'s source and layers, from its `retrofit.json`).
-- `parse_job_config` / `load_model_args` / `OverridesParser`: the JobConfig and GRTModelArgs
-  (flavor + `[grt]` overrides) of a training TOML or a run record (`grt_run.json`), with the
-  training command line's overrides, as export-hf, import-hf and analyze take them.
+- `load_model_args` / `OverridesParser` / `CheckpointError`: the GRTModelArgs and settings of a
+  training TOML or a run record, with the training command line's overrides, as export-hf,
+  import-hf and analyze take them: grt_titan/run_reader.py, the host-neutral reader, named
+  here for their callers. `parse_job_config`: torchtitan 0.2.2's whole JobConfig (imported
+  when called), for what needs 0.2.2's own sections.
 - `load_checkpoint`: a torchtitan step folder. torchtitan 0.2.2 saves
   `<dump_folder>/<checkpoint.folder>/step-N/` with DCP; its model states are flattened to
   the top level in every save (`_flattened_model_states_sd`): the keys are the model FQNs,
@@ -43,9 +46,7 @@ check of a resume, and the checkpoint manager takes its steps from here.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import re
@@ -59,11 +60,15 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from grt_titan.job_config import GRTConfigManager
 from grt_titan.model.args import GRTModelArgs
-from grt_titan.model.flavors import flavor_from_file, grt_flavors
 from grt_titan.model.model import GRTModel, build_meta_model
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter, optional_native_keys
+from grt_titan.run_reader import (  # noqa: F401  the readers of a run's config, here for their callers
+    CheckpointError,
+    OverridesParser,
+    check_overrides_have_config,
+    load_model_args,
+)
 from grt_titan.run_record import read_record_file
 
 METADATA_FILE = ".metadata"  # DCP's commit: written last, so a folder with it is complete
@@ -71,10 +76,6 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # torchtitan's checkpoint entries besides the model's (CheckpointManager.states).
 RESUME_STATES = ("train_state", "optimizer", "lr_scheduler", "dataloader")
-
-
-class CheckpointError(ValueError):
-    """A user error in reading a model: bad checkpoint, config or path, named in the message."""
 
 
 # ---- the latest complete step ----------------------------------------------------------
@@ -301,106 +302,24 @@ def initial_load_line(path: str, key: str = INITIAL_LOAD_KEY) -> str:
 # ---- args ------------------------------------------------------------------------------
 
 
-# `[grt]` keys that shape training over its steps, not the trained model: dropped where a trained
-# model is read (`load_model_args`).
-TRAINING_SCHEDULE_KEYS = ("depth_curriculum_steps", "depth_curriculum_shape")
-_OVERRIDE = re.compile(r"--[A-Za-z_][\w-]*\.[\w.-]+(=.*)?")
-_NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)(e-?\d+)?")
-
-
-class OverridesParser(argparse.ArgumentParser):
-    """The parser of a command that reads a training config (export-hf, import-hf, analyze):
-    after its own arguments it takes the training command line's overrides (`--section.key
-    value`, `--section.key=value`, a flag alone such as `--checkpoint.no-enable`), as the run
-    took them, into `namespace.overrides` for torchtitan's parser. Any other argument it does
-    not know is refused, as argparse refuses it."""
-
-    def parse_args(self, args=None, namespace=None):
-        namespace, rest = self.parse_known_args(args, namespace)
-        overrides: list[str] = []
-        for i, arg in enumerate(rest):
-            is_value = overrides and "=" not in overrides[-1] and (not arg.startswith("-") or _NUMBER.fullmatch(arg))
-            if _OVERRIDE.fullmatch(arg) or is_value:
-                overrides.append(arg)
-            else:
-                self.error(f"unrecognized arguments: {' '.join(rest[i:])}")
-        namespace.overrides = overrides
-        return namespace
-
-
-class _RecordedConfigManager(GRTConfigManager):
-    """grt_titan's ConfigManager reading a run record's resolved `job_config` where it would
-    read the TOML (`_maybe_load_toml`, the one method replaced; torchtitan 0.2.2): the values
-    the run started with, its command-line overrides included."""
-
-    def __init__(self, values: dict[str, Any]):
-        super().__init__()
-        self._values = values
-
-    def _maybe_load_toml(self, args: list[str]) -> dict[str, Any]:
-        return self._values
-
-
-def check_overrides_have_config(config_file, overrides) -> None:
-    """A command's training-config overrides (OverridesParser) mean nothing without --config."""
-    if overrides and config_file is None:
-        raise CheckpointError(f"{' '.join(overrides)}: overrides of a training config need --config")
-
-
 def parse_job_config(config_file: str | Path, overrides: tuple[str, ...] | list[str] = ()):
-    """torchtitan's JobConfig of a training TOML, or of a run record (`<dump_folder>/grt_run.json`:
-    the config the run started with, its command-line overrides included), with `overrides`
-    on top as the training command line takes them."""
+    """torchtitan 0.2.2's whole JobConfig of a training TOML, or of a 0.2.2 run record (the
+    config the run started with), with `overrides` on top as the training command line takes
+    them: for what needs 0.2.2's own sections. The tools read a run through
+    `load_model_args` (grt_titan/run_reader.py, either host); this needs torchtitan 0.2.2."""
+    from grt_titan.job_config import GRTConfigManager, RecordedConfigManager
+
     config_file = Path(config_file)
     if not config_file.is_file():
         raise CheckpointError(f"config file {config_file} does not exist")
     with_overrides = f" with {' '.join(overrides)}" if overrides else ""
     try:
         if config_file.suffix == ".json":
-            return _RecordedConfigManager(read_record_file(config_file, ("job_config",))["job_config"]).parse_args(
-                list(overrides)
-            )
+            values = read_record_file(config_file, ("job_config",))["job_config"]
+            return RecordedConfigManager(values).parse_args(list(overrides))
         return GRTConfigManager().parse_args(["--job.config_file", str(config_file), *overrides])
     except (ValueError, TypeError, KeyError, SystemExit) as e:
         raise CheckpointError(f"{config_file}: cannot parse as a torchtitan config{with_overrides}: {e}") from e
-
-
-def load_model_args(
-    config_file: str | Path, overrides: tuple[str, ...] | list[str] = (), *, training_schedule: bool = False
-):
-    """(GRTModelArgs after `[grt]` overrides, torchtitan JobConfig) of a training TOML or run
-    record (`parse_job_config`). Keys that only shape training over its steps (the depth
-    curriculum) are dropped unless `training_schedule`: a trained model is read the same
-    whatever schedule trained it (a dense model's TOML may keep a curriculum a command line
-    turned off)."""
-    job_config = parse_job_config(config_file, overrides)
-    if job_config.model.name != "grt":
-        raise CheckpointError(f"{config_file}: [model] name = {job_config.model.name!r}, expected 'grt'")
-    flavor = job_config.model.flavor
-    try:
-        file_args = flavor_from_file(flavor)  # a flavor file (grt-titan retrofit's model_args.json)
-    except ValueError as e:
-        raise CheckpointError(f"{config_file}: {e}") from e
-    if file_args is None and flavor not in grt_flavors:
-        raise CheckpointError(f"{config_file}: flavor {flavor!r} unknown; allowed: {sorted(grt_flavors)}")
-    args = file_args or dataclasses.replace(grt_flavors[flavor])
-    try:
-        args.update_from_config(_not_a_start(job_config, training_schedule))
-    except ValueError as e:
-        raise CheckpointError(str(e)) from e
-    return args, job_config
-
-
-def _not_a_start(job_config, training_schedule: bool):
-    """A copy of `job_config` for reading a trained model's args (the returned config is the
-    run's, unchanged): no checkpoint to resume or initial weights to load, so the start-up
-    checks of what a start would load do not look at the run's folder (a run record names it,
-    with checkpointing on); and, unless `training_schedule`, no TRAINING_SCHEDULE_KEYS."""
-    copy = dataclasses.replace(job_config, checkpoint=dataclasses.replace(job_config.checkpoint))
-    copy.checkpoint.enable, copy.checkpoint.initial_load_path, copy.checkpoint.initial_load_in_hf = False, None, False
-    if not training_schedule and getattr(job_config, "grt", None) is not None:
-        copy.grt = dataclasses.replace(job_config.grt, **dict.fromkeys(TRAINING_SCHEDULE_KEYS))
-    return copy
 
 
 # ---- weights ----------------------------------------------------------------------------

@@ -64,7 +64,7 @@ MERGED_MODULE = "builtins"
 
 class GRTConfigManager(ConfigManager):
     """torchtitan's ConfigManager without its per-field source lookups: used by
-    `grt_titan.train`, the tools that read a run's TOML (checkpoint_io, the teacher) and the tests.
+    `grt_titan.train`, the teacher, checkpoint_io.parse_job_config and the tests.
 
     torchtitan merges `[job] custom_config_module`'s JobConfig into its own with
     `make_dataclass`, once per parse; the new classes (MergedJobConfig, MergedTraining, ...)
@@ -82,6 +82,19 @@ class GRTConfigManager(ConfigManager):
         config_cls = super()._maybe_add_custom_config(args, toml_values)
         _mark_sourceless(config_cls)
         return config_cls
+
+
+class RecordedConfigManager(GRTConfigManager):
+    """GRTConfigManager reading a 0.2.2 run record's resolved `job_config` where it would read
+    the TOML (`_maybe_load_toml`, the one method replaced): the values the run started with,
+    its command-line overrides included (grt_titan.checkpoint_io.parse_job_config)."""
+
+    def __init__(self, values: dict):
+        super().__init__()
+        self._values = values
+
+    def _maybe_load_toml(self, args: list[str]) -> dict:
+        return self._values
 
 
 def _mark_sourceless(config_cls: type) -> None:

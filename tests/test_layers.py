@@ -9,10 +9,10 @@
     hf/remote/ (the model every Hugging Face export ships) imports nothing of grt_titan: only
     torch, transformers, the standard library and its siblings.
 
-io is the one-process I/O that every reader of a trained GRT shares: checkpoint_io
-(training TOMLs, checkpoint folders, the latest complete step, resume inspection) and
-hf.config_map (args <-> an export's config.json), so that analysis reads an export without
-importing hf's commands.
+io is the one-process I/O that every reader of a trained GRT shares: run_reader (training
+TOMLs and run records, on either host), checkpoint_io (checkpoint folders, the latest complete
+step, resume inspection) and hf.config_map (args <-> an export's config.json), so that
+analysis reads an export without importing hf's commands.
 
 Every import counts, at module level or inside a function: an import moved into a
 function to dodge a circle is still a circle here.
@@ -48,7 +48,7 @@ LEAVES = {
     "grt_titan.run_record",
     "grt_titan.tokenizer",
 }
-IO = {"grt_titan.checkpoint_io", "grt_titan.hf.config_map"}
+IO = {"grt_titan.checkpoint_io", "grt_titan.run_reader", "grt_titan.hf.config_map"}
 # The remote model: copied verbatim into every export, run where grt_titan is not installed.
 REMOTE = "grt_titan.hf.remote"
 ENTRY = {"grt_titan", "grt_titan.spec", "grt_titan.train", "grt_titan.cli"}

@@ -16,8 +16,8 @@ import sys
 
 from grt_titan.analysis.diagnostics import best_against_fixed_depth
 from grt_titan.analysis.report import DEFAULT_PROMPTS, JSON_NAME, NOT_ASKED, PLOTS
-from grt_titan.checkpoint_io import OverridesParser
 from grt_titan.model.halting import HALTING_RULES
+from grt_titan.run_reader import OverridesParser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         help="training TOML (flavor, [grt] overrides, tokenizer, dataset; the run's command-line overrides may "
-        "follow the other options), or a run's grt_run.json",
+        "follow the other options), or a run's grt_run.json or dump folder",
     )
     p.add_argument(
         "--data",

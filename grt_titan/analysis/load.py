@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from grt_titan.checkpoint_io import (
-    check_overrides_have_config,
     latest_step_folder,
     load_checkpoint,
-    load_model_args,
     model_from_state,
     native_state_from_hf,
     read_hf_weights,
@@ -26,6 +24,7 @@ from grt_titan.checkpoint_io import (
 from grt_titan.hf.config_map import model_args_from_hf_config
 from grt_titan.model import GRTModel
 from grt_titan.model.args import GRTModelArgs
+from grt_titan.run_reader import RunView, check_overrides_have_config, load_model_args
 from grt_titan.tokenizer import build_tokenizer, export_tokenizer
 
 
@@ -34,7 +33,7 @@ class LoadedModel:
     model: GRTModel  # eval mode, float32
     args: GRTModelArgs
     tokenizer: Any
-    job_config: Any | None  # the --config's JobConfig, if one was given
+    job_config: RunView | None  # the --config's settings by section (grt_titan.run_reader), if given
     source: dict[str, Any]  # what was loaded: kind, path, step
 
 

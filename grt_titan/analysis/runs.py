@@ -3,7 +3,7 @@ validation loss.
 
 What it trained comes from the run record (`grt_run.json`, grt_titan/run_record.py), or
 for runs made before records existed from the training TOML (`--config`), parsed as
-`grt-titan analyze --config` does (grt_titan.checkpoint_io.load_model_args). The loss is
+`grt-titan analyze --config` does (grt_titan.run_reader.load_model_args). The loss is
 the last `validation_metrics/loss` in the run's TensorBoard events (every event file
 under the TensorBoard folder: a resumed run starts a new `tb/<timestamp>/`).
 """
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grt_titan.checkpoint_io import load_model_args
 from grt_titan.model.args import GRTModelArgs
+from grt_titan.run_reader import load_model_args
 from grt_titan.run_record import RECORD_NAME, build_run_record, model_args_from_record, read_run_record
 
 LOSS_TAG = "validation_metrics/loss"

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from grt_titan.checkpoint_io import OverridesParser, check_overrides_have_config
 from grt_titan.data.records import ChatTemplate, Record, ordinary_batch, read_records
 from grt_titan.model.halting import HALTING_RULES, LEARNED_RULE
+from grt_titan.run_reader import OverridesParser, check_overrides_have_config
 
 # `--halting RULE:THRESHOLD`: the exported model's rules and the learned one (`--probe-data`).
 EVAL_RULES = (*HALTING_RULES, LEARNED_RULE)

@@ -14,17 +14,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from torchtitan.models.llama3.model.args import RoPEScalingArgs
-
-from grt_titan.checkpoint_io import CheckpointError
 from grt_titan.model.args import GRT_PARTS, GRTModelArgs
+from grt_titan.model.llama_blocks import RoPEScalingArgs
+from grt_titan.run_reader import CheckpointError
 
 
 def _rope_scaling(args: GRTModelArgs) -> dict | None:
     if args.block_style != "llama":
         return None
     if args.rope_scaling is None:
-        # grt_titan's llama flavors use torchtitan's default llama3 RoPE scaling.
+        # grt_titan's llama flavors use llama3's default RoPE scaling (torchtitan's, copied).
         return dataclasses.asdict(RoPEScalingArgs())
     # A retrofitted source's own scaling ([factor, low, high, original]; factor 1: none).
     factor, low, high, original = args.rope_scaling

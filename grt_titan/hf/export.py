@@ -3,9 +3,11 @@
     grt-titan export-hf --checkpoint outputs/grt_debug/checkpoint \
         --config train_configs/grt_debug.toml --out exports/grt_debug
 
-The checkpoint is a step folder or a `checkpoint/` folder (its latest step). The config gives the flavor and `[grt]` overrides (the architecture); the checkpoint may
-be a DCP step folder (full or model-only) or the HF-named safetensors that
-`[checkpoint] last_save_in_hf = true` writes. See docs/hf_export.md.
+The checkpoint is a step folder or a `checkpoint/` folder (its latest step). The config gives
+the flavor and `[grt]` overrides (the architecture): a training TOML, or the run record
+`<dump_folder>/grt_run.json` (or the dump folder) that either torchtitan host writes, read by
+grt_titan/run_reader.py. The checkpoint may be a DCP step folder (full or model-only) or the
+HF-named safetensors that `[checkpoint] last_save_in_hf = true` writes. See docs/hf_export.md.
 
 `--format`: `auto` (default) writes a dense model (no core) as the stock transformers class
 of its block style (GPT2LMHeadModel / LlamaForCausalLM / Qwen3ForCausalLM,
@@ -23,13 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grt_titan.checkpoint_io import (
-    CheckpointError,
-    OverridesParser,
-    latest_step_folder,
-    load_checkpoint,
-    load_model_args,
-)
+from grt_titan.checkpoint_io import latest_step_folder, load_checkpoint
+from grt_titan.run_reader import CheckpointError, OverridesParser, RunView, load_model_args
 from grt_titan.tokenizer import resolve_tokenizer_source
 
 from .convert import DEFAULT_MAX_SHARD_SIZE, ExportError, check_exportable, write_hf_folder
@@ -38,17 +35,17 @@ from .stock import STOCK_CLASSES, check_stock_exportable, stock_export_problems,
 EXPORT_FORMATS = ("auto", "stock", "grt")
 
 
-def tensorboard_scalar(checkpoint: Path, job_config, tag: str, step: int | None) -> tuple[int, float] | None:
+def tensorboard_scalar(checkpoint: Path, view: RunView, tag: str, step: int | None) -> tuple[int, float] | None:
     """(step, value) of the last `tag` scalar at or before `step` in the run's TensorBoard logs
     (`<dump>/<save_tb_folder>`, the dump being the checkpoint's grandparent or the TOML's)."""
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
         return None
-    dump_candidates = [checkpoint.parent.parent, Path(job_config.job.dump_folder)]
+    dump_candidates = [checkpoint.parent.parent, Path(view.job.dump_folder)]
     best: tuple[int, float] | None = None
     for dump in dump_candidates:
-        tb_root = dump / job_config.metrics.save_tb_folder
+        tb_root = dump / view.metrics.save_tb_folder
         if not tb_root.is_dir():
             continue
         run_dirs = {p.parent for p in tb_root.rglob("events.out.tfevents.*")}
@@ -70,7 +67,7 @@ def tensorboard_scalar(checkpoint: Path, job_config, tag: str, step: int | None)
     return best
 
 
-def training_tokens(checkpoint: Path, job_config, facts: dict[str, Any]) -> tuple[int | None, str]:
+def training_tokens(checkpoint: Path, view: RunView, facts: dict[str, Any]) -> tuple[int | None, str]:
     """Tokens trained on up to the checkpoint's step, and where the number comes from.
 
     In order: torchtitan's logged `n_tokens_seen` at that step (summed over data-parallel
@@ -80,10 +77,10 @@ def training_tokens(checkpoint: Path, job_config, facts: dict[str, Any]) -> tupl
     """
     step = facts.get("step")
     if step is not None:
-        logged = tensorboard_scalar(checkpoint, job_config, "n_tokens_seen", step)
+        logged = tensorboard_scalar(checkpoint, view, "n_tokens_seen", step)
         if logged is not None and logged[0] == step:
             return int(logged[1]), "n_tokens_seen in the run's TensorBoard log"
-        training = job_config.training
+        training = view.training
         if training.global_batch_size > 0:
             return (
                 step * training.global_batch_size * training.seq_len,
@@ -130,26 +127,26 @@ def export_checkpoint(
     overrides: tuple[str, ...] | list[str] = (),
 ) -> Path:
     """Export `checkpoint` (a step folder, or a checkpoint folder: its latest step), trained
-    with `config_file` (a TOML with the run's command-line `overrides`, or the run's record),
-    to the HF folder `out` (parent folders are created); `fmt`: `--format`."""
+    with `config_file` (a TOML with the run's command-line `overrides`, or the run's record or
+    dump folder), to the HF folder `out` (parent folders are created); `fmt`: `--format`."""
     checkpoint = latest_step_folder(Path(checkpoint))
     out = Path(out)
     if out.exists() and not overwrite:  # fail before the (slow) checkpoint read
         raise ExportError(f"output folder {out} already exists (pass --overwrite to replace it)")
-    args, job_config = load_model_args(config_file, overrides)
+    args, view = load_model_args(config_file, overrides)
     fmt = resolve_format(args, fmt)  # before the (slow) checkpoint read
     if fmt == "grt":
         check_exportable(args)
     if tokenizer_path is None:
-        tokenizer_path = resolve_tokenizer_source(getattr(job_config.model, "hf_assets_path", None))
+        tokenizer_path = resolve_tokenizer_source(getattr(view.model, "hf_assets_path", None))
     native, facts = load_checkpoint(checkpoint, args)
     if validation_loss is None:
-        found = tensorboard_scalar(checkpoint, job_config, "validation_metrics/loss", facts.get("step"))
+        found = tensorboard_scalar(checkpoint, view, "validation_metrics/loss", facts.get("step"))
         if found is not None:
             validation_step, validation_loss = found
-    tokens, tokens_source = training_tokens(checkpoint, job_config, facts)
+    tokens, tokens_source = training_tokens(checkpoint, view, facts)
     card: dict[str, Any] = {
-        "flavor": job_config.model.flavor,
+        "flavor": view.model.flavor,
         "config_file": portable_path(config_file),
         "source_checkpoint": portable_path(checkpoint),
         "step": facts.get("step"),
@@ -200,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         required=True,
         help="the training TOML (flavor and [grt] overrides; the run's command-line overrides may follow "
-        "the other options), or the run's <dump_folder>/grt_run.json (its config as it started)",
+        "the other options), or the run's <dump_folder>/grt_run.json or dump folder (what the run built)",
     )
     p.add_argument("--out", required=True, help="output folder (created; must not exist)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")

@@ -25,17 +25,9 @@ import sys
 from pathlib import Path
 
 from grt_titan.atomic_dir import atomic_directory
-from grt_titan.checkpoint_io import (
-    CheckpointError,
-    OverridesParser,
-    check_overrides_have_config,
-    load_model_args,
-    model_from_state,
-    native_state_from_hf,
-    read_hf_weights,
-    save_checkpoint,
-)
+from grt_titan.checkpoint_io import model_from_state, native_state_from_hf, read_hf_weights, save_checkpoint
 from grt_titan.model.args import GRTModelArgs
+from grt_titan.run_reader import CheckpointError, OverridesParser, check_overrides_have_config, load_model_args
 
 from .config_map import model_args_from_hf_config
 from .convert import ExportError
@@ -135,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         default=None,
         help="training TOML to check the model against (flavor and [grt] overrides; the run's command-line "
-        "overrides may follow the other options), or a run's grt_run.json",
+        "overrides may follow the other options), or a run's grt_run.json or dump folder",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     return p

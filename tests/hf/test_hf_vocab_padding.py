@@ -196,9 +196,12 @@ def test_torchtitan_hf_save_and_load_paths(style, padded_models, padded_exports,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
+    from grt_titan.components.checkpoint import ShardedGRTStateDictAdapter
+
     model = padded_models[style]
     args = model.model_args
-    adapter = GRTStateDictAdapter(args, None)
+    # The spec's adapter, CheckpointManager's: torchtitan's base gives it get_hf_storage_reader.
+    adapter = ShardedGRTStateDictAdapter(args, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process"
         step = tmp_path / "step-5"
