@@ -31,20 +31,10 @@ from grt_titan.infra.parallelize import (
     freeze_untrained_parameters,
 )
 from grt_titan.infra.torch_workarounds import checkpoint_only_where_gradients_flow
-from grt_titan.model import GRTModel, GRTModelArgs, grt_flavors
-from grt_titan.model.flavors import flavor_from_file
+from grt_titan.model import GRTModel, GRTModelArgs
+from grt_titan.run_reader import flavor_args
 from grt_titan.sections import GRTSection
 from grt_titan.torchtitan_0_3.view import MODEL_NAME, job_view
-
-
-def flavor_args(flavor: str) -> GRTModelArgs:
-    """A fresh copy of a named flavor, or of a flavor file's args (`grt-titan retrofit`)."""
-    from_file = flavor_from_file(flavor)
-    if from_file is not None:
-        return from_file
-    if flavor not in grt_flavors:
-        raise ValueError(f"[model] flavor = {flavor!r} is not a grt flavor; allowed: {', '.join(sorted(grt_flavors))}")
-    return grt_flavors[flavor].replace()
 
 
 class GRTHostModel(GRTModel, BaseModel):
@@ -60,7 +50,7 @@ class GRTHostModel(GRTModel, BaseModel):
             """Apply `[grt]` and `training.seq_len` as the 0.2.2 host does (the same
             `GRTModelArgs.update_from_config`, on the config's 0.2.2-shaped view)."""
             view = job_view(config)
-            args = flavor_args(self.flavor)
+            args = flavor_args(self.flavor, source="[model] flavor")
             args.update_from_config(view)
             args.forwards_per_step = view.forwards_per_step
             self.args = args
