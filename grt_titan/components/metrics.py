@@ -1,5 +1,9 @@
 """Metrics processor of the `grt` spec: r-aware FLOPs and what the recurrence does.
 
+The logic is `GRTMetricsMixin`, host-neutral; `GRTMetricsProcessor` below is torchtitan
+0.2.2's processor with it, grt_titan/torchtitan_0_3/metrics.py torchtitan 0.3's, so both
+hosts log the same tags and console lines.
+
 torchtitan fixes `num_flops_per_token` at start-up (the expectation over the depth
 distribution, `GRTModelArgs.get_nparams_and_flops`); for the GRT it depends on r. Before
 each log this processor sets it to the mean training count over the depths sampled since
@@ -25,7 +29,7 @@ step that `should_log` will log; the observer reduces each step to a few device 
 (no host sync); they are all-reduced and read with one `.tolist()` in `log()`. With
 `enable = false` no hook is installed at all. See docs/observability.md.
 
-Its builder also writes the run record `<dump_folder>/grt_run.json` on rank 0
+On 0.2.2 its builder also writes the run record `<dump_folder>/grt_run.json` on rank 0
 (grt_titan/run_record.py; read by `grt-titan table`).
 On CPU there is no peak FLOP rate to compare with (the CPU shim's peak is NaN, where
 torchtitan would use an A100's): this processor prints `mfu: n/a (CPU)` and leaves
@@ -174,27 +178,34 @@ class _WithoutKeys:
         return getattr(self.inner, name)
 
 
-class GRTMetricsProcessor(MetricsProcessor):
-    """torchtitan's MetricsProcessor plus the GRT's depth-aware FLOPs and recurrence stats.
+class GRTMetricsMixin:
+    """The GRT's part of a metrics processor, shared by both hosts: depth-aware FLOPs,
+    recurrence statistics, the console line, MFU on CPU.
 
-    Hooks are installed when the Trainer assigns `model_parts` and `optimizers` (plain
-    attribute assignments in torchtitan's Trainer.__init__), so no trainer code changes.
+    It sits before torchtitan's MetricsProcessor in a host's subclass (this module's for
+    0.2.2, grt_titan/torchtitan_0_3/metrics.py for 0.3), whose constructors differ; the two
+    share `log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics)`,
+    `should_log`, `parallel_dims`, `logger`, `num_flops_per_token` and the Trainer's
+    assignments of `model_parts` and `optimizers`, which is all this class uses. The
+    subclass calls `init_grt` before torchtitan's `__init__` (which assigns those two) and
+    `hide_mfu_if_meaningless` after it (which builds `logger`).
     """
 
-    def __init__(self, job_config, parallel_dims, model_args: GRTModelArgs, tag: str | None = None):
+    def init_grt(
+        self, model_args: GRTModelArgs | None, grt_metrics: GRTMetricsConfig, seq_len: int, fake_backend: bool
+    ) -> None:
+        """The GRT's state; `model_args` and `seq_len` price the sampled depths in `log`."""
         self._model_parts: list[nn.Module] | None = None
         self._optimizers = None
         self._recurrence: Recurrence | None = None
         self._hooks: list[Any] = []
         self.on_cpu = tt_utils.device_type == "cpu"
-        self.fake_backend = is_fake_backend(job_config)
+        self.fake_backend = fake_backend
         # What the console prints instead of MFU, if MFU means nothing here (None: it does).
-        self.mfu_text = MFU_FAKE_BACKEND if self.fake_backend else MFU_NOT_APPLICABLE if self.on_cpu else None
-        super().__init__(job_config, parallel_dims, tag)
-        if self.mfu_text is not None:
-            self.logger = _WithoutKeys(self.logger, ("mfu(%)",))
+        self.mfu_text = MFU_FAKE_BACKEND if fake_backend else MFU_NOT_APPLICABLE if self.on_cpu else None
         self.model_args = model_args
-        self.config = metrics_config(job_config)
+        self.seq_len = seq_len
+        self.grt_metrics = grt_metrics
         self._sampler: DepthSampler | None = None
         self.stats = RecurrenceStats()
         # Step bookkeeping: which training step the next forward belongs to.
@@ -206,6 +217,11 @@ class GRTMetricsProcessor(MetricsProcessor):
         # and `console_line(metrics) -> str` (the distillation's, grt_titan/components/distill.py).
         self.metric_sources: list[Any] = []
 
+    def hide_mfu_if_meaningless(self) -> None:
+        """Leave `mfu(%)` out of TensorBoard / W&B where `mfu_text` replaces it on the console."""
+        if self.mfu_text is not None:
+            self.logger = _WithoutKeys(self.logger, ("mfu(%)",))
+
     # ---- wiring (the Trainer sets these two attributes) --------------------------------
 
     @property
@@ -216,7 +232,7 @@ class GRTMetricsProcessor(MetricsProcessor):
     def model_parts(self, parts: list[nn.Module] | None) -> None:
         self._model_parts = parts
         self._sampler = None
-        if parts and getattr(self, "config", None) is not None and self.config.enable:
+        if parts and self.grt_metrics.enable:
             self._install_observer(find_recurrence(parts))
 
     @property
@@ -226,7 +242,7 @@ class GRTMetricsProcessor(MetricsProcessor):
     @optimizers.setter
     def optimizers(self, optimizers) -> None:
         self._optimizers = optimizers
-        if optimizers is not None and getattr(self, "config", None) is not None and self.config.enable:
+        if optimizers is not None and self.grt_metrics.enable:
             self._hooks.append(optimizers.register_step_post_hook(self._after_optimizer_step))
 
     def _install_observer(self, recurrence: Recurrence | None) -> None:
@@ -294,20 +310,24 @@ class GRTMetricsProcessor(MetricsProcessor):
         self.stats.reset()
         return metrics
 
+    def depth_metrics(self) -> dict[str, float]:
+        """`grt/r_mean` and `grt/r_last` of the depths sampled since the last log; sets
+        `num_flops_per_token` to the mean training count over them (not the count at their
+        mean: truncated backprop is not linear in r)."""
+        sampler = self.depth_sampler()
+        if sampler is None or not sampler.history:
+            return {}
+        history = sampler.history
+        metrics = {"grt/r_mean": sum(history) / len(history), "grt/r_last": history[-1]}
+        flops = sum(self.model_args.train_flops_per_token(self.seq_len, r) for r in history)
+        self.num_flops_per_token = int(flops / len(history))
+        history.clear()
+        return metrics
+
     def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
         extra_metrics = dict(extra_metrics or {})
-        sampler = self.depth_sampler()
-        if sampler is not None and sampler.history:
-            r_mean = sum(sampler.history) / len(sampler.history)
-            extra_metrics["grt/r_mean"] = r_mean
-            extra_metrics["grt/r_last"] = sampler.history[-1]
-            # The mean over the sampled depths (not at their mean: truncated backprop is not linear in r).
-            seq_len = self.job_config.training.seq_len
-            self.num_flops_per_token = int(
-                sum(self.model_args.train_flops_per_token(seq_len, r) for r in sampler.history) / len(sampler.history)
-            )
-            sampler.history.clear()
-        grt = self.recurrence_metrics() if self.config.enable and self._recurrence is not None else {}
+        extra_metrics.update(self.depth_metrics())
+        grt = self.recurrence_metrics() if self.grt_metrics.enable and self._recurrence is not None else {}
         extra_metrics.update(grt)
         sourced = [(source, source.metrics()) for source in self.metric_sources]
         for _, metrics in sourced:
@@ -325,6 +345,20 @@ class GRTMetricsProcessor(MetricsProcessor):
     def close(self):
         self.remove_hooks()
         super().close()
+
+
+class GRTMetricsProcessor(GRTMetricsMixin, MetricsProcessor):
+    """torchtitan 0.2.2's MetricsProcessor plus the GRT's depth-aware FLOPs and recurrence
+    stats (GRTMetricsMixin).
+
+    Hooks are installed when the Trainer assigns `model_parts` and `optimizers` (plain
+    attribute assignments in torchtitan's Trainer.__init__), so no trainer code changes.
+    """
+
+    def __init__(self, job_config, parallel_dims, model_args: GRTModelArgs, tag: str | None = None):
+        self.init_grt(model_args, metrics_config(job_config), job_config.training.seq_len, is_fake_backend(job_config))
+        super().__init__(job_config, parallel_dims, tag)
+        self.hide_mfu_if_meaningless()
 
 
 def console_line(metrics: dict[str, float]) -> str:

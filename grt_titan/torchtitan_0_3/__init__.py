@@ -11,8 +11,12 @@ not run yet is refused at start-up in one line naming the setting and the host
 | module | holds |
 |---|---|
 | host.py | the version check and the CPU/gloo switch |
-| recipe.py | TOML -> `GRTTrainer.Config`, and the 0.2.2-shaped view of a config our components read |
+| presets.py | preset names -> train_configs/ TOMLs (no torchtitan: the docs' checks read it) |
+| recipe.py | TOML -> `GRTTrainer.Config`, key by key |
+| refusals.py | what 0.3 does not run yet, in one line each (TOML keys and command-line overrides) |
+| view.py | the 0.2.2-shaped view of a 0.3 config that host-neutral code reads |
 | model.py | the GRT as a 0.3 `BaseModel`, its parallelize function and model spec |
-| components.py | tokenizer, data loaders and loss as 0.3 `Configurable`s |
+| components.py | tokenizer, data loaders, loss and LR schedule as 0.3 `Configurable`s |
+| metrics.py | the gate metrics and r-aware FLOPs (components/metrics.py's mixin) on 0.3's processor |
 | trainer.py | `GRTTrainer`: 0.3's Trainer with grt_titan's config sections |
 """

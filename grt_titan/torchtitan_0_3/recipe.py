@@ -14,9 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-import tomllib
 from torchtitan.components.checkpointer import CheckpointManager
-from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 from torchtitan.components.validate import Validator
@@ -25,9 +23,11 @@ from torchtitan.config.configs import DebugConfig
 from torchtitan.distributed.activation_checkpoint import ActivationCheckpointing, FullAC, SelectiveAC
 
 from grt_titan.data.config import DataConfig
-from grt_titan.sections import GRTSection
+from grt_titan.run_reader import read_recipe
+from grt_titan.sections import GRTMetricsConfig, GRTSection
 from grt_titan.tokenizer import GPT2_TIKTOKEN_PATH
 from grt_titan.torchtitan_0_3.components import GRTDataLoaderConfig, GRTLoss, GRTLRSchedulersConfig, GRTTokenizerConfig
+from grt_titan.torchtitan_0_3.metrics import GRTMetricsProcessor
 from grt_titan.torchtitan_0_3.model import MODEL_NAME, EveryNthBlockAC, model_spec
 from grt_titan.torchtitan_0_3.refusals import refusal
 from grt_titan.torchtitan_0_3.trainer import GRTTrainer, GRTTrainingConfig
@@ -47,8 +47,6 @@ INERT = {
     ("checkpoint", "checksums"): False,
     ("model", "converters"): [],
     ("optimizer", "on_nonfinite"): "stop",
-    ("grt_metrics", "enable"): None,
-    ("grt_metrics", "validation_depths"): None,
 }
 # The 0.3 field each supported 0.2.2 key fills: (section, key) -> (component, field).
 PLACES = {
@@ -121,6 +119,7 @@ PLACES = {
     **{("debug", k): ("debug", k) for k in ("seed", "deterministic")},
     ("job", "dump_folder"): ("trainer", "dump_folder"),
     ("job", "description"): ("trainer", "description"),
+    ("job", "config_file"): ("trainer", "config_file"),  # set by run_reader.read_recipe
     ("model", "hf_assets_path"): ("trainer", "hf_assets_path"),
 }
 # Read by the functions below rather than placed field by field.
@@ -141,15 +140,9 @@ READ_BELOW = {
     ("activation_checkpoint", "determinism_check"),
     ("activation_checkpoint", "debug"),
     ("activation_checkpoint", "per_op_sac_force_recompute_mm_shapes_by_fqns"),
+    ("grt_metrics", "enable"),
+    ("grt_metrics", "validation_depths"),
 }
-
-
-def read_recipe(path: str | Path) -> dict[str, dict[str, Any]]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ValueError(f"{path}: cannot read the training TOML: {e}") from e
 
 
 def check_keys(recipe: dict[str, dict[str, Any]], source: str) -> None:
@@ -217,6 +210,18 @@ def validation_loader(recipe: dict[str, dict[str, Any]], source: str) -> GRTData
     return GRTDataLoaderConfig(dataset="grt_default", split="val", infinite=False)
 
 
+def grt_metrics(recipe: dict[str, dict[str, Any]], source: str) -> GRTMetricsConfig:
+    """`[grt_metrics]` (grt_titan's metrics processor, metrics.py, reads it: gate metrics,
+    r-aware FLOPs); `[metrics]` is placed key by key (PLACES). The depth-wise validation curve is
+    0.2.2's only: `validation_depths = true` in a TOML that validates is refused, so that
+    the run does not silently lack it; unset (0.2.2's default, on) or with validation off,
+    the curve is simply not logged."""
+    section = recipe.get("grt_metrics", {})
+    if section.get("validation_depths") is True and recipe.get("validation", {}).get("enable", False):
+        raise refusal("[grt_metrics] validation_depths", True, source)
+    return GRTMetricsConfig(enable=section.get("enable", True), validation_depths=False)
+
+
 def place(config: GRTTrainer.Config, recipe: dict[str, dict[str, Any]]) -> None:
     targets: dict[str, Callable[[], Any]] = {
         "trainer": lambda: config,
@@ -231,10 +236,9 @@ def place(config: GRTTrainer.Config, recipe: dict[str, dict[str, Any]]) -> None:
 def trainer_config(path: str | Path) -> GRTTrainer.Config:
     """`GRTTrainer.Config` of a training TOML."""
     source = str(path)
-    recipe = read_recipe(path)
+    recipe = read_recipe(source)
     check_keys(recipe, source)
     config = GRTTrainer.Config(
-        config_file=source,
         model_spec=model_spec(recipe.get("model", {}).get("flavor", "debug")),
         hf_assets_path=str(GPT2_TIKTOKEN_PATH),
         tokenizer=GRTTokenizerConfig(),
@@ -247,12 +251,13 @@ def trainer_config(path: str | Path) -> GRTTrainer.Config:
         activation_checkpoint=activation_checkpoint(recipe.get("activation_checkpoint", {}), source),
         compile=CompileConfig(),
         comm=CommConfig(),
-        metrics=MetricsProcessor.Config(),
+        metrics=GRTMetricsProcessor.Config(),
         validator=Validator.Config(dataloader=validation_loader(recipe, source)),
         debug=DebugConfig(),
         loss=GRTLoss.Config(),
         grt=GRTSection(**recipe.get("grt", {})),
         data=DataConfig(**recipe.get("data", {})),
+        grt_metrics=grt_metrics(recipe, source),
     )
     place(config, recipe)
     return config

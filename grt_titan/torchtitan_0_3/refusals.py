@@ -26,8 +26,13 @@ def refusals(config) -> list[str]:
         "--parallelism.context_parallel_degree": parallelism.context_parallel_degree,
         "--parallelism.pipeline_parallel_degree": parallelism.pipeline_parallel_degree,
     }
-    return [
+    found = [
         f"{key} {value!r} is not supported on {HOST} yet; {WHERE_TO_RUN}"
         for key, value in degrees.items()
         if value != 1
     ]
+    if config.grt_metrics.validation_depths and config.validator.enable:
+        found.append(
+            f"--grt_metrics.validation_depths (with validation) is not supported on {HOST} yet; {WHERE_TO_RUN}"
+        )
+    return found

@@ -3,8 +3,9 @@
 It changes no step of 0.3's loop. Its Config adds the host-neutral sections of
 grt_titan/sections.py (`--grt.*`, `--data.*`, `--training.trainable`) and where the run came
 from; `__init__` refuses what this host does not run yet (refusals.py), hands the data
-loaders the sections they read, and writes the run record (`grt_run.json`) that
-`grt-titan export-hf`, `analyze` and `table` read on either host.
+loaders the sections they read and the metrics processor (metrics.py) the resolved model
+args, and writes the run record (`grt_run.json`) that `grt-titan export-hf`, `analyze` and
+`table` read on either host.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torchtitan.trainer import Trainer
 
 from grt_titan.data.config import DataConfig
 from grt_titan.run_record import build_run_record, write_run_record
-from grt_titan.sections import GRTSection
+from grt_titan.sections import GRTMetricsConfig, GRTSection
 from grt_titan.torchtitan_0_3.refusals import HostRefusal, refusals
 from grt_titan.torchtitan_0_3.view import job_view
 
@@ -43,6 +44,9 @@ class GRTTrainer(Trainer):
         """The `[grt]` section: model overrides (unset keeps the flavor's value)."""
         data: DataConfig = field(default_factory=DataConfig)
         """The `[data]` section: grt_titan's token-shard data path."""
+        grt_metrics: GRTMetricsConfig = field(default_factory=lambda: GRTMetricsConfig(validation_depths=False))
+        """The `[grt_metrics]` section: gate metrics on log steps. The depth-wise validation
+        curve (`validation_depths`) is 0.2.2's only: off here, refused when asked for."""
         training: GRTTrainingConfig = field(default_factory=GRTTrainingConfig)
         description: str = ""
         """`[job] description` of the TOML."""
@@ -55,6 +59,9 @@ class GRTTrainer(Trainer):
             raise HostRefusal(problems[0] if len(problems) == 1 else "\n".join(problems))
         wire_sections(config)
         super().__init__(config)
+        # 0.3's Trainer builds the metrics processor without the model args, which price the
+        # sampled depths (r-aware FLOPs): hand the resolved ones over before the first step.
+        self.metrics_processor.attach_model(self.model_config.args, config.training.seq_len)
         self.write_run_record()
 
     def write_run_record(self) -> None:
@@ -77,6 +84,7 @@ def wire_sections(config: GRTTrainer.Config) -> None:
     config.forwards_per_step = max(1, global_batch // (training.local_batch_size * world))
     for loader in (config.dataloader, config.validator.dataloader):
         loader.data = config.data
+    config.metrics.grt_metrics = config.grt_metrics
     config.dataloader.global_batch_size = training.global_batch_size
     config.dataloader.step_targets = config.grt.step_supervision is True
     spec = config.model_spec

@@ -89,6 +89,19 @@ def test_it_checkpoints_and_records_the_run(fresh):
     assert record["model_args"]["num_recurrences"] == 4 and record["versions"]["torchtitan"].startswith("0.3")
 
 
+@pytest.mark.slow
+def test_it_logs_the_gate_metrics_as_0_2_2_does(fresh):
+    """grt_titan's metrics processor on 0.3 (torchtitan_0_3/metrics.py), log_freq 1: each step's
+    sampled depth and per-recurrence-step gate statistics, under the 0.2.2 host's tags."""
+    depths = mg.scalars(fresh, "grt/r")
+    assert len(depths) == 20 and set(depths) <= {1.0, 2.0, 3.0, 4.0}  # r ~ Uniform{1..4}, one forward a step
+    assert mg.scalars(fresh, "grt/r_mean") == depths  # the FLOPs' depth bookkeeping agrees
+    gates = mg.scalars(fresh, "grt_gate_mean/step1")
+    assert len(gates) == 20 and all(0 < g < 1 for g in gates)
+    assert len(mg.scalars(fresh, "grt_gate_mean/step4")) == depths.count(4.0)  # step i at r >= i only
+    assert "grt  r: " in (fresh.parent / "fresh.log").read_text()  # the console line
+
+
 @pytest.fixture(scope="module")
 def resumed_under_0_2(fresh, module_tmp):
     """0.2.2 resumes 0.3's step 10 and checkpoints every 5 steps (15, 20)."""
