@@ -102,6 +102,28 @@ def test_it_logs_the_gate_metrics_as_0_2_2_does(fresh):
     assert "grt  r: " in (fresh.parent / "fresh.log").read_text()  # the console line
 
 
+@pytest.mark.slow
+def test_its_checkpoint_exports_and_the_export_generates(fresh, tmp_path, monkeypatch):
+    """`grt-titan export-hf` of the 0.3 run (its record as the config), verified by export-hf
+    itself against the native model's logits; the export then decodes greedily with its KV
+    cache exactly as without one."""
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(key, "1")
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grt_titan.cli import main as cli
+
+    out = tmp_path / "export"
+    assert cli(["export-hf", "--checkpoint", str(fresh / "checkpoint"), "--config", str(fresh), "--out", str(out)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True, dtype=torch.float32).eval()
+    ids = torch.tensor([[464, 2068, 7586, 21831]])
+    cached = model.generate(ids, max_new_tokens=8, do_sample=False)
+    uncached = model.generate(ids, max_new_tokens=8, do_sample=False, use_cache=False)
+    assert cached.shape == (1, 12) and torch.equal(cached, uncached)
+
+
 @pytest.fixture(scope="module")
 def resumed_under_0_2(fresh, module_tmp):
     """0.2.2 resumes 0.3's step 10 and checkpoints every 5 steps (15, 20)."""
