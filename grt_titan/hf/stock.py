@@ -10,9 +10,10 @@ flavors) as the stock class of its block style, loadable with no `trust_remote_c
 |-------------|------------|------------------|------------------------------------------------------|
 | gpt2        | gpt2       | GPT2LMHeadModel  | Conv1D layout (transposed), q/k/v fused in c_attn;   |
 |             |            |                  | a tied LM head is not stored (GPT-2's own layout)    |
-| llama       | llama      | LlamaForCausalLM | torchtitan's Llama3StateDictAdapter (q/k permuted to |
-|             |            |                  | HF's rotate_half RoPE); lm_head unless tied          |
-| qwen3       | qwen3      | Qwen3ForCausalLM | torchtitan's Qwen3StateDictAdapter (key map only:    |
+| llama       | llama      | LlamaForCausalLM | torchtitan 0.2.2's Llama3 key map, copied (q/k       |
+|             |            |                  | permuted to HF's rotate_half RoPE); lm_head unless   |
+|             |            |                  | tied (grt_titan/hf/stock_key_maps.py)                |
+| qwen3       | qwen3      | Qwen3ForCausalLM | torchtitan 0.2.2's Qwen3 key map, copied (key map:   |
 |             |            |                  | both sides rotate halves); lm_head unless tied       |
 
 Reading is two steps, each with one set of one-line refusals that name the key or file:
@@ -48,7 +49,7 @@ import torch
 from grt_titan.atomic_dir import atomic_directory
 from grt_titan.checkpoint_io import CheckpointError, model_from_state, read_hf_weights
 from grt_titan.model.args import GRTModelArgs
-from grt_titan.model.blocks import llama_block_args, qwen3_block_args
+from grt_titan.model.blocks import llama_block_args
 from grt_titan.model.model import build_meta_model
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, VOCAB_ROW_KEYS, optional_native_keys
 
@@ -63,6 +64,7 @@ from .convert import (
     write_tokenizer_files_and_generation_config,
     write_weights,
 )
+from .stock_key_maps import stock_key_map
 
 STOCK_MODEL_TYPES = ("gpt2", "llama", "qwen3")  # block_style == model_type
 STOCK_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -361,18 +363,6 @@ def stock_config(args: GRTModelArgs, dtype: str = "float32", eos_id: int | None 
 # ---- weights ---------------------------------------------------------------------------
 
 
-def _adapter(args: GRTModelArgs):
-    """torchtitan's own Llama 3 / Qwen3 <-> HF adapter (its key map; for Llama the q/k RoPE
-    permutation between HF's rotate_half and torchtitan's interleaved pairs)."""
-    if args.block_style == "llama":
-        from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAdapter
-
-        return Llama3StateDictAdapter(llama_block_args(args), None)
-    from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
-
-    return Qwen3StateDictAdapter(qwen3_block_args(args), None)
-
-
 def _layer_of(key: str) -> int | None:
     match = _LAYER_KEY.match(key)
     return None if match is None else int(match.group(1))
@@ -447,9 +437,9 @@ def _unexpected(model_type: str, keys: list[str]) -> StockFormatError:
 
 
 def _adapter_from_stock(hf: dict[str, torch.Tensor], args: GRTModelArgs, wanted: set[int]) -> dict[str, torch.Tensor]:
-    """Llama / Qwen3 weights through torchtitan's adapter; rotary `inv_freq` buffers of old
-    files are dropped, and the layers not `wanted` are never converted."""
-    adapter, n = _adapter(args), n_dense_layers(args)
+    """Llama / Qwen3 weights through the stock key map (torchtitan 0.2.2's, copied); rotary
+    `inv_freq` buffers of old files are dropped, and the layers not `wanted` are never converted."""
+    adapter, n = stock_key_map(args), n_dense_layers(args)
     kept, unexpected = {}, []
     for key, value in hf.items():
         abstract = re.sub(r"(\d+)", "{}", key, count=1)
@@ -549,7 +539,7 @@ def native_to_stock_state_dict(native: dict[str, torch.Tensor], args: GRTModelAr
     _check_flat(flat, args, set(range(n_dense_layers(args))), "the dense model's weights")
     if args.block_style == "gpt2":
         return _gpt2_to_stock(flat, args)
-    return {k: v.contiguous() for k, v in _adapter(args).to_hf(flat).items()}
+    return {k: v.contiguous() for k, v in stock_key_map(args).to_hf(flat).items()}
 
 
 def _gpt2_to_stock(flat: dict[str, torch.Tensor], args: GRTModelArgs) -> dict[str, torch.Tensor]:

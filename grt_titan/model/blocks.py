@@ -113,8 +113,8 @@ class GPT2Block(nn.Module):
 
 
 def llama_block_args(args: GRTModelArgs) -> LlamaBlockArgs:
-    """The llama block's args (torchtitan's llama3 field names: grt_titan/hf/stock.py hands
-    them to torchtitan's Llama3StateDictAdapter too)."""
+    """The llama block's args (torchtitan 0.2.2's llama3 field names; grt_titan/hf/stock_key_maps.py
+    reads them too)."""
     return LlamaBlockArgs(
         dim=args.dim,
         n_layers=args.unrolled_layers,
@@ -143,8 +143,7 @@ def rope_scaling_args(values: list[float]) -> RoPEScalingArgs:
 
 
 def qwen3_block_args(args: GRTModelArgs) -> Qwen3BlockArgs:
-    """The qwen3 block's args (torchtitan's qwen3 field names: grt_titan/hf/stock.py hands them
-    to torchtitan's Qwen3StateDictAdapter too)."""
+    """The qwen3 block's args (torchtitan 0.2.2's qwen3 field names)."""
     return Qwen3BlockArgs(
         dim=args.dim,
         n_layers=args.unrolled_layers,

@@ -41,9 +41,6 @@ class Qwen3BlockArgs:
     norm_eps: float = 1e-6
     # True: each block's init std uses its layer id; False: the total number of blocks.
     depth_init: bool = True
-    # Not read by the block: torchtitan's Qwen3StateDictAdapter reads it from the args it is
-    # given (grt_titan/hf/stock.py hands it these). The GRT ties by `tie_embeddings`.
-    enable_weight_tying: bool = False
 
 
 # Adapted by torchtitan from torchtune/models/qwen2/_positional_embeddings.py.

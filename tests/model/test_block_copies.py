@@ -198,8 +198,8 @@ def test_sdpa_wrapper_is_torchtitans(kwargs):
     [(LlamaBlockArgs, "llama"), (Qwen3BlockArgs, "qwen3"), (RoPEScalingArgs, "rope")],
 )
 def test_our_args_are_torchtitans_fields_with_its_defaults(ours, theirs):
-    """The names torchtitan's own state-dict adapters read (grt_titan/hf/stock.py hands them
-    our args), with torchtitan's defaults."""
+    """Our args keep torchtitan 0.2.2's field names and defaults (the copies' code reads them
+    as the originals do)."""
     theirs = {
         "llama": tt_llama_args.TransformerModelArgs,
         "qwen3": tt_qwen3_args.Qwen3ModelArgs,
