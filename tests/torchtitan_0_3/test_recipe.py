@@ -116,3 +116,39 @@ def test_the_depth_wise_validation_curve_is_refused_from_the_command_line_too():
     ]
     config.validator.enable = False
     assert refusals(config) == []
+
+
+def test_the_parallelize_fn_freezes_what_trainable_leaves_out_and_checkpoints_each_step():
+    """0.3's parallelize_fn on one rank (no FSDP): `[training] trainable` and per-step AC, as
+    the 0.2.2 host applies them (grt_titan/infra/parallelize.py's helpers)."""
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.activation_checkpoint import FullAC
+
+    from grt_titan.torchtitan_0_3.trainer import wire_sections
+
+    config = config_registry.grt_debug()
+    config.training.trainable = ["recurrent"]
+    config.grt.recurrence_checkpoint = "step"
+    wire_sections(config)
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    model = config.model_spec.parallelize_fn(
+        model,
+        parallel_dims=ParallelDims.from_config(config.parallelism, world_size=1),
+        training=config.training,
+        parallelism=config.parallelism,
+        compile_config=config.compile,
+        ac_config=FullAC.Config(),
+        dump_folder="",
+    )
+    trained = {name.split(".")[0] for name, p in model.named_parameters() if p.requires_grad}
+    assert trained == {"recurrence"}
+    assert isinstance(model.recurrence.step, CheckpointWrapper)
+    assert all(isinstance(block, CheckpointWrapper) for block in model.prelude.layers.values())
+    assert not any(
+        isinstance(m, CheckpointWrapper) for m in model.recurrence.step.modules() if m is not model.recurrence.step
+    )
