@@ -16,7 +16,6 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.distributed.activation_checkpoint import FullAC
 from torchtitan.distributed.compile import apply_compile
 from torchtitan.protocols import BaseModel
@@ -24,11 +23,12 @@ from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools.logging import logger
 
 from grt_titan.infra.parallelize import (
-    apply_fsdp,
     checkpoint_recurrence_step,
     checkpointed_stacks,
     compile_recurrence_step,
     freeze_untrained_parameters,
+    noise_rank,
+    shard_data_parallel,
 )
 from grt_titan.infra.torch_workarounds import checkpoint_only_where_gradients_flow
 from grt_titan.model import GRTModel, GRTModelArgs
@@ -89,10 +89,11 @@ def parallelize_grt(
     AC -> compile -> FSDP2/HSDP. `grt` is bound by the trainer (`[grt] recurrence_checkpoint`,
     `core_reshard_after_forward`). TP is refused at start-up on this host (recipe.py)."""
     assert not parallel_dims.tp_enabled and not parallel_dims.cp_enabled, "refused at start-up (recipe.py)"
+    job = SimpleNamespace(training=training)  # what the 0.2.2 host's helpers read of a job
     if model.recurrence is not None and dist.is_initialized():
-        model.recurrence.noise_rank = dist.get_rank()  # noise of forward t from (depth_seed, t, rank)
+        model.recurrence.noise_rank = noise_rank(job)  # noise of forward t from (depth_seed, t, rank)
     # `[training] trainable` (our TrainingConfig's field): before FSDP registers the parameters.
-    freeze_untrained_parameters(model, SimpleNamespace(training=training))
+    freeze_untrained_parameters(model, job)
     compile_enabled = compile_config.enable and "model" in compile_config.components
     if ac_config is not None:
         apply_ac(model, ac_config, grt.recurrence_checkpoint, dump_folder, compile_enabled)
@@ -102,14 +103,11 @@ def parallelize_grt(
                 apply_compile(stack, compile_config=compile_config, parallel_dims=parallel_dims)
         compile_recurrence_step(model, compile_config.backend, in_place=True)
     if parallel_dims.fsdp_enabled:
-        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
-        apply_fsdp(
+        shard_data_parallel(
             model,
-            parallel_dims.get_mesh(names),
-            param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
-            reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+            parallel_dims,
+            job,
             pp_enabled=False,
-            cpu_offload=training.enable_cpu_offload,
             reshard_after_forward_policy=parallelism.fsdp_reshard_after_forward,
             core_reshard_after_forward=bool(grt.core_reshard_after_forward),
         )
