@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from grt_titan.components.checkpoint import ChecksumFileSystemWriter, verify_checkpoint
+from grt_titan.components.checksums import ChecksumFileSystemWriter, verify_checkpoint
 
 
 def state_dict(mib: int) -> dict:

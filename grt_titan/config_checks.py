@@ -29,6 +29,7 @@ from torch import nn
 from torchtitan.protocols.model_converter import _registry_model_converter_cls
 
 from grt_titan.checkpoint_io import initial_load_problems, initial_load_source, resume_problems
+from grt_titan.components.loss_spike import config_problems as loss_spike_problems
 from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
 from grt_titan.fake_backend import is_fake_backend
@@ -37,7 +38,7 @@ from grt_titan.infra.trainable import configured_entries, trainable_problems
 from grt_titan.model.flavors import flavor_from_file
 from grt_titan.model.model import build_meta_model
 from grt_titan.model.part import JobSettings
-from grt_titan.sections import FLOAT8_CONVERTER, fault_tolerance_enabled
+from grt_titan.sections import FLOAT8_CONVERTER, UNSUPPORTED_DEGREES, fault_tolerance_enabled, unsupported_degree
 from grt_titan.teacher import device_memory_bytes, teacher_args, teacher_problems, teacher_source
 from grt_titan.tokenizer import GPT2_VOCAB_SIZE, load_tokenizer, resolve_tokenizer_source
 
@@ -118,14 +119,9 @@ def forwards_per_step(job_config) -> int:
 
 def _parallelism_problems(job_config, args) -> list[str]:
     p, problems = job_config.parallelism, []
-    for key in ("pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree"):
+    for key in UNSUPPORTED_DEGREES:
         if getattr(p, key) != 1:
-            why = {
-                "pipeline_parallel_degree": "the shared core cannot be split across stages",
-                "context_parallel_degree": "the GRT's plans do not shard attention over context",
-                "expert_parallel_degree": "the GRT has no experts",
-            }[key]
-            problems.append(f"[parallelism] {key} = {getattr(p, key)} is not supported ({why}); allowed: 1")
+            problems.append(unsupported_degree(key, getattr(p, key)))
     tp = p.tensor_parallel_degree
     if tp < 1:
         problems.append(f"[parallelism] tensor_parallel_degree = {tp} is invalid; allowed: >= 1")
@@ -434,26 +430,14 @@ def _training_problems(job_config) -> list[str]:
                 "true only with last_save_model_only = true",
             ),
         ]
-    spike = getattr(job_config, "loss_spike", None)
-    if spike is not None and spike.enable:
-        checks += [
-            ("[loss_spike] factor", spike.factor, spike.factor > 1, "> 1"),
-            ("[loss_spike] window", spike.window, spike.window >= 1, ">= 1"),
-            ("[loss_spike] skip_batches", spike.skip_batches, spike.skip_batches >= 1, ">= 1"),
-            ("[loss_spike] max_rewinds", spike.max_rewinds, spike.max_rewinds >= 0, ">= 0"),
-            (
-                "[loss_spike] enable",
-                spike.enable,
-                c.enable,
-                "false unless [checkpoint] enable = true (a rewind resumes from the last checkpoint)",
-            ),
-        ]
     d = getattr(job_config, "data", None)
     if d is not None:
         checks.append(
             ("[data] default_val_fraction", d.default_val_fraction, 0 <= d.default_val_fraction < 1, "[0, 1)")
         )
-    return [f"{key} = {value!r} is invalid; allowed: {allowed}" for key, value, ok, allowed in checks if not ok]
+    problems = [f"{key} = {value!r} is invalid; allowed: {allowed}" for key, value, ok, allowed in checks if not ok]
+    spike = getattr(job_config, "loss_spike", None)
+    return problems + (loss_spike_problems(spike, c.enable) if spike is not None else [])
 
 
 def config_field_problems(job_config) -> list[str]:

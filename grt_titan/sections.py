@@ -326,6 +326,20 @@ class GRTModelDefaults:
     config loader warns about it on every run."""
 
 
+# Parallelisms the GRT has on neither host, and why: refused at start-up in one line
+# (`unsupported_degree`), by 0.2.2's config checks and 0.3's recipe alike.
+UNSUPPORTED_DEGREES = {
+    "pipeline_parallel_degree": "the shared core cannot be split across stages",
+    "context_parallel_degree": "the GRT's plans do not shard attention over context",
+    "expert_parallel_degree": "the GRT has no experts",
+}
+
+
+def unsupported_degree(key: str, value: int) -> str:
+    """The start-up line for `[parallelism] key = value` of `UNSUPPORTED_DEGREES`."""
+    return f"[parallelism] {key} = {value} is not supported ({UNSUPPORTED_DEGREES[key]}); allowed: 1"
+
+
 def fault_tolerance_enabled(job_config) -> bool:
     """`[fault_tolerance] enable`: False for a config without the section (a test's stand-in)."""
     ft = getattr(job_config, "fault_tolerance", None)

@@ -1,27 +1,18 @@
-"""torchtitan's CheckpointManager with checksummed saves and verified loads (docs/reliability.md).
+"""torchtitan 0.2.2's CheckpointManager with checksummed saves and verified loads (docs/reliability.md).
 
-Why: a checkpoint shard corrupted on disk loads without a word in DCP; training then runs on
-wrong weights or stops later with an error that points at the data. Here:
-
-- Save: every rank computes the CRC32 of the shard files it wrote (`ChecksumFileSystemWriter.
-  write_data`); the coordinator writes them to `grt_checksums.json` inside DCP's commit,
-  i.e. in `finish` before `.metadata` (which DCP renames into place last). A checkpoint
-  whose `.metadata` exists therefore always has its checksums; a half-written one still
-  never counts as complete. A stale `.metadata` of an earlier save of the same step is
-  removed first, so an overwrite killed half-way is incomplete too.
-- Load (`GRTCheckpointManager.load`): the step torchtitan would load is verified first
-  (the ranks split the files, one all-gather of the verdicts). A mismatch is named (file,
-  step) in a warning and the next older complete checkpoint is tried; when none verifies
-  the run stops. A checkpoint without checksums (older, or saved with `[checkpoint]
-  checksums = false`) loads unverified, with a log line saying so.
+The checksums are host-neutral (grt_titan/components/checksums.py: the writer, the
+verification and `ChecksummedCheckpointing`, which torchtitan 0.3's manager shares). Here,
+0.2.2's side: `GRTCheckpointManager.load` verifies the step torchtitan would load before
+loading it (a corrupted one is named and the next older complete checkpoint loaded; when
+none verifies the run stops).
 
 The spec's state-dict adapter is here too (`ShardedGRTStateDictAdapter`): the model's HF
 key map (grt_titan/model/state_dict_adapter.py, plain tensors) on the sharded state dict
 the CheckpointManager hands it.
 
-Also the layout-independent resume of the data position: `dcp_load` tells the dataloader
-which of its state formats the checkpoint holds (`select_saved_state`), so checkpoints with
-torchtitan's per-rank dataloader keys still load at their own degree.
+Also the layout-independent resume of the data position: `dcp_load` (the shared half's)
+tells the dataloader which of its state formats the checkpoint holds (`select_saved_state`),
+so checkpoints with torchtitan's per-rank dataloader keys still load at their own degree.
 
 And `[checkpoint] initial_load_path` whenever the run has nothing of its own to resume
 (`load_initial`): torchtitan reads it only with checkpointing on and no checkpoint folder, so
@@ -33,40 +24,22 @@ what was loaded (a `grt-titan retrofit`'s source and layers, `initial_load_line`
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import zlib
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import MetadataIndex
-from torch.distributed.checkpoint.storage import WriteResult
 from torch.distributed.tensor import DTensor, Replicate
-from torch.futures import Future
-from torchtitan.components.checkpoint import AsyncMode, CheckpointManager
+from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import GarbageCollection
 
-from grt_titan.checkpoint_io import (
-    METADATA_FILE,
-    checkpoint_steps,
-    initial_load_applies,
-    initial_load_line,
-    initial_load_source,
-)
+from grt_titan.checkpoint_io import initial_load_applies, initial_load_line, initial_load_source
+from grt_titan.components.checksums import ChecksummedCheckpointing
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
 from grt_titan.sections import fault_tolerance_enabled
-
-CHECKSUM_FILE = "grt_checksums.json"
-CHECKSUM_FORMAT = "grt_titan.checkpoint_checksums"
-_CHECKSUM_INDEX = MetadataIndex("__grt_titan_checksums__")  # travels in the write results only
-_CHUNK = 16 << 20
 
 
 def checkpoint_subfolder(job_config) -> str:
@@ -79,120 +52,7 @@ def checkpoint_subfolder(job_config) -> str:
     return os.path.join(folder, f"replica_{job_config.fault_tolerance.replica_id}")
 
 
-class CorruptCheckpointError(RuntimeError):
-    """No complete checkpoint (or not the one asked for) passes its checksums."""
-
-
-def file_crc32(path: str | os.PathLike) -> str:
-    """CRC32 of a file, as 8 hex digits (zlib's, about 1.5 GB/s on one core here)."""
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return f"{crc:08x}"
-
-
-class ChecksumFileSystemWriter(FileSystemWriter):
-    """DCP's FileSystemWriter that commits a CRC32 per shard file with the checkpoint."""
-
-    def write_data(self, plan, planner) -> Future[list[WriteResult]]:
-        results = super().write_data(plan, planner).wait()  # written synchronously
-        files = sorted({r.storage_data.relative_path for r in results})
-        sums = {
-            name: {
-                "crc32": file_crc32(os.path.join(self.path, name)),
-                "bytes": os.path.getsize(os.path.join(self.path, name)),
-            }
-            for name in files
-        }
-        out: Future[list[WriteResult]] = Future()
-        out.set_result([*results, WriteResult(index=_CHECKSUM_INDEX, size_in_bytes=0, storage_data=sums)])
-        return out
-
-    def finish(self, metadata, results: list[list[WriteResult]]) -> None:
-        sums: dict[str, dict] = {}
-        kept = []
-        for rank_results in results:
-            kept.append([r for r in rank_results if r.index != _CHECKSUM_INDEX])
-            for r in rank_results:
-                if r.index == _CHECKSUM_INDEX:
-                    sums.update(r.storage_data)
-        stale = os.path.join(self.path, METADATA_FILE)
-        if os.path.exists(stale):  # an earlier save of this step: incomplete until the new one lands
-            os.remove(stale)
-        body = {"format": CHECKSUM_FORMAT, "version": 1, "algorithm": "crc32", "files": dict(sorted(sums.items()))}
-        tmp = os.path.join(self.path, CHECKSUM_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(body, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(self.path, CHECKSUM_FILE))
-        super().finish(metadata, kept)  # writes .metadata last: the commit
-
-
-def verify_files(path: str, names: list[str], expected: dict) -> list[str]:
-    """Problems of the shard files `names` of checkpoint `path` against `expected`."""
-    problems = []
-    for name in names:
-        full = os.path.join(path, name)
-        want = expected[name]
-        if not os.path.isfile(full):
-            problems.append(f"{name}: missing")
-        elif os.path.getsize(full) != want["bytes"]:
-            problems.append(f"{name}: {os.path.getsize(full)} bytes, {want['bytes']} when saved")
-        else:
-            got = file_crc32(full)
-            if got != want["crc32"]:
-                problems.append(f"{name}: crc32 {got}, {want['crc32']} when saved")
-    return problems
-
-
-def read_checksums(path: str) -> dict | None:
-    """The checksums committed with checkpoint `path`, or None if it was saved without them."""
-    file = os.path.join(path, CHECKSUM_FILE)
-    if not os.path.isfile(file):
-        return None
-    with open(file) as f:
-        body = json.load(f)
-    if body.get("format") != CHECKSUM_FORMAT or body.get("algorithm") != "crc32":
-        raise CorruptCheckpointError(f"{file}: not a grt_titan checksum file (format {body.get('format')!r})")
-    return body["files"]
-
-
-def verify_checkpoint(path: str, rank: int = 0, world_size: int = 1) -> list[str] | None:
-    """This rank's share of the problems of checkpoint `path` (files split over the ranks;
-    rank 0 also reads `.metadata` and checks it names only checksummed files). None: no
-    checksums to check."""
-    try:
-        expected = read_checksums(path)
-    except (OSError, ValueError, CorruptCheckpointError) as e:
-        return [f"{CHECKSUM_FILE}: unreadable ({e})"] if rank == 0 else []
-    if expected is None:
-        return None
-    problems = verify_files(path, sorted(expected)[rank::world_size], expected)
-    if rank == 0:
-        try:
-            metadata = FileSystemReader(path).read_metadata()
-            used = {info.relative_path for info in metadata.storage_data.values()}
-            problems += [f"{name}: named by .metadata but not checksummed" for name in sorted(used - set(expected))]
-        except Exception as e:  # noqa: BLE001  any failure to unpickle is corruption
-            problems.append(f"{METADATA_FILE}: unreadable ({type(e).__name__}: {e})")
-    return problems
-
-
-def _all_problems(path: str) -> list[str] | None:
-    """verify_checkpoint over every rank of the job: the same verdict on each."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return verify_checkpoint(path)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, verify_checkpoint(path, rank, world))
-    if any(g is None for g in gathered):
-        return None
-    return [p for g in gathered for p in g]
-
-
-class GRTCheckpointManager(CheckpointManager):
+class GRTCheckpointManager(ChecksummedCheckpointing, CheckpointManager):
     """torchtitan's CheckpointManager plus checksums (`[checkpoint] checksums`), a
     dataloader state whose format follows the checkpoint being loaded, and an
     `[checkpoint] initial_load_path` that is loaded whenever the run has nothing of its own
@@ -234,38 +94,6 @@ class GRTCheckpointManager(CheckpointManager):
             self.initial_load_in_hf_quantized = c.initial_load_in_hf_quantized
             self.exclude_from_loading = c.exclude_from_loading
             self.sd_adapter = sd_adapter
-
-    def dcp_save(self, state_dict, checkpoint_id, async_mode, enable_garbage_collection=False, to_hf=False):
-        if to_hf or not self.checksums:
-            return super().dcp_save(state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf)
-        writer = ChecksumFileSystemWriter(checkpoint_id)
-        # torchtitan's dcp_save with our storage writer (it always passes None for DCP saves).
-        if async_mode == AsyncMode.ASYNC:
-            ret = dcp.async_save(state_dict, storage_writer=writer, process_group=self.pg)
-        elif async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM:
-            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-
-            ret = dcp.async_save(
-                state_dict,
-                storage_writer=writer,
-                process_group=self.pg,
-                async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-                async_stager=self.stager,
-            )
-        else:
-            ret = dcp.save(state_dict, storage_writer=writer)
-        if enable_garbage_collection:
-            GarbageCollection.collect("GC collection invoked by checkpointer.")
-        return ret
-
-    def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized) -> None:
-        if not from_hf:
-            saved = set(FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata)
-            for name, value in state_dict.items():
-                select = getattr(value, "select_saved_state", None)
-                if select is not None:
-                    select({k.split(".", 1)[1] for k in saved if k.startswith(name + ".")})
-        super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
 
     @torch.no_grad()
     def load(self, step: int = -1) -> bool:
@@ -316,48 +144,6 @@ class GRTCheckpointManager(CheckpointManager):
         adapter's hf_assets_path under `initial_load_in_hf` (torchtitan's fallback)."""
         hf_assets_path = getattr(getattr(self, "sd_adapter", None), "hf_assets_path", None)
         return initial_load_source(self, hf_assets_path) if hasattr(self, "initial_load_path") else (None, "")
-
-    def verified_step(self, step: int) -> int:
-        """`step` (an explicit `load_step`) if it verifies, else raise; for -1 the newest
-        complete step (grt_titan.checkpoint_io.checkpoint_steps) that verifies, warning about
-        every newer one that does not."""
-        if step != -1:
-            problems = _all_problems(self._create_checkpoint_id(step))
-            if problems:
-                raise CorruptCheckpointError(
-                    f"checkpoint {self._create_checkpoint_id(step)} (step {step}, [checkpoint] load_step) "
-                    f"failed its checksums: {'; '.join(problems)}. Load another step, or leave load_step "
-                    "at -1 to load the newest checkpoint that verifies"
-                )
-            return step
-        steps = sorted(checkpoint_steps(self.folder), reverse=True)
-        bad = []
-        for s in steps:
-            path = self._create_checkpoint_id(s)
-            problems = _all_problems(path)
-            if problems is None:
-                logger.info(
-                    f"Checkpoint {path} has no {CHECKSUM_FILE} (saved without checksums); loading it unverified."
-                )
-            if not problems:
-                if bad:
-                    logger.warning(
-                        f"Resuming from checkpoint {path} (step {s}), the newest that "
-                        f"passes its checksums, instead of step {bad[0]}."
-                    )
-                return s
-            bad.append(s)
-            logger.warning(
-                f"Checkpoint {path} (step {s}) is corrupted: {'; '.join(problems)}. "
-                "Falling back to the previous complete checkpoint."
-            )
-        if bad:
-            raise CorruptCheckpointError(
-                f"no checkpoint in {self.folder} passes its checksums (steps {', '.join(map(str, bad))} "
-                "are corrupted; see the warnings above). Restore a good copy, or start over in a new "
-                "--job.dump_folder"
-            )
-        return -1
 
 
 class ShardedGRTStateDictAdapter(GRTStateDictAdapter, StateDictAdapter):

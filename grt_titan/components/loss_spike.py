@@ -14,8 +14,14 @@ data-parallel ranks, so every rank decides the same). The run then
 After `max_rewinds` recorded rewinds the next spike stops the run with `LossSpikeGaveUp`,
 which is recorded too, so restarts stop at start-up instead of replaying it again.
 
-The median's history is saved in the checkpoint (`train_state.loss_history`), so a
-resumed run checks from its first step.
+The median's history is saved in the checkpoint (`train_state.loss_history`,
+`LossHistoryState`), so a resumed run checks from its first step.
+
+Host-neutral: torchtitan 0.2.2's GRTTrainer (grt_titan/components/trainer.py) and 0.3's
+(grt_titan/torchtitan_0_3/trainer.py) both build the monitor with `build_loss_spike_monitor`
+from their own config, hand it each microbatch's loss from `forward_backward_step`, and
+save its history through `LossHistoryState`; the log and the history are one format, so a
+run rewinds the same on either host.
 
 On torchtitan's fake backend (a dry run: no collective moves data, so the loss is not real)
 there is no monitor: a dry run never rewinds (grt_titan/fake_backend.py).
@@ -28,13 +34,13 @@ import math
 import os
 import statistics
 from collections import deque
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
-from grt_titan.components.checkpoint import checkpoint_subfolder
 from grt_titan.fake_backend import is_fake_backend
 
 LOG_NAME = "loss_spikes.json"
@@ -65,24 +71,46 @@ def _write_log(path: str, log: dict) -> None:
     os.replace(tmp, path)
 
 
-def build_loss_spike_monitor(trainer, job_config) -> LossSpikeMonitor | None:
-    """The trainer's monitor: None unless `[loss_spike] enable`, and on the fake backend."""
+def config_problems(config, checkpointing: bool) -> list[str]:
+    """What `[loss_spike]` (a LossSpikeConfig) cannot run with, one line each naming the key
+    and the allowed values; none while it is off. Both hosts check it at start-up."""
+    if not config.enable:
+        return []
+    checks = [
+        ("[loss_spike] factor", config.factor, config.factor > 1, "> 1"),
+        ("[loss_spike] window", config.window, config.window >= 1, ">= 1"),
+        ("[loss_spike] skip_batches", config.skip_batches, config.skip_batches >= 1, ">= 1"),
+        ("[loss_spike] max_rewinds", config.max_rewinds, config.max_rewinds >= 0, ">= 0"),
+        (
+            "[loss_spike] enable",
+            config.enable,
+            checkpointing,
+            "false unless [checkpoint] enable = true (a rewind resumes from the last checkpoint)",
+        ),
+    ]
+    return [f"{key} = {value!r} is invalid; allowed: {allowed}" for key, value, ok, allowed in checks if not ok]
+
+
+def build_loss_spike_monitor(trainer, job_config, checkpoint_folder: str) -> LossSpikeMonitor | None:
+    """The trainer's monitor: None unless `[loss_spike] enable`, and on the fake backend.
+    `job_config` is either host's (its `loss_spike`, `comm` and `training` sections);
+    `checkpoint_folder` the run's checkpoints, which the log goes beside."""
     config = getattr(job_config, "loss_spike", None)
     if config is None or not config.enable or is_fake_backend(job_config):
         return None
-    return LossSpikeMonitor(trainer, config)
+    return LossSpikeMonitor(trainer, config, checkpoint_folder, job_config.training.local_batch_size)
 
 
 class LossSpikeMonitor:
-    """Watches a GRTTrainer's loss; see the module docstring."""
+    """Watches a GRTTrainer's loss (either host's: its `dataloader`, `step`,
+    `gradient_accumulation_steps` and `parallel_dims`); see the module docstring."""
 
-    def __init__(self, trainer, config):
+    def __init__(self, trainer, config, checkpoint_folder: str, local_batch_size: int):
         self.trainer, self.config = trainer, config
+        self.local_batch_size = local_batch_size
         # Beside the checkpoints (a replica group's own under fault tolerance): the restart
         # that resumes from them reads it.
-        self.log_path = os.path.join(
-            trainer.job_config.job.dump_folder, checkpoint_subfolder(trainer.job_config), LOG_NAME
-        )
+        self.log_path = os.path.join(checkpoint_folder, LOG_NAME)
         self.history: deque[float] = deque(maxlen=config.window)
         self.saved_history = True  # False while loading a checkpoint that has none
         self._losses: list[torch.Tensor] = []
@@ -111,7 +139,8 @@ class LossSpikeMonitor:
         self.history.extend(json.loads(text))
 
     def after_microbatch(self, loss: torch.Tensor) -> None:
-        self._losses.append(loss.detach())
+        # A copy: under 0.3's CUDA graphs the next microbatch's replay overwrites `loss`.
+        self._losses.append(loss.detach().clone())
         if len(self._losses) == self.trainer.gradient_accumulation_steps:
             total, self._losses = torch.stack(self._losses).sum(), []
             self.check(self._global_loss(total))
@@ -152,7 +181,7 @@ class LossSpikeMonitor:
                 f"([loss_spike] max_rewinds = {cfg.max_rewinds}); see {self.log_path}"
             )
         loader = self.trainer.dataloader
-        per_step = self.trainer.job_config.training.local_batch_size * self.trainer.gradient_accumulation_steps
+        per_step = self.local_batch_size * self.trainer.gradient_accumulation_steps
         start = loader.position(loader.delivered - per_step)  # the spike step's first position
         end = start + cfg.skip_batches * loader.global_batch
         entry = {
@@ -178,3 +207,28 @@ class LossSpikeMonitor:
             _write_log(self.log_path, log)
         if dist.is_initialized():
             dist.barrier()
+
+
+class LossHistoryState:
+    """Mixed into a GRTTrainer (before torchtitan's Trainer): the monitor's history in the
+    trainer's checkpointed state (`train_state.loss_history`), loaded only from checkpoints
+    that hold it (`select_saved_state`, called by grt_titan's checkpoint managers)."""
+
+    loss_spike: LossSpikeMonitor | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.loss_spike is not None and self.loss_spike.saved_history:
+            state["loss_history"] = self.loss_spike.history_json()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self.loss_spike is not None:
+            if "loss_history" in state_dict:
+                self.loss_spike.load_history_json(state_dict["loss_history"])
+            self.loss_spike.saved_history = True  # every later save holds it
+
+    def select_saved_state(self, keys: set[str]) -> None:
+        if self.loss_spike is not None:
+            self.loss_spike.saved_history = "loss_history" in keys

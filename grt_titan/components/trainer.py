@@ -16,15 +16,16 @@ step of torchtitan's loop; it only
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
 from torchtitan.train import Trainer
 
-from grt_titan.components.checkpoint import GRTCheckpointManager
+from grt_titan.components.checkpoint import GRTCheckpointManager, checkpoint_subfolder
 from grt_titan.components.distill import Distiller, log_start
-from grt_titan.components.loss_spike import build_loss_spike_monitor
+from grt_titan.components.loss_spike import LossHistoryState, build_loss_spike_monitor
 from grt_titan.components.metrics import rewriting_log
 
 CHECKPOINTING_LINE = "Checkpointing active."  # how torchtitan's CheckpointManager starts its start-up line
@@ -34,7 +35,7 @@ def _not_the_checkpointing_line(record) -> bool:
     return not (isinstance(record.msg, str) and record.msg.startswith(CHECKPOINTING_LINE))
 
 
-class GRTTrainer(Trainer):
+class GRTTrainer(LossHistoryState, Trainer):
     # The `[distill]` teacher's builder, (job_config, parallel_dims) -> frozen sharded module:
     # grt_titan/teacher.py's `build_teacher`, installed by grt_titan.train before the trainer is
     # built (it reads grt_titan/hf/ and shards with infra/, which components/ may not import).
@@ -56,7 +57,8 @@ class GRTTrainer(Trainer):
             # initial_load_path with it off too. Built as torchtitan builds it.
             sd_adapter = self.train_spec.state_dict_adapter(self.model_args, job_config.model.hf_assets_path)
         self.checkpointer = self.build_checkpointer(c, sd_adapter)
-        self.loss_spike = build_loss_spike_monitor(self, job_config)
+        spike_folder = os.path.join(job_config.job.dump_folder, checkpoint_subfolder(job_config))
+        self.loss_spike = build_loss_spike_monitor(self, job_config, spike_folder)
         self.distiller = self._build_distiller(job_config)
 
     def build_checkpointer(self, checkpoint_config, sd_adapter, ft_manager=None) -> GRTCheckpointManager:
@@ -117,21 +119,3 @@ class GRTTrainer(Trainer):
             del pred, teacher_logits  # free the logits before the backward, as torchtitan does
             loss.backward()
         return loss
-
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        if self.loss_spike is not None and self.loss_spike.saved_history:
-            state["loss_history"] = self.loss_spike.history_json()
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        if self.loss_spike is not None:
-            if "loss_history" in state_dict:
-                self.loss_spike.load_history_json(state_dict["loss_history"])
-            self.loss_spike.saved_history = True  # every later save holds it
-
-    def select_saved_state(self, keys: set[str]) -> None:
-        """Load `loss_history` only from checkpoints that hold it (GRTCheckpointManager)."""
-        if self.loss_spike is not None:
-            self.loss_spike.saved_history = "loss_history" in keys

@@ -6,7 +6,7 @@ Order as in torchtitan's llama3: TP -> AC -> compile -> FSDP (or DDP).
 Importable under torchtitan 0.2.2 and 0.3 alike (what it takes at module level exists in
 both): the plans themselves are torch's; `parallelize_grt` is 0.2.2's parallelize_fn, and
 the helpers that only 0.2.2 has (its AC, compile and async-TP functions) are imported where
-that path uses them. grt_titan/torchtitan_0_3/model.py applies the same FSDP plan on 0.3.
+that path uses them. grt_titan/torchtitan_0_3/model.py applies the same TP and FSDP plans on 0.3.
 
 The recurrence is the GRT-specific part. Its step (W_proj + core blocks + gate) runs r
 times per forward, so:
@@ -123,19 +123,8 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
 
     compile_enabled = job_config.compile.enable and "model" in job_config.compile.components
     ac_enabled = job_config.activation_checkpoint.mode != "none"
-    # Contained workarounds for torch defects, each described in torch_workarounds.py.
-    if parallel_dims.tp_enabled and compile_enabled:
-        if model.pos_embeddings is None:
-            clone_embedding_output(model.tok_embeddings)
-        if ac_enabled and install_rng_state_order_fix():
-            logger.info("TP + compile + AC: saved RNG states ordered before DeviceMesh objects")
-    if parallel_dims.tp_enabled and job_config.compile.enable:
-        uneven = disable_autograd_cache_for_uneven_shards(model)
-        if uneven:
-            logger.warning(
-                f"TP shards {', '.join(uneven)} unevenly: the AOTAutograd compile cache is off for "
-                "this run (a torch 2.13 defect); [grt] vocab_multiple_of = 128 avoids it"
-            )
+    if parallel_dims.tp_enabled:
+        contain_tp_compile_defects(model, job_config.compile, ac_enabled)
     if ac_enabled:
         apply_recurrence_ac(model, job_config.activation_checkpoint, recurrence_checkpoint, compile_enabled)
         if compile_enabled and not all(p.requires_grad for p in model.parameters()):
@@ -219,9 +208,13 @@ def parallelize_teacher(
 
 def float8_tensorwise_tp(job_config) -> bool:
     """The float8 converter with its tensorwise recipe: TP uses torchao's float8 styles."""
-    return FLOAT8_CONVERTER in job_config.model.converters and (
-        job_config.quantize.linear.float8.recipe_name in (None, "tensorwise")
-    )
+    return FLOAT8_CONVERTER in job_config.model.converters and is_tensorwise(job_config.quantize.linear.float8)
+
+
+def is_tensorwise(float8_config) -> bool:
+    """Either host's `[quantize.linear.float8]`: the tensorwise recipe (unset is tensorwise), the
+    one whose linears take torchao's float8 TP styles."""
+    return float8_config.recipe_name in (None, "tensorwise")
 
 
 def shard_data_parallel(model: GRTModel, parallel_dims: ParallelDims, job_config, **policy) -> None:
@@ -376,6 +369,23 @@ def apply_tp(
         # sequence shards, as the norm; its logits stay a DTensor (the loss gathers them).
         parallelize_module(model.exit_gate, tp_mesh, SequenceParallel())
     logger.info(f"Applied {'Float8 tensorwise ' if enable_float8_tensorwise_tp else ''}Tensor Parallelism to the GRT")
+
+
+def contain_tp_compile_defects(model: GRTModel, compile_config, ac_enabled: bool) -> None:
+    """The torch defects that TP meets under compile (and AC), each contained as
+    torch_workarounds.py describes; either host's `[compile]` (`enable`, `components`)."""
+    if compile_config.enable and "model" in compile_config.components:
+        if model.pos_embeddings is None:
+            clone_embedding_output(model.tok_embeddings)
+        if ac_enabled and install_rng_state_order_fix():
+            logger.info("TP + compile + AC: saved RNG states ordered before DeviceMesh objects")
+    if compile_config.enable:
+        uneven = disable_autograd_cache_for_uneven_shards(model)
+        if uneven:
+            logger.warning(
+                f"TP shards {', '.join(uneven)} unevenly: the AOTAutograd compile cache is off for "
+                "this run (a torch 2.13 defect); [grt] vocab_multiple_of = 128 avoids it"
+            )
 
 
 def apply_scse_tp(recurrence: nn.Module, tp_mesh: DeviceMesh) -> None:

@@ -12,8 +12,9 @@ from typing import Annotated, Any
 
 import torch
 import tyro
+from torch.distributed.tensor import DTensor
 from torchtitan.components.dataloader import BaseDataLoader
-from torchtitan.components.loss import BaseLoss
+from torchtitan.components.loss import BaseLoss, cross_entropy_loss
 from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import CompileConfig
@@ -21,6 +22,7 @@ from torchtitan.config import CompileConfig
 from grt_titan.components.loss import grt_loss
 from grt_titan.data.config import DataConfig
 from grt_titan.data.loader import _build, open_dataset_split
+from grt_titan.model.output import TrainingOutput
 from grt_titan.tokenizer import load_tokenizer, resolve_tokenizer_source
 
 
@@ -91,7 +93,7 @@ class GRTLoss(BaseLoss):
 
     def __init__(self, config: Config, *, compile_config: CompileConfig | None = None, **kwargs: Any):
         self.config = config
-        self.fn = grt_loss
+        self.fn = host_loss
         self._maybe_compile(compile_config)
 
     def __call__(self, pred, labels: torch.Tensor, global_valid_tokens: torch.Tensor | None = None, **kwargs):
@@ -99,6 +101,19 @@ class GRTLoss(BaseLoss):
         if global_valid_tokens is not None:
             loss = loss / global_valid_tokens
         return loss, {}
+
+
+def host_loss(pred: torch.Tensor | TrainingOutput, labels: torch.Tensor) -> torch.Tensor:
+    """`grt_loss` with 0.3's loss parallel. Under TP the LM head's logits are vocabulary-sharded
+    DTensors, as 0.3's own heads leave theirs, and 0.3's cross-entropy scores them in place
+    (0.2.2's trainer enters torch's `loss_parallel` around forward and backward instead; 0.3's
+    loop has no such context). 0.3 has no per-token loss-parallel cross-entropy, so a
+    `TrainingOutput`'s per-step terms (Ouro, per-step targets) gather their shards first."""
+    if isinstance(pred, DTensor):
+        return cross_entropy_loss(pred, labels)
+    if isinstance(pred, TrainingOutput):
+        pred = TrainingOutput(*(x.full_tensor() if isinstance(x, DTensor) else x for x in pred))
+    return grt_loss(pred, labels)
 
 
 class CrossHostSchedulers(LRSchedulersContainer):

@@ -11,10 +11,10 @@ The refusal lines and the checks of command-line overrides are refusals.py's.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
-from torchtitan.components.checkpointer import CheckpointManager
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 from torchtitan.components.validate import Validator
@@ -24,11 +24,19 @@ from torchtitan.distributed.activation_checkpoint import ActivationCheckpointing
 
 from grt_titan.data.config import DataConfig
 from grt_titan.run_reader import read_recipe
-from grt_titan.sections import GRTMetricsConfig, GRTSection
+from grt_titan.sections import (
+    FLOAT8_CONVERTER,
+    UNSUPPORTED_DEGREES,
+    GRTMetricsConfig,
+    GRTSection,
+    LossSpikeConfig,
+    unsupported_degree,
+)
 from grt_titan.tokenizer import GPT2_TIKTOKEN_PATH
+from grt_titan.torchtitan_0_3.checkpoint import GRTCheckpointManager
 from grt_titan.torchtitan_0_3.components import GRTDataLoaderConfig, GRTLoss, GRTLRSchedulersConfig, GRTTokenizerConfig
 from grt_titan.torchtitan_0_3.metrics import GRTMetricsProcessor
-from grt_titan.torchtitan_0_3.model import MODEL_NAME, EveryNthBlockAC, model_spec
+from grt_titan.torchtitan_0_3.model import MODEL_NAME, EveryNthBlockAC, Float8Converter, model_spec
 from grt_titan.torchtitan_0_3.refusals import refusal
 from grt_titan.torchtitan_0_3.trainer import GRTTrainer, GRTTrainingConfig
 
@@ -37,15 +45,8 @@ ZERO_TWO_ONLY = {("job", "custom_config_module"), ("experimental", "custom_impor
 # Keys accepted only at their inert value (the feature off): anything else is refused.
 INERT = {
     ("activation_checkpoint", "early_stop"): False,
-    ("parallelism", "tensor_parallel_degree"): 1,
-    ("parallelism", "context_parallel_degree"): 1,
-    ("parallelism", "pipeline_parallel_degree"): 1,
-    ("parallelism", "disable_loss_parallel"): None,
-    ("loss_spike", "enable"): False,
     ("fault_tolerance", "enable"): False,
     ("distill", "teacher"): "",
-    ("checkpoint", "checksums"): False,
-    ("model", "converters"): [],
     ("optimizer", "on_nonfinite"): "stop",
 }
 # The 0.3 field each supported 0.2.2 key fills: (section, key) -> (component, field).
@@ -77,6 +78,7 @@ PLACES = {
         for k in (
             "data_parallel_shard_degree",
             "data_parallel_replicate_degree",
+            "tensor_parallel_degree",
             "fsdp_reshard_after_forward",
         )
     },
@@ -109,6 +111,7 @@ PLACES = {
             "enable_first_step_checkpoint",
             "create_seed_checkpoint",
             "async_mode",
+            "checksums",
         )
     },
     **{("validation", k): ("validator", k) for k in ("enable", "freq", "steps")},
@@ -122,10 +125,14 @@ PLACES = {
     ("job", "config_file"): ("trainer", "config_file"),  # set by run_reader.read_recipe
     ("model", "hf_assets_path"): ("trainer", "hf_assets_path"),
 }
+# `[quantize.linear.float8]` keys: Float8Converter's fields (model.py), 0.2.2's names.
+FLOAT8_KEYS = {f.name for f in dataclasses.fields(Float8Converter.Config)} - {"model_compile_enabled"}
 # Read by the functions below rather than placed field by field.
-WHOLE = {"grt", "data"}
+WHOLE = {"grt", "data", "quantize", "loss_spike"}
 READ_BELOW = {
     ("model", "flavor"),
+    ("model", "converters"),
+    ("parallelism", "disable_loss_parallel"),
     ("optimizer", "name"),
     ("optimizer", "lr"),
     ("optimizer", "beta1"),
@@ -154,6 +161,10 @@ def check_keys(recipe: dict[str, dict[str, Any]], source: str) -> None:
             where = (section, key)
             if where in PLACES or where in READ_BELOW or where in ZERO_TWO_ONLY:
                 continue
+            if section == "parallelism" and key in UNSUPPORTED_DEGREES:
+                if value == 1:
+                    continue
+                raise ValueError(f"{source}: {unsupported_degree(key, value)}")
             if where in INERT and (INERT[where] is None or value == INERT[where]):
                 continue
             raise refusal(f"[{section}] {key}", value, source)
@@ -222,6 +233,33 @@ def grt_metrics(recipe: dict[str, dict[str, Any]], source: str) -> GRTMetricsCon
     return GRTMetricsConfig(enable=section.get("enable", True), validation_depths=False)
 
 
+def model_converters(recipe: dict[str, dict[str, Any]], source: str) -> list[Float8Converter.Config]:
+    """`[model] converters`: float8 (`quantize.linear.float8`) with its `[quantize.linear.float8]`
+    keys, 0.2.2's names and meaning (model.py, Float8Converter); any other converter is refused."""
+    names = recipe.get("model", {}).get("converters", [])
+    for name in names:
+        if name != FLOAT8_CONVERTER:
+            raise refusal("[model] converters", name, source)
+    float8 = float8_keys(recipe.get("quantize", {}), source)
+    if not names:
+        return []
+    compile_ = recipe.get("compile", {})
+    compiled = compile_.get("enable", False) and "model" in compile_.get("components", ["model", "loss"])
+    return [Float8Converter.Config(model_compile_enabled=compiled, **float8)]
+
+
+def float8_keys(quantize: dict[str, Any], source: str) -> dict[str, Any]:
+    """`[quantize.linear.float8]`, the one `[quantize]` table this host reads: other keys are refused."""
+    linear = quantize.get("linear", {})
+    float8 = linear.get("float8", {})
+    others = [(f"[quantize] {k}", v) for k, v in quantize.items() if k != "linear"]
+    others += [(f"[quantize.linear] {k}", v) for k, v in linear.items() if k != "float8"]
+    others += [(f"[quantize.linear.float8] {k}", v) for k, v in float8.items() if k not in FLOAT8_KEYS]
+    if others:
+        raise refusal(*others[0], source)
+    return float8
+
+
 def place(config: GRTTrainer.Config, recipe: dict[str, dict[str, Any]]) -> None:
     targets: dict[str, Callable[[], Any]] = {
         "trainer": lambda: config,
@@ -239,7 +277,11 @@ def trainer_config(path: str | Path) -> GRTTrainer.Config:
     recipe = read_recipe(source)
     check_keys(recipe, source)
     config = GRTTrainer.Config(
-        model_spec=model_spec(recipe.get("model", {}).get("flavor", "debug")),
+        model_spec=model_spec(
+            recipe.get("model", {}).get("flavor", "debug"),
+            converters=model_converters(recipe, source),
+            loss_parallel=not recipe.get("parallelism", {}).get("disable_loss_parallel", False),
+        ),
         hf_assets_path=str(GPT2_TIKTOKEN_PATH),
         tokenizer=GRTTokenizerConfig(),
         dataloader=GRTDataLoaderConfig(),
@@ -247,7 +289,7 @@ def trainer_config(path: str | Path) -> GRTTrainer.Config:
         lr_scheduler=GRTLRSchedulersConfig(),
         training=GRTTrainingConfig(),
         parallelism=ParallelismConfig(spmd_backend="partial_dtensor"),  # the DTensor plans of grt_titan/infra
-        checkpoint=CheckpointManager.Config(),
+        checkpoint=GRTCheckpointManager.Config(),
         activation_checkpoint=activation_checkpoint(recipe.get("activation_checkpoint", {}), source),
         compile=CompileConfig(),
         comm=CommConfig(),
@@ -257,6 +299,7 @@ def trainer_config(path: str | Path) -> GRTTrainer.Config:
         loss=GRTLoss.Config(),
         grt=GRTSection(**recipe.get("grt", {})),
         data=DataConfig(**recipe.get("data", {})),
+        loss_spike=LossSpikeConfig(**recipe.get("loss_spike", {})),
         grt_metrics=grt_metrics(recipe, source),
     )
     place(config, recipe)

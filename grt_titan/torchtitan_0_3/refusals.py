@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from grt_titan.sections import UNSUPPORTED_DEGREES, unsupported_degree
+
 HOST = "torchtitan 0.3"
 WHERE_TO_RUN = "run it on torchtitan 0.2.2 (docs/training.md, 'torchtitan 0.2.2 and 0.3')"
 
@@ -21,16 +23,16 @@ def refusals(config) -> list[str]:
     """What a config asks of this host that it does not run yet (command-line overrides
     included), one line each."""
     parallelism = config.parallelism
-    degrees = {
-        "--parallelism.tensor_parallel_degree": parallelism.tensor_parallel_degree,
-        "--parallelism.context_parallel_degree": parallelism.context_parallel_degree,
-        "--parallelism.pipeline_parallel_degree": parallelism.pipeline_parallel_degree,
-    }
     found = [
-        f"{key} {value!r} is not supported on {HOST} yet; {WHERE_TO_RUN}"
-        for key, value in degrees.items()
-        if value != 1
+        unsupported_degree(key, getattr(parallelism, key))
+        for key in UNSUPPORTED_DEGREES
+        if getattr(parallelism, key, 1) != 1
     ]
+    if parallelism.tensor_parallel_degree > 1 and not parallelism.enable_sequence_parallel:
+        found.append(
+            "--parallelism.no-enable_sequence_parallel with tensor parallelism is not supported by grt_titan: "
+            "the GRT's TP plan shards the sequence between blocks on both hosts (docs/parallelism.md)"
+        )
     if config.grt_metrics.validation_depths and config.validator.enable:
         found.append(
             f"--grt_metrics.validation_depths (with validation) is not supported on {HOST} yet; {WHERE_TO_RUN}"

@@ -1,5 +1,5 @@
-"""Checksummed DCP saves and verified loads (grt_titan/components/checkpoint.py), in one
-process: DCP saves without a process group. End to end under torchrun:
+"""Checksummed DCP saves and verified loads (grt_titan/components/checksums.py and the 0.2.2
+manager of checkpoint.py), in one process: DCP saves without a process group. End to end under torchrun:
 tests/reliability/test_layouts_and_faults.py."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from grt_titan.checkpoint_io import initial_load_line
-from grt_titan.components.checkpoint import (
+from grt_titan.components.checkpoint import GRTCheckpointManager
+from grt_titan.components.checksums import (
     CHECKSUM_FILE,
     ChecksumFileSystemWriter,
     CorruptCheckpointError,
-    GRTCheckpointManager,
     verify_checkpoint,
 )
 

@@ -29,13 +29,9 @@ class Loader:
 
 
 def trainer(tmp_path):
-    job = SimpleNamespace(
-        job=SimpleNamespace(dump_folder=str(tmp_path)),
-        checkpoint=SimpleNamespace(folder="checkpoint"),
-        training=SimpleNamespace(local_batch_size=2),
-    )
+    """The trainer surface the monitor uses (either host's), and where its checkpoints go."""
     return SimpleNamespace(
-        job_config=job,
+        checkpoint_folder=str(tmp_path / "checkpoint"),
         dataloader=Loader(),
         step=0,
         gradient_accumulation_steps=1,
@@ -53,19 +49,23 @@ def run(monitor, t, losses):
 CONFIG = LossSpikeConfig(enable=True, factor=2.0, window=3, skip_batches=2, max_rewinds=1)
 
 
+def monitor(t, config: LossSpikeConfig = CONFIG) -> LossSpikeMonitor:
+    return LossSpikeMonitor(t, config, t.checkpoint_folder, local_batch_size=2)
+
+
 def test_relative_spike_after_the_window_fills_and_non_finite_at_once(tmp_path):
     t = trainer(tmp_path)
-    m = LossSpikeMonitor(t, CONFIG)
+    m = monitor(t)
     run(m, t, [10.0, 30.0, 9.0])  # 30 > 2 x 10, but the window is not full yet
     assert m.is_spike(20.1) == (True, 10.0) and m.is_spike(20.0) == (False, 10.0)  # median of 10, 30, 9
     assert m.is_spike(float("nan"))[0] and m.is_spike(math.inf)[0]
-    assert LossSpikeMonitor(trainer(tmp_path), CONFIG).is_spike(float("nan"))[0]  # even with no history
-    assert not LossSpikeMonitor(trainer(tmp_path), CONFIG).is_spike(1e9)[0]
+    assert monitor(trainer(tmp_path)).is_spike(float("nan"))[0]  # even with no history
+    assert not monitor(trainer(tmp_path)).is_spike(1e9)[0]
 
 
 def test_a_spike_is_logged_with_its_window_then_the_next_gives_up(tmp_path):
     t = trainer(tmp_path)
-    m = LossSpikeMonitor(t, CONFIG)
+    m = monitor(t)
     run(m, t, [10.0, 9.0, 8.0])
     with pytest.raises(
         LossSpikeRewind,
@@ -87,7 +87,7 @@ def test_a_spike_is_logged_with_its_window_then_the_next_gives_up(tmp_path):
     # the restart: the window goes to the dataloader; the checkpoint's history comes back
     t2 = trainer(tmp_path)
     t2.step = 3  # resumed from the checkpoint of step 3
-    m2 = LossSpikeMonitor(t2, CONFIG)
+    m2 = monitor(t2)
     assert t2.dataloader.windows == [(12, 20)]
     m2.load_history_json(m.history_json())
     run(m2, t2, [7.0, 8.0, 9.0])  # steps 4..6, the window skipped
@@ -95,8 +95,8 @@ def test_a_spike_is_logged_with_its_window_then_the_next_gives_up(tmp_path):
         run(m2, t2, [float("nan")])
     assert json.loads((tmp_path / "checkpoint" / LOG_NAME).read_text())["gave_up"]["step"] == 7
     with pytest.raises(LossSpikeGaveUp, match=r"gave up at a loss spike at step 7 after 1 rewind.*max_rewinds"):
-        LossSpikeMonitor(trainer(tmp_path), CONFIG)  # later restarts stop at start-up
-    LossSpikeMonitor(trainer(tmp_path), LossSpikeConfig(enable=True, max_rewinds=2))  # unless allowed more
+        monitor(trainer(tmp_path))  # later restarts stop at start-up
+    monitor(trainer(tmp_path), LossSpikeConfig(enable=True, max_rewinds=2))  # unless allowed more
 
 
 @pytest.mark.parametrize(
@@ -111,6 +111,12 @@ def test_monitor_only_when_enabled_and_not_on_the_fake_backend(tmp_path, mode, e
     from grt_titan.components.loss_spike import build_loss_spike_monitor
 
     t = trainer(tmp_path)
-    job_config = SimpleNamespace(comm=SimpleNamespace(mode=mode), loss_spike=LossSpikeConfig(enable=enable))
-    monitor = build_loss_spike_monitor(t, job_config)
-    assert isinstance(monitor, LossSpikeMonitor) if built else monitor is None
+    job_config = SimpleNamespace(
+        comm=SimpleNamespace(mode=mode),
+        loss_spike=LossSpikeConfig(enable=enable),
+        training=SimpleNamespace(local_batch_size=2),
+    )
+    m = build_loss_spike_monitor(t, job_config, t.checkpoint_folder)
+    assert isinstance(m, LossSpikeMonitor) if built else m is None
+    if built:
+        assert m.log_path == str(tmp_path / "checkpoint" / LOG_NAME) and m.local_batch_size == 2

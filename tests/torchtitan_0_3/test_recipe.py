@@ -66,7 +66,7 @@ def test_the_debug_recipe_lands_where_torchtitan_0_3_reads_it():
         ('[activation_checkpoint]\nmode = "memory_budget"\n', "[activation_checkpoint] mode = 'memory_budget'"),
         ('[distill]\nteacher = "t"\n', "[distill] teacher = 't'"),
         ("[fault_tolerance]\nenable = true\n", "[fault_tolerance] enable = True"),
-        ("[parallelism]\ntensor_parallel_degree = 2\n", "[parallelism] tensor_parallel_degree = 2"),
+        ('[quantize.linear.mx]\nrecipe_name = "mxfp8"\n', "[quantize.linear] mx = {'recipe_name': 'mxfp8'}"),
         (
             "[validation]\nseq_len = 64\n[training]\nseq_len = 128\n",
             "[validation] seq_len (unlike [training] seq_len) = 64",
@@ -93,11 +93,24 @@ def test_what_0_3_does_not_run_is_refused_in_one_line(tmp_path, toml, named):
 def test_command_line_overrides_that_0_3_does_not_run_are_refused():
     config = config_registry.grt_debug()
     assert refusals(config) == []
-    config.parallelism.tensor_parallel_degree = 2
+    config.parallelism.tensor_parallel_degree = 2  # runs on 0.3 (test_tensor_parallel.py)
+    assert refusals(config) == []
+    config.parallelism.pipeline_parallel_degree = 2
     assert refusals(config) == [
-        "--parallelism.tensor_parallel_degree 2 is not supported on torchtitan 0.3 yet; run it on torchtitan 0.2.2 "
-        "(docs/training.md, 'torchtitan 0.2.2 and 0.3')",
+        "[parallelism] pipeline_parallel_degree = 2 is not supported (the shared core cannot be split across "
+        "stages); allowed: 1",
     ]
+
+
+def test_parallelisms_the_grt_has_on_neither_host_are_refused_as_on_0_2_2(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[model]\nflavor = "debug"\n[parallelism]\ncontext_parallel_degree = 2\n')
+    with pytest.raises(ValueError) as refused:
+        trainer_config(path)
+    assert str(refused.value) == (
+        f"{path}: [parallelism] context_parallel_degree = 2 is not supported (the GRT's plans do not shard "
+        "attention over context); allowed: 1"
+    )
 
 
 def test_the_gpu_recipe_keeps_its_activation_checkpointing_and_compile():

@@ -19,6 +19,8 @@ import pytest
 
 pytest.importorskip("torchtitan.trainer", reason="torchtitan 0.3's Trainer (the 0.3 lane)")
 
+from grt_titan.components.checksums import verify_checkpoint  # noqa: E402
+
 from grt_test_helpers import REPO, torchrun  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("make_golden", REPO / "tests" / "golden" / "make_golden.py")
@@ -84,6 +86,8 @@ def test_losses_are_the_0_2_2_hosts(fresh):
 @pytest.mark.slow
 def test_it_checkpoints_and_records_the_run(fresh):
     assert sorted(p.name for p in (fresh / "checkpoint").iterdir()) == ["step-10", "step-20"]
+    # checksummed by default, as on 0.2.2 (torchtitan_0_3/checkpoint.py): both hosts verify them
+    assert [verify_checkpoint(str(fresh / "checkpoint" / s)) for s in ("step-10", "step-20")] == [[], []]
     record = json.loads((fresh / "grt_run.json").read_text())
     assert record["flavor"] == "debug" and record["label"] == "GRT" and record["world_size"] == 2
     assert record["model_args"]["num_recurrences"] == 4 and record["versions"]["torchtitan"].startswith("0.3")
@@ -129,13 +133,16 @@ def resumed_under_0_2(fresh, module_tmp):
     """0.2.2 resumes 0.3's step 10 and checkpoints every 5 steps (15, 20)."""
     dump = module_tmp("host_0_3") / "to_0_2"
     shutil.copytree(fresh / "checkpoint" / "step-10", dump / "checkpoint" / "step-10")
-    run_0_2(dump, "--checkpoint.enable", "--checkpoint.interval", "5", "--checkpoint.no-last_save_model_only")
+    proc = run_0_2(dump, "--checkpoint.enable", "--checkpoint.interval", "5", "--checkpoint.no-last_save_model_only")
+    (dump.parent / "to_0_2.log").write_text(proc.stdout + proc.stderr)
     return dump
 
 
 @pytest.mark.slow
 def test_0_2_2_resumes_a_0_3_checkpoint(resumed_under_0_2):
     assert mg.scalars(resumed_under_0_2) == pytest.approx(GOLDEN["losses"][10:], rel=HOST_REL)
+    assert "unverified" not in (resumed_under_0_2.parent / "to_0_2.log").read_text()  # 0.3's checksums verified
+    assert verify_checkpoint(str(resumed_under_0_2 / "checkpoint" / "step-15")) == []  # 0.3 verifies these
 
 
 def gpu_recipe(folder: Path) -> Path:
@@ -164,4 +171,5 @@ def test_0_3_resumes_a_0_2_2_checkpoint_with_the_gpu_step_code(resumed_under_0_2
     proc = run_0_3(dump, "--checkpoint.enable", config="grt_debug_gpu_recipe", env=configs)
     log = (dump.parent / "back_to_0_3.log").read_text()
     assert "Applied SelectiveAC" in log and "Compiled the recurrence step once" in log, proc.stdout[-2000:]
+    assert "unverified" not in log  # 0.2.2's checksums, verified on 0.3
     assert mg.scalars(dump) == pytest.approx(GOLDEN["losses"][15:], rel=HOST_REL)
