@@ -1,7 +1,7 @@
 """Start-up checks of a whole job config against the model it builds (docs/reliability.md).
 
 `check_job_config` runs at the end of `GRTModelArgs.update_from_config` (installed there by
-`grt_titan.spec` at registration), i.e. where torchtitan's Trainer turns the flavor into
+`grt_titan.spec` at registration), i.e. where torchtitan 0.2.2's Trainer turns the flavor into
 model args: after
 the process group, the tokenizer and the training dataloader exist, before the model, its
 parallel plans, the optimizer, the checkpointer or the validator are built. Every problem found is reported
@@ -11,6 +11,11 @@ That includes the checkpoint a resume would load: one holding only the model wei
 (torchtitan's model-only last save) is reported here, not by DCP at load time; and the
 `[checkpoint] initial_load_path` a fresh start would load, which must be a checkpoint
 (otherwise DCP or torchtitan's loader would fail after the model is built).
+
+`shared_problems` are the checks that hold on both hosts: torchtitan 0.3 runs them on its
+config's 0.2.2-shaped view (grt_titan/torchtitan_0_3/checks.py). The rest are 0.2.2's alone
+(its launchers, converter registry, degrees, DDP and the parts' rules, which 0.3 checks
+elsewhere); what only 0.2.2 has is imported inside the function that reads it.
 
 `Flavors` is the spec's flavor table: an unknown `[model] flavor` raises the same kind of
 error naming the known flavors (torchtitan looks the flavor up before update_from_config).
@@ -24,9 +29,7 @@ import math
 import os
 
 import torch.distributed as dist
-import torchtitan.components.quantization  # noqa: F401  registers the float8 and mx converters
 from torch import nn
-from torchtitan.protocols.model_converter import _registry_model_converter_cls
 
 from grt_titan.checkpoint_io import initial_load_problems, initial_load_source, resume_problems
 from grt_titan.components.loss_spike import config_problems as loss_spike_problems
@@ -39,7 +42,6 @@ from grt_titan.model.flavors import flavor_from_file
 from grt_titan.model.model import build_meta_model
 from grt_titan.model.part import JobSettings
 from grt_titan.sections import FLOAT8_CONVERTER, UNSUPPORTED_DEGREES, fault_tolerance_enabled, unsupported_degree
-from grt_titan.teacher import device_memory_bytes, teacher_args, teacher_problems, teacher_source
 from grt_titan.tokenizer import GPT2_VOCAB_SIZE, load_tokenizer, resolve_tokenizer_source
 
 # torchtitan's flag in [quantize.linear.float8] filter_fqns that lets torchao skip small layers.
@@ -68,10 +70,12 @@ class Flavors(dict):
         raise UnknownFlavorError(f"[model] flavor = {key!r} is not a grt flavor; allowed: {', '.join(sorted(self))}")
 
 
-def _sections(config, prefix: str = ""):
-    """(`[name]`, dataclass instance) for every (nested) section of the job config."""
+def _sections(config, prefix: str = "", skip: tuple[str, ...] = ()):
+    """(`[name]`, dataclass instance) for every (nested) section of the job config but `skip`."""
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
+        if f.name in skip:
+            continue
         if dataclasses.is_dataclass(value):
             name = f"{prefix}.{f.name}" if prefix else f.name
             yield f"[{name}]", value
@@ -95,9 +99,9 @@ def _world_size(job_config) -> int | None:
 
 def _data_parallel_shard(job_config) -> int | None:
     """The data-parallel shard degree (-1 resolved as torchtitan does: the ranks the other
-    degrees leave); None when the world size is unknown."""
+    degrees leave); None when the world size is unknown or a degree is invalid (named elsewhere)."""
     p, world = job_config.parallelism, _world_size(job_config)
-    if not world or p.data_parallel_replicate_degree < 1:
+    if not world or p.data_parallel_replicate_degree < 1 or p.tensor_parallel_degree < 1:
         return None
     if p.data_parallel_shard_degree >= 1:
         return p.data_parallel_shard_degree
@@ -117,15 +121,27 @@ def forwards_per_step(job_config) -> int:
     return max(1, t.global_batch_size // (t.local_batch_size * dp))
 
 
-def _parallelism_problems(job_config, args) -> list[str]:
+def _degree_problems(job_config) -> list[str]:
+    """Parallelisms the GRT has on neither host (torchtitan 0.3 refuses them in refusals.py)."""
+    p = job_config.parallelism
+    return [unsupported_degree(key, getattr(p, key)) for key in UNSUPPORTED_DEGREES if getattr(p, key) != 1]
+
+
+def _sequence_shapes(job_config) -> list[tuple[str, object]]:
+    """(`name`, section) of the sequence shapes the job runs: `[training]`, and `[validation]`
+    when it validates at another shape (at training's, training's line says it all)."""
+    t, v = job_config.training, job_config.validation
+    shapes = [("training", t)]
+    if v.enable and (v.seq_len, v.local_batch_size) != (t.seq_len, t.local_batch_size):
+        shapes.append(("validation", v))
+    return shapes
+
+
+def _tensor_parallel_problems(job_config, args) -> list[str]:
     p, problems = job_config.parallelism, []
-    for key in UNSUPPORTED_DEGREES:
-        if getattr(p, key) != 1:
-            problems.append(unsupported_degree(key, getattr(p, key)))
     tp = p.tensor_parallel_degree
     if tp < 1:
-        problems.append(f"[parallelism] tensor_parallel_degree = {tp} is invalid; allowed: >= 1")
-        return problems
+        return [f"[parallelism] tensor_parallel_degree = {tp} is invalid; allowed: >= 1"]
     if tp > 1:
         heads = args.n_heads if args.n_kv_heads is None else math.gcd(args.n_heads, args.n_kv_heads)
         if args.n_heads % tp or (args.n_kv_heads is not None and args.n_kv_heads % tp):
@@ -148,27 +164,25 @@ def _parallelism_problems(job_config, args) -> list[str]:
             f"[training] seq_len = {seq_len} must be divisible by {divisor} "
             "(2 x tensor_parallel_degree x context_parallel_degree); allowed: a multiple of it"
         )
-    v = job_config.validation
-    if tp > 1 and v.enable and v.seq_len >= 1 and v.seq_len % tp:
+    v = dict(_sequence_shapes(job_config)).get("validation")
+    if tp > 1 and v is not None and v.seq_len >= 1 and v.seq_len % tp:
         problems.append(
             f"[validation] seq_len = {v.seq_len} must be divisible by tensor_parallel_degree = {tp} "
             "(sequence parallel); allowed: a multiple of it"
         )
+    return problems
+
+
+def _data_parallel_problems(job_config) -> list[str]:
+    p, t, problems = job_config.parallelism, job_config.training, []
     dp_replicate, dp_shard = p.data_parallel_replicate_degree, p.data_parallel_shard_degree
     if dp_replicate < 1:
         problems.append(f"[parallelism] data_parallel_replicate_degree = {dp_replicate} is invalid; allowed: >= 1")
     if dp_shard != -1 and dp_shard < 1:
         problems.append(f"[parallelism] data_parallel_shard_degree = {dp_shard} is invalid; allowed: -1 or >= 1")
     shard = _data_parallel_shard(job_config)
-    t = job_config.training
     if shard is None or dp_replicate < 1:
         return problems
-    if dp_replicate > 1 and shard == 1 and tp > 1:
-        problems.append(
-            f"[parallelism] data_parallel_replicate_degree = {dp_replicate} without sharding is DDP, "
-            f"which cannot be combined with tensor_parallel_degree = {tp}; allowed: HSDP "
-            "(data_parallel_shard_degree > 1) or tensor_parallel_degree = 1"
-        )
     if t.local_batch_size >= 1 and t.global_batch_size > 0:
         dp = dp_replicate * shard
         if dp >= 1 and t.global_batch_size % (t.local_batch_size * dp):
@@ -178,6 +192,19 @@ def _parallelism_problems(job_config, args) -> list[str]:
                 "allowed: -1 (no gradient accumulation) or a multiple of that"
             )
     return problems
+
+
+def _ddp_problems(job_config) -> list[str]:
+    """0.2.2 applies DDP to replicas without sharding (torchtitan 0.3 shards them as HSDP)."""
+    p = job_config.parallelism
+    dp_replicate, tp = p.data_parallel_replicate_degree, p.tensor_parallel_degree
+    if dp_replicate > 1 and tp > 1 and _data_parallel_shard(job_config) == 1:
+        return [
+            f"[parallelism] data_parallel_replicate_degree = {dp_replicate} without sharding is DDP, "
+            f"which cannot be combined with tensor_parallel_degree = {tp}; allowed: HSDP "
+            "(data_parallel_shard_degree > 1) or tensor_parallel_degree = 1"
+        ]
+    return []
 
 
 def _method_problems(job_config, args) -> list[str]:
@@ -203,10 +230,7 @@ def _job_settings(job_config) -> JobSettings:
 
 def _sequence_problems(job_config, args) -> list[str]:
     problems = []
-    sections = [("training", job_config.training)]
-    if job_config.validation.enable:
-        sections.append(("validation", job_config.validation))
-    for name, cfg in sections:
+    for name, cfg in _sequence_shapes(job_config):
         if cfg.seq_len < 1:
             problems.append(f"[{name}] seq_len = {cfg.seq_len} is invalid; allowed: >= 1")
         elif args.block_style == "gpt2" and cfg.seq_len > args.max_seq_len:
@@ -238,6 +262,9 @@ def _distill_problems(job_config, args) -> list[str]:
     distill = getattr(job_config, "distill", None)
     if distill is None or not distill.teacher:
         return []
+    # torchtitan 0.2.2's converters build the teacher (torchtitan 0.3 refuses [distill]).
+    from grt_titan.teacher import device_memory_bytes, teacher_args, teacher_problems, teacher_source
+
     # A fake-backend dry run stands for another machine: its memory is not this one's.
     device_bytes = None if is_fake_backend(job_config) else device_memory_bytes()
     try:
@@ -350,7 +377,11 @@ def _float8_problems(job_config, args) -> list[str]:
 
 def _converter_problems(job_config) -> list[str]:
     """`[model] converters` names torchtitan does not know (it would fail with a bare
-    `KeyError` when building the converters, after the model)."""
+    `KeyError` when building the converters, after the model). torchtitan 0.2.2's registry:
+    0.3 takes float8 alone (torchtitan_0_3/recipe.py)."""
+    import torchtitan.components.quantization  # noqa: F401  registers the float8 and mx converters
+    from torchtitan.protocols.model_converter import _registry_model_converter_cls
+
     registered = sorted(_registry_model_converter_cls)
     problems = []
     for name in job_config.model.converters:
@@ -440,12 +471,29 @@ def _training_problems(job_config) -> list[str]:
     return problems + (loss_spike_problems(spike, c.enable) if spike is not None else [])
 
 
-def config_field_problems(job_config) -> list[str]:
-    """Type and Literal-choice problems of every section's set fields (TOML or command line)."""
+def config_field_problems(job_config, skip: tuple[str, ...] = ()) -> list[str]:
+    """Type and Literal-choice problems of every section's set fields (TOML or command line),
+    but the sections named in `skip`."""
     problems = []
-    for where, section in _sections(job_config):
+    for where, section in _sections(job_config, skip=skip):
         problems += field_problems(section, where, only_changed=True)
     return problems
+
+
+def shared_problems(job_config, args) -> list[str]:
+    """The checks that hold on both hosts, in the order they are reported (torchtitan 0.3 runs
+    them on its config's 0.2.2-shaped view: grt_titan/torchtitan_0_3/checks.py)."""
+    return [
+        *_training_problems(job_config),
+        *_sequence_problems(job_config, args),
+        *_tensor_parallel_problems(job_config, args),
+        *_data_parallel_problems(job_config),
+        *_vocab_problems(job_config, args),
+        *_float8_problems(job_config, args),
+        *_dataset_problems(job_config),
+        *_trainable_problems(job_config, args),
+        *resume_problems(job_config),
+    ]
 
 
 def check_job_config(job_config, model_args) -> None:
@@ -455,26 +503,22 @@ def check_job_config(job_config, model_args) -> None:
     """
     problems = config_field_problems(job_config)
     if problems:  # wrong types would make the range checks below raise TypeError
-        _raise(problems)
-    problems += _training_problems(job_config)
-    problems += _sequence_problems(job_config, model_args)
-    problems += _parallelism_problems(job_config, model_args)
+        raise_problems(problems)
+    problems += _degree_problems(job_config)
+    problems += _ddp_problems(job_config)
     problems += _method_problems(job_config, model_args)
-    problems += _vocab_problems(job_config, model_args)
     problems += _converter_problems(job_config)
-    problems += _float8_problems(job_config, model_args)
-    problems += _dataset_problems(job_config)
+    problems += shared_problems(job_config, model_args)
     problems += _distill_problems(job_config, model_args)
-    problems += _trainable_problems(job_config, model_args)
-    problems += resume_problems(job_config)
     problems += initial_load_problems(job_config)
     problems += _plain_trainer_initial_load_problems(job_config)
     problems += _plain_trainer_fault_tolerance_problems(job_config)
     if problems:
-        _raise(problems)
+        raise_problems(problems)
 
 
-def _raise(problems: list[str]) -> None:
+def raise_problems(problems: list[str]) -> None:
+    """One ValueError for every problem: one line for one, a line each for several."""
     if len(problems) == 1:
         raise ValueError(f"invalid job config: {problems[0]}")
     raise ValueError("invalid job config:\n" + "\n".join(f"  - {p}" for p in problems))

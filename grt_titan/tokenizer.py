@@ -236,7 +236,7 @@ class HFTokenizer(HuggingFaceTokenizer):
                 "the tokenizer files differ"
             )
         try:
-            super().__init__(str(folder))
+            super().__init__(tokenizer_path=str(folder))  # the keyword both torchtitan hosts take
             tokenizer_json = json.loads(tokenizer_file.read_text(encoding="utf-8"))
         except Exception as e:  # tokenizers raises its own Exception type
             raise ValueError(f"{folder}: not a readable Hugging Face tokenizer ({e})") from e
@@ -256,8 +256,10 @@ class HFTokenizer(HuggingFaceTokenizer):
 
     def _fallback_eos_id(self) -> int:
         names = []
-        if self.config:
-            names.append(self._get_token_from_config(self.config, "eos_token"))
+        # tokenizer_config.json as torchtitan read it: `config` on 0.2.2, `_hf_config` on 0.3.
+        tokenizer_config = getattr(self, "_hf_config", None) or getattr(self, "config", None)
+        if tokenizer_config:
+            names.append(self._get_token_from_config(tokenizer_config, "eos_token"))
         special_map = self.path / "special_tokens_map.json"
         if special_map.is_file():
             names.append(self._get_token_from_config(json.loads(special_map.read_text(encoding="utf-8")), "eos_token"))

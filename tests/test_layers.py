@@ -1,8 +1,8 @@
 """The package's layer order (docs/architecture.md), read from the source with ast.
 
     leaves  ->  model  ->  io  ->  infra, data, components  ->  (teacher)  ->  config_checks  ->  spec and CLIs
-    torchtitan 0.3's adapter (torchtitan_0_3/, config_registry) sits beside config_checks: it uses
-    model, io, data, infra and components, and nothing imports it.
+    torchtitan 0.3's adapter (torchtitan_0_3/, config_registry) sits above config_checks: it uses
+    model, io, data, infra, components and config_checks' shared checks, and nothing imports it.
     hf/ and analysis/ use only model, io, data and the leaves (and hf/remote/, the exported
     model, which analysis decodes with: eval-task --wall-clock); teacher (the distillation
     teacher: read by io and hf's readers, sharded by infra) sits above them.
@@ -66,7 +66,7 @@ ALLOWED = {
     "analysis": {"leaf", "model", "io", "data", "remote"},
     "teacher": {"leaf", "model", "io", "data", "infra", "components", "hf", "remote"},
     "config_checks": {"leaf", "model", "io", "data", "infra", "components", "teacher"},
-    "host_0_3": {"leaf", "model", "io", "data", "infra", "components"},
+    "host_0_3": {"leaf", "model", "io", "data", "infra", "components", "config_checks"},
     "entry": {
         "leaf",
         "model",

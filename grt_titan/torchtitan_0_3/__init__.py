@@ -18,6 +18,9 @@ not run yet is refused at start-up in one line naming the setting and the host
 | model.py | the GRT as a 0.3 `BaseModel`, its parallelize function and model spec |
 | components.py | tokenizer, data loaders, loss and LR schedule as 0.3 `Configurable`s |
 | metrics.py | the gate metrics and r-aware FLOPs (components/metrics.py's mixin) on 0.3's processor |
+| validate.py | the depth-wise validation (components/validate.py's `DepthwiseValidation`) on 0.3's Validator |
 | checkpoint.py | `GRTCheckpointManager`: 0.3's CheckpointManager with grt_titan's checksums |
+| optimizer.py | `GRTOptimizersContainer`: 0.3's optimizers with the non-finite step guard (components/nonfinite.py) |
+| checks.py | 0.2.2's start-up checks (config_checks' shared ones) on a 0.3 config |
 | trainer.py | `GRTTrainer`: 0.3's Trainer with grt_titan's config sections and the loss-spike rewind |
 """

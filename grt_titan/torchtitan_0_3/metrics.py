@@ -26,11 +26,6 @@ from grt_titan.model.args import GRTModelArgs
 from grt_titan.sections import GRTMetricsConfig
 
 
-def _host_metrics_config() -> GRTMetricsConfig:
-    # The depth-wise validation curve is 0.2.2's only (grt_titan/components/validate.py): off here.
-    return GRTMetricsConfig(validation_depths=False)
-
-
 def _rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
@@ -40,7 +35,7 @@ class GRTMetricsProcessor(GRTMetricsMixin, MetricsProcessor):
 
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
-        grt_metrics: Annotated[GRTMetricsConfig, tyro.conf.Suppress] = field(default_factory=_host_metrics_config)
+        grt_metrics: Annotated[GRTMetricsConfig, tyro.conf.Suppress] = field(default_factory=GRTMetricsConfig)
         """The config's `[grt_metrics]` section (`--grt_metrics.*`, as on 0.2.2), handed over by
         the trainer: `enable` switches the gate metrics (False installs no hook)."""
 

@@ -15,9 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
-from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
-from torchtitan.components.validate import Validator
 from torchtitan.config import CommConfig, CompileConfig, ParallelismConfig
 from torchtitan.config.configs import DebugConfig
 from torchtitan.distributed.activation_checkpoint import ActivationCheckpointing, FullAC, SelectiveAC
@@ -37,8 +35,10 @@ from grt_titan.torchtitan_0_3.checkpoint import GRTCheckpointManager
 from grt_titan.torchtitan_0_3.components import GRTDataLoaderConfig, GRTLoss, GRTLRSchedulersConfig, GRTTokenizerConfig
 from grt_titan.torchtitan_0_3.metrics import GRTMetricsProcessor
 from grt_titan.torchtitan_0_3.model import MODEL_NAME, EveryNthBlockAC, Float8Converter, model_spec
+from grt_titan.torchtitan_0_3.optimizer import GRTOptimizersContainer, OptimizerKeys
 from grt_titan.torchtitan_0_3.refusals import refusal
 from grt_titan.torchtitan_0_3.trainer import GRTTrainer, GRTTrainingConfig
+from grt_titan.torchtitan_0_3.validate import GRTValidator
 
 # Keys that only the 0.2.2 host reads: how it finds grt_titan. Meaningless on 0.3, so accepted.
 ZERO_TWO_ONLY = {("job", "custom_config_module"), ("experimental", "custom_import"), ("model", "name")}
@@ -47,7 +47,6 @@ INERT = {
     ("activation_checkpoint", "early_stop"): False,
     ("fault_tolerance", "enable"): False,
     ("distill", "teacher"): "",
-    ("optimizer", "on_nonfinite"): "stop",
 }
 # The 0.3 field each supported 0.2.2 key fills: (section, key) -> (component, field).
 PLACES = {
@@ -139,6 +138,7 @@ READ_BELOW = {
     ("optimizer", "beta2"),
     ("optimizer", "eps"),
     ("optimizer", "weight_decay"),
+    ("optimizer", "on_nonfinite"),
     ("validation", "local_batch_size"),
     ("validation", "seq_len"),
     ("activation_checkpoint", "mode"),
@@ -172,19 +172,16 @@ def check_keys(recipe: dict[str, dict[str, Any]], source: str) -> None:
         raise ValueError(f"{source}: [model] name = {recipe['model']['name']!r}; grt_titan trains {MODEL_NAME!r}")
 
 
-def optimizer_config(values: dict[str, Any], source: str) -> OptimizersContainer.Config:
-    """0.2.2's `[optimizer]` as one catch-all param group, the same optimizer and settings."""
-    name = values.get("name", "AdamW")
-    if name not in ("AdamW", "Adam"):
-        raise refusal("[optimizer] name", name, source)
-    kwargs = {
-        "lr": values.get("lr", 8e-4),
-        "betas": (values.get("beta1", 0.9), values.get("beta2", 0.95)),
-        "eps": values.get("eps", 1e-8),
-        "weight_decay": values.get("weight_decay", 0.1),
-    }
-    return OptimizersContainer.Config(
-        param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name=name, optimizer_kwargs=kwargs)]
+def optimizer_config(values: dict[str, Any], source: str) -> GRTOptimizersContainer.Config:
+    """0.2.2's `[optimizer]` as one catch-all param group, the same optimizer and settings, and
+    its non-finite step guard (`on_nonfinite`, optimizer.py)."""
+    keys = OptimizerKeys(**{f.name: values[f.name] for f in dataclasses.fields(OptimizerKeys) if f.name in values})
+    if keys.name not in ("AdamW", "Adam"):
+        raise refusal("[optimizer] name", keys.name, source)
+    kwargs = {"lr": keys.lr, "betas": (keys.beta1, keys.beta2), "eps": keys.eps, "weight_decay": keys.weight_decay}
+    return GRTOptimizersContainer.Config(
+        param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name=keys.name, optimizer_kwargs=kwargs)],
+        on_nonfinite=values.get("on_nonfinite", "stop"),
     )
 
 
@@ -221,16 +218,15 @@ def validation_loader(recipe: dict[str, dict[str, Any]], source: str) -> GRTData
     return GRTDataLoaderConfig(dataset="grt_default", split="val", infinite=False)
 
 
-def grt_metrics(recipe: dict[str, dict[str, Any]], source: str) -> GRTMetricsConfig:
-    """`[grt_metrics]` (grt_titan's metrics processor, metrics.py, reads it: gate metrics,
-    r-aware FLOPs); `[metrics]` is placed key by key (PLACES). The depth-wise validation curve is
-    0.2.2's only: `validation_depths = true` in a TOML that validates is refused, so that
-    the run does not silently lack it; unset (0.2.2's default, on) or with validation off,
-    the curve is simply not logged."""
+def grt_metrics(recipe: dict[str, dict[str, Any]]) -> GRTMetricsConfig:
+    """`[grt_metrics]`: the gate metrics and r-aware FLOPs (`enable`: grt_titan's metrics
+    processor, metrics.py) and the depth-wise validation curve (`validation_depths`:
+    grt_titan's validator, validate.py), both on unless set, as on 0.2.2; `[metrics]` is placed
+    key by key (PLACES)."""
     section = recipe.get("grt_metrics", {})
-    if section.get("validation_depths") is True and recipe.get("validation", {}).get("enable", False):
-        raise refusal("[grt_metrics] validation_depths", True, source)
-    return GRTMetricsConfig(enable=section.get("enable", True), validation_depths=False)
+    return GRTMetricsConfig(
+        enable=section.get("enable", True), validation_depths=section.get("validation_depths", True)
+    )
 
 
 def model_converters(recipe: dict[str, dict[str, Any]], source: str) -> list[Float8Converter.Config]:
@@ -294,13 +290,13 @@ def trainer_config(path: str | Path) -> GRTTrainer.Config:
         compile=CompileConfig(),
         comm=CommConfig(),
         metrics=GRTMetricsProcessor.Config(),
-        validator=Validator.Config(dataloader=validation_loader(recipe, source)),
+        validator=GRTValidator.Config(dataloader=validation_loader(recipe, source)),
         debug=DebugConfig(),
         loss=GRTLoss.Config(),
         grt=GRTSection(**recipe.get("grt", {})),
         data=DataConfig(**recipe.get("data", {})),
         loss_spike=LossSpikeConfig(**recipe.get("loss_spike", {})),
-        grt_metrics=grt_metrics(recipe, source),
+        grt_metrics=grt_metrics(recipe),
     )
     place(config, recipe)
     return config

@@ -33,8 +33,4 @@ def refusals(config) -> list[str]:
             "--parallelism.no-enable_sequence_parallel with tensor parallelism is not supported by grt_titan: "
             "the GRT's TP plan shards the sequence between blocks on both hosts (docs/parallelism.md)"
         )
-    if config.grt_metrics.validation_depths and config.validator.enable:
-        found.append(
-            f"--grt_metrics.validation_depths (with validation) is not supported on {HOST} yet; {WHERE_TO_RUN}"
-        )
     return found

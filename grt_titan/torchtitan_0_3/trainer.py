@@ -1,9 +1,10 @@
 """`GRTTrainer`: torchtitan 0.3's Trainer with grt_titan's config sections and run record.
 
-It changes no step of 0.3's loop. Its Config adds the host-neutral sections of
-grt_titan/sections.py (`--grt.*`, `--data.*`, `--training.trainable`, `--loss_spike.*`), the
-checksummed checkpointer (checkpoint.py, `--checkpoint.checksums`) and where the run came
-from; `__init__` refuses what this host does not run yet (refusals.py), hands the data
+Its Config adds the host-neutral sections of grt_titan/sections.py (`--grt.*`, `--data.*`,
+`--training.trainable`, `--loss_spike.*`), the checksummed checkpointer (checkpoint.py,
+`--checkpoint.checksums`), the optimizers with the non-finite step guard (optimizer.py,
+`--optimizer.on_nonfinite`) and where the run came from; `__init__` refuses what this host does
+not run yet (refusals.py), runs 0.2.2's start-up checks (checks.py), hands the data
 loaders the sections they read and the metrics processor (metrics.py) the resolved model
 args, and writes the run record (`grt_run.json`) that `grt-titan export-hf`, `analyze` and
 `table` read on either host.
@@ -12,6 +13,9 @@ With `[loss_spike] enable`, each step's loss is checked after its last microbatc
 before clipping and the optimizer step, as on 0.2.2 (grt_titan/components/loss_spike.py, the
 same monitor, log and saved history): at a spike the job exits for a rewind, and its restart
 skips the windows recorded at earlier spikes.
+
+Of 0.3's loop it changes one thing: with `[optimizer] on_nonfinite = "skip"`, a step the guard
+skipped trains on where 0.3 would stop at its non-finite logged loss (`train_step`).
 """
 
 from __future__ import annotations
@@ -33,8 +37,14 @@ from grt_titan.data.config import DataConfig
 from grt_titan.run_record import build_run_record, write_run_record
 from grt_titan.sections import GRTMetricsConfig, GRTSection, LossSpikeConfig
 from grt_titan.torchtitan_0_3.checkpoint import GRTCheckpointManager
+from grt_titan.torchtitan_0_3.checks import check_config
+from grt_titan.torchtitan_0_3.optimizer import GRTOptimizersContainer
 from grt_titan.torchtitan_0_3.refusals import HostRefusal, refusals
+from grt_titan.torchtitan_0_3.validate import GRTValidator
 from grt_titan.torchtitan_0_3.view import job_view
+
+# How 0.3's train_step stops at a non-finite logged loss (a RuntimeError).
+NONFINITE_LOSS = "Loss is not finite"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -53,14 +63,18 @@ class GRTTrainer(LossHistoryState, Trainer):
         """The `[grt]` section: model overrides (unset keeps the flavor's value)."""
         data: DataConfig = field(default_factory=DataConfig)
         """The `[data]` section: grt_titan's token-shard data path."""
-        grt_metrics: GRTMetricsConfig = field(default_factory=lambda: GRTMetricsConfig(validation_depths=False))
-        """The `[grt_metrics]` section: gate metrics on log steps. The depth-wise validation
-        curve (`validation_depths`) is 0.2.2's only: off here, refused when asked for."""
+        grt_metrics: GRTMetricsConfig = field(default_factory=GRTMetricsConfig)
+        """The `[grt_metrics]` section: gate metrics on log steps and the depth-wise validation
+        curve (`validation_depths`), as on 0.2.2."""
         training: GRTTrainingConfig = field(default_factory=GRTTrainingConfig)
         checkpoint: GRTCheckpointManager.Config = field(default_factory=GRTCheckpointManager.Config)
         """0.3's `[checkpoint]` plus grt_titan's `checksums` (checkpoint.py)."""
+        validator: GRTValidator.Config = field(default_factory=GRTValidator.Config)
+        """0.3's `[validator]`, scoring every depth with `[grt_metrics] validation_depths` (validate.py)."""
         loss_spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
         """The `[loss_spike]` section: rewind to the last checkpoint at a loss spike."""
+        optimizer: GRTOptimizersContainer.Config = field(default_factory=GRTOptimizersContainer.Config)
+        """0.3's `[optimizer]` plus grt_titan's non-finite step guard (`on_nonfinite`, optimizer.py)."""
         description: str = ""
         """`[job] description` of the TOML."""
         config_file: Annotated[str, tyro.conf.Suppress] = ""
@@ -73,6 +87,7 @@ class GRTTrainer(LossHistoryState, Trainer):
         problems = config_problems(config.loss_spike, config.checkpoint.enable)
         if problems:
             raise ValueError("\n".join(problems))
+        check_config(config)  # 0.2.2's start-up checks (checks.py), before anything is built
         wire_sections(config)
         super().__init__(config)
         # 0.3's Trainer builds the metrics processor without the model args, which price the
@@ -89,6 +104,18 @@ class GRTTrainer(LossHistoryState, Trainer):
         if self.loss_spike is not None:
             self.loss_spike.after_microbatch(loss)
         return loss
+
+    def train_step(self, data_iterator) -> None:
+        """0.3's. A step that the non-finite guard skipped (`[optimizer] on_nonfinite = "skip"`,
+        optimizer.py) trains on where 0.3's own check of a logged loss would stop the run: its
+        loss is NaN or inf, and nothing changed; the loss is not logged."""
+        try:
+            super().train_step(data_iterator)
+        except RuntimeError as error:
+            guard = getattr(self.optimizers, "nonfinite_guard", None)
+            if guard is None or not guard.skipped_last or not str(error).startswith(NONFINITE_LOSS):
+                raise
+            logger.warning(f"step {self.step}: the loss is NaN or inf; not logged (a skipped step)")
 
     def write_run_record(self) -> None:
         if dist.is_initialized() and dist.get_rank() != 0:
@@ -111,6 +138,7 @@ def wire_sections(config: GRTTrainer.Config) -> None:
     for loader in (config.dataloader, config.validator.dataloader):
         loader.data = config.data
     config.metrics.grt_metrics = config.grt_metrics
+    config.validator.validation_depths = config.grt_metrics.validation_depths
     config.dataloader.global_batch_size = training.global_batch_size
     config.dataloader.step_targets = config.grt.step_supervision is True
     spec = config.model_spec

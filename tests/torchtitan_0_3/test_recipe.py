@@ -72,10 +72,6 @@ def test_the_debug_recipe_lands_where_torchtitan_0_3_reads_it():
             "[validation] seq_len (unlike [training] seq_len) = 64",
         ),
         ("[training]\nsteps_per_epoch = 3\n", "[training] steps_per_epoch = 3"),
-        (
-            "[grt_metrics]\nvalidation_depths = true\n[validation]\nenable = true\n",
-            "[grt_metrics] validation_depths = True",
-        ),
     ],
 )
 def test_what_0_3_does_not_run_is_refused_in_one_line(tmp_path, toml, named):
@@ -118,17 +114,6 @@ def test_the_gpu_recipe_keeps_its_activation_checkpointing_and_compile():
     assert type(config.activation_checkpoint) is SelectiveAC.Config
     assert config.compile.enable and config.compile.components == ["model", "loss"]
     assert config.training.mixed_precision_param == "bfloat16"
-
-
-def test_the_depth_wise_validation_curve_is_refused_from_the_command_line_too():
-    config = config_registry.grt_debug()
-    config.grt_metrics.validation_depths = True
-    assert refusals(config) == [
-        "--grt_metrics.validation_depths (with validation) is not supported on torchtitan 0.3 yet; run it on "
-        "torchtitan 0.2.2 (docs/training.md, 'torchtitan 0.2.2 and 0.3')"
-    ]
-    config.validator.enable = False
-    assert refusals(config) == []
 
 
 def test_the_parallelize_fn_freezes_what_trainable_leaves_out_and_checkpoints_each_step():
