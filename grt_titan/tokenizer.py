@@ -2,8 +2,9 @@
 a Hugging Face tokenizer folder (``tokenizer.json``) through torchtitan's HuggingFaceTokenizer.
 
 The GPT-2 merge ranks ship in the package (``grt_titan/assets/gpt2.tiktoken``, taken from
-the MIT-licensed openai-whisper sdist; see ``grt_titan/assets/README.md``), so building the
-tokenizer never downloads anything. Another ``.tiktoken`` rank file can be used instead by
+the MIT-licensed openai-whisper sdist; see ``grt_titan/assets/README.md``), and so do their
+first 4,096 ranks (``gpt2_4k.tiktoken``, the debug presets'), so building the tokenizer never
+downloads anything. Another ``.tiktoken`` rank file can be used instead by
 pointing ``[model] hf_assets_path`` at it (or at a folder holding exactly one); its
 ``<|endoftext|>`` id is then the number of ranks. A folder holding ``tokenizer.json`` (Llama
 3.x, Qwen3, GPT-2's own) selects ``HFTokenizer``. Both offer the same interface: ``name``,
@@ -30,6 +31,11 @@ GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9
 GPT2_PAT_STR = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 ENDOFTEXT = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
+GPT2_4K_TIKTOKEN_PATH = ASSETS_DIR / "gpt2_4k.tiktoken"
+GPT2_4K_VOCAB_SIZE = 4097
+"""GPT-2's first 4,096 ranks (the 256 bytes and the first 3,840 merges): the debug presets'
+vocabulary (4,097 ids with `<|endoftext|>`), a twelfth of GPT-2's, so that CPU runs spend their
+steps on the blocks rather than on the LM head (grt_titan/assets/README.md)."""
 
 
 def _load_ranks(path: Path, data: bytes) -> dict[bytes, int]:
@@ -315,7 +321,8 @@ class HFTokenizer(HuggingFaceTokenizer):
 def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:
     """The ``.tiktoken`` file selected by ``[model] hf_assets_path``, or None.
 
-    A path ending in ``.tiktoken`` must exist. A folder is used only if it holds a
+    A path ending in ``.tiktoken`` must exist, or be the bare name of a rank file shipped in
+    ``grt_titan/assets`` (``gpt2_4k.tiktoken``: the package's copy, wherever the run starts). A folder is used only if it holds a
     ``.tiktoken`` file: ``gpt2.tiktoken`` if present, else the only one (several -> error).
     Anything else (torchtitan's default ``./tests/assets/tokenizer``, an HF tokenizer folder
     without ``.tiktoken`` files) gives None; ``resolve_tokenizer_source`` also finds HF
@@ -325,8 +332,14 @@ def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:
         return None
     p = Path(hf_assets_path)
     if p.suffix == ".tiktoken":
+        if not p.is_file() and str(p) == p.name and (ASSETS_DIR / p.name).is_file():
+            return ASSETS_DIR / p.name  # a bare name of a shipped rank file: the package's copy
         if not p.is_file():
-            raise FileNotFoundError(f"[model] hf_assets_path = {str(p)!r}: file not found")
+            shipped = ", ".join(sorted(f.name for f in ASSETS_DIR.glob("*.tiktoken")))
+            raise FileNotFoundError(
+                f"[model] hf_assets_path = {str(p)!r}: file not found; allowed: a path to a .tiktoken file, "
+                f"or the bare name of a shipped one ({shipped})"
+            )
         return p
     if p.is_dir():
         found = sorted(p.glob("*.tiktoken"))
@@ -393,7 +406,8 @@ def load_tokenizer(path: str | os.PathLike | None = None) -> "GPT2Tokenizer | HF
 
 def export_tokenizer(folder: str | os.PathLike) -> "GPT2Tokenizer | HFTokenizer":
     """The tokenizer of an exported folder (`grt-titan analyze` without a TOML): the shipped
-    GPT-2 ranks for the GPT-2 files `grt-titan export-hf` derives from them
+    rank file of that size for the GPT-2 files `grt-titan export-hf` derives from GPT-2's ranks
+    or their first 4,096
     (tokenizer_config.json: ``tokenizer_class`` GPT2Tokenizer, ``split_special_tokens``) or
     a folder without tokenizer.json; else the folder's tokenizer.json (an export carries its
     source's tokenizer files unchanged, so its identity is the source's)."""
@@ -403,8 +417,16 @@ def export_tokenizer(folder: str | os.PathLike) -> "GPT2Tokenizer | HFTokenizer"
     config_file = folder / "tokenizer_config.json"
     config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
     if config.get("tokenizer_class") == "GPT2Tokenizer" and config.get("split_special_tokens") is True:
-        return GPT2Tokenizer()
+        shipped = shipped_ranks_of_size(len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]))
+        if shipped is not None:
+            return GPT2Tokenizer(shipped)
     return HFTokenizer(folder)
+
+
+def shipped_ranks_of_size(ranks: int) -> Path | None:
+    """The shipped rank file with this many ranks (GPT-2's 50,256, or its first 4,096)."""
+    sizes = {GPT2_VOCAB_SIZE - 1: GPT2_TIKTOKEN_PATH, GPT2_4K_VOCAB_SIZE - 1: GPT2_4K_TIKTOKEN_PATH}
+    return sizes.get(ranks)
 
 
 def build_tokenizer(job_config) -> "GPT2Tokenizer | HFTokenizer":
