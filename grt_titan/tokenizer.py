@@ -23,6 +23,8 @@ from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.tools.logging import logger
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+PACKAGE_PARENT = ASSETS_DIR.parents[1]
+"""The folder holding the grt_titan package: the source checkout, or site-packages."""
 GPT2_TIKTOKEN_PATH = ASSETS_DIR / "gpt2.tiktoken"
 GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 """sha256 of the shipped rank file (openai-whisper 20250625, whisper/assets/gpt2.tiktoken)."""
@@ -321,8 +323,9 @@ class HFTokenizer(HuggingFaceTokenizer):
 def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:
     """The ``.tiktoken`` file selected by ``[model] hf_assets_path``, or None.
 
-    A path ending in ``.tiktoken`` must exist, or be the bare name of a rank file shipped in
-    ``grt_titan/assets`` (``gpt2_4k.tiktoken``: the package's copy, wherever the run starts). A folder is used only if it holds a
+    A path ending in ``.tiktoken`` must exist; a relative one is looked for from the working
+    directory, then beside the grt_titan package, so the presets'
+    ``grt_titan/assets/gpt2_4k.tiktoken`` is found wherever a run starts. A folder is used only if it holds a
     ``.tiktoken`` file: ``gpt2.tiktoken`` if present, else the only one (several -> error).
     Anything else (torchtitan's default ``./tests/assets/tokenizer``, an HF tokenizer folder
     without ``.tiktoken`` files) gives None; ``resolve_tokenizer_source`` also finds HF
@@ -332,14 +335,10 @@ def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:
         return None
     p = Path(hf_assets_path)
     if p.suffix == ".tiktoken":
-        if not p.is_file() and str(p) == p.name and (ASSETS_DIR / p.name).is_file():
-            return ASSETS_DIR / p.name  # a bare name of a shipped rank file: the package's copy
+        if not p.is_file() and not p.is_absolute() and (PACKAGE_PARENT / p).is_file():
+            return PACKAGE_PARENT / p  # grt_titan/assets/..., from outside the checkout
         if not p.is_file():
-            shipped = ", ".join(sorted(f.name for f in ASSETS_DIR.glob("*.tiktoken")))
-            raise FileNotFoundError(
-                f"[model] hf_assets_path = {str(p)!r}: file not found; allowed: a path to a .tiktoken file, "
-                f"or the bare name of a shipped one ({shipped})"
-            )
+            raise FileNotFoundError(f"[model] hf_assets_path = {str(p)!r}: file not found")
         return p
     if p.is_dir():
         found = sorted(p.glob("*.tiktoken"))
@@ -417,16 +416,16 @@ def export_tokenizer(folder: str | os.PathLike) -> "GPT2Tokenizer | HFTokenizer"
     config_file = folder / "tokenizer_config.json"
     config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
     if config.get("tokenizer_class") == "GPT2Tokenizer" and config.get("split_special_tokens") is True:
-        shipped = shipped_ranks_of_size(len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]))
+        vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+        shipped = SHIPPED_RANKS.get(len(vocab))
         if shipped is not None:
             return GPT2Tokenizer(shipped)
     return HFTokenizer(folder)
 
 
-def shipped_ranks_of_size(ranks: int) -> Path | None:
-    """The shipped rank file with this many ranks (GPT-2's 50,256, or its first 4,096)."""
-    sizes = {GPT2_VOCAB_SIZE - 1: GPT2_TIKTOKEN_PATH, GPT2_4K_VOCAB_SIZE - 1: GPT2_4K_TIKTOKEN_PATH}
-    return sizes.get(ranks)
+# The shipped rank files by their vocabulary (ranks and <|endoftext|>): an export's GPT-2 files
+# name no file, and their vocabulary tells GPT-2's ranks from their first 4,096.
+SHIPPED_RANKS = {GPT2_VOCAB_SIZE: GPT2_TIKTOKEN_PATH, GPT2_4K_VOCAB_SIZE: GPT2_4K_TIKTOKEN_PATH}
 
 
 def build_tokenizer(job_config) -> "GPT2Tokenizer | HFTokenizer":

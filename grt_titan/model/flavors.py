@@ -41,9 +41,7 @@ def flavor_from_file(name: str) -> GRTModelArgs | None:
 DEBUG_VOCAB_SIZE = 4097
 
 
-def _gpt2(
-    *, dim: int, n_heads: int, prelude: int, core: int, recurrences: int, coda: int, **kwargs
-) -> GRTModelArgs:
+def _gpt2(*, dim: int, n_heads: int, prelude: int, core: int, recurrences: int, coda: int, **kwargs) -> GRTModelArgs:
     """The paper's layout `prelude + core x recurrences + coda` with GPT-2 blocks."""
     return GRTModelArgs(
         block_style="gpt2",
@@ -75,9 +73,7 @@ grt_flavors: dict[str, GRTModelArgs] = {
     "debug": _gpt2(dim=128, n_heads=4, prelude=1, core=2, recurrences=4, coda=1, vocab_size=DEBUG_VOCAB_SIZE),
     "dense_debug": _dense(layers=10, dim=128, n_heads=4, vocab_size=DEBUG_VOCAB_SIZE),
     # Figure 5's "recurrence alone" rung: no prelude, no coda, the core from the embeddings.
-    "debug_core_only": _gpt2(
-        dim=128, n_heads=4, prelude=0, core=2, recurrences=5, coda=0, vocab_size=DEBUG_VOCAB_SIZE
-    ),
+    "debug_core_only": _gpt2(dim=128, n_heads=4, prelude=0, core=2, recurrences=5, coda=0, vocab_size=DEBUG_VOCAB_SIZE),
     # Multi-step tasks (docs/tasks.md): 1 + 1x8 + 1 at d = 128 over the GPT-2 vocabulary, or
     # over `grt-titan task vocab`'s word-level one (135 ids; 256 rows): 7.2M and 0.84M parameters.
     "task_debug": _gpt2(dim=128, n_heads=4, prelude=1, core=1, recurrences=8, coda=1),
