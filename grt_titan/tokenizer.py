@@ -2,8 +2,9 @@
 a Hugging Face tokenizer folder (``tokenizer.json``) through torchtitan's HuggingFaceTokenizer.
 
 The GPT-2 merge ranks ship in the package (``grt_titan/assets/gpt2.tiktoken``, taken from
-the MIT-licensed openai-whisper sdist; see ``grt_titan/assets/README.md``), so building the
-tokenizer never downloads anything. Another ``.tiktoken`` rank file can be used instead by
+the MIT-licensed openai-whisper sdist; see ``grt_titan/assets/README.md``), and so do their
+first 4,096 ranks (``gpt2_4k.tiktoken``, the debug presets'), so building the tokenizer never
+downloads anything. Another ``.tiktoken`` rank file can be used instead by
 pointing ``[model] hf_assets_path`` at it (or at a folder holding exactly one); its
 ``<|endoftext|>`` id is then the number of ranks. A folder holding ``tokenizer.json`` (Llama
 3.x, Qwen3, GPT-2's own) selects ``HFTokenizer``. Both offer the same interface: ``name``,
@@ -22,6 +23,8 @@ from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.tools.logging import logger
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+PACKAGE_PARENT = ASSETS_DIR.parents[1]
+"""The folder holding the grt_titan package: the source checkout, or site-packages."""
 GPT2_TIKTOKEN_PATH = ASSETS_DIR / "gpt2.tiktoken"
 GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 """sha256 of the shipped rank file (openai-whisper 20250625, whisper/assets/gpt2.tiktoken)."""
@@ -30,6 +33,11 @@ GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9
 GPT2_PAT_STR = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 ENDOFTEXT = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
+GPT2_4K_TIKTOKEN_PATH = ASSETS_DIR / "gpt2_4k.tiktoken"
+GPT2_4K_VOCAB_SIZE = 4097
+"""GPT-2's first 4,096 ranks (the 256 bytes and the first 3,840 merges): the debug presets'
+vocabulary (4,097 ids with `<|endoftext|>`), a twelfth of GPT-2's, so that CPU runs spend their
+steps on the blocks rather than on the LM head (grt_titan/assets/README.md)."""
 
 
 def _load_ranks(path: Path, data: bytes) -> dict[bytes, int]:
@@ -317,7 +325,9 @@ class HFTokenizer(HuggingFaceTokenizer):
 def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:
     """The ``.tiktoken`` file selected by ``[model] hf_assets_path``, or None.
 
-    A path ending in ``.tiktoken`` must exist. A folder is used only if it holds a
+    A path ending in ``.tiktoken`` must exist; a relative one is looked for from the working
+    directory, then beside the grt_titan package, so the presets'
+    ``grt_titan/assets/gpt2_4k.tiktoken`` is found wherever a run starts. A folder is used only if it holds a
     ``.tiktoken`` file: ``gpt2.tiktoken`` if present, else the only one (several -> error).
     Anything else (torchtitan's default ``./tests/assets/tokenizer``, an HF tokenizer folder
     without ``.tiktoken`` files) gives None; ``resolve_tokenizer_source`` also finds HF
@@ -327,6 +337,8 @@ def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:
         return None
     p = Path(hf_assets_path)
     if p.suffix == ".tiktoken":
+        if not p.is_file() and not p.is_absolute() and (PACKAGE_PARENT / p).is_file():
+            return PACKAGE_PARENT / p  # grt_titan/assets/..., from outside the checkout
         if not p.is_file():
             raise FileNotFoundError(f"[model] hf_assets_path = {str(p)!r}: file not found")
         return p
@@ -395,7 +407,8 @@ def load_tokenizer(path: str | os.PathLike | None = None) -> "GPT2Tokenizer | HF
 
 def export_tokenizer(folder: str | os.PathLike) -> "GPT2Tokenizer | HFTokenizer":
     """The tokenizer of an exported folder (`grt-titan analyze` without a TOML): the shipped
-    GPT-2 ranks for the GPT-2 files `grt-titan export-hf` derives from them
+    rank file of that size for the GPT-2 files `grt-titan export-hf` derives from GPT-2's ranks
+    or their first 4,096
     (tokenizer_config.json: ``tokenizer_class`` GPT2Tokenizer, ``split_special_tokens``) or
     a folder without tokenizer.json; else the folder's tokenizer.json (an export carries its
     source's tokenizer files unchanged, so its identity is the source's)."""
@@ -405,8 +418,16 @@ def export_tokenizer(folder: str | os.PathLike) -> "GPT2Tokenizer | HFTokenizer"
     config_file = folder / "tokenizer_config.json"
     config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
     if config.get("tokenizer_class") == "GPT2Tokenizer" and config.get("split_special_tokens") is True:
-        return GPT2Tokenizer()
+        vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+        shipped = SHIPPED_RANKS.get(len(vocab))
+        if shipped is not None:
+            return GPT2Tokenizer(shipped)
     return HFTokenizer(folder)
+
+
+# The shipped rank files by their vocabulary (ranks and <|endoftext|>): an export's GPT-2 files
+# name no file, and their vocabulary tells GPT-2's ranks from their first 4,096.
+SHIPPED_RANKS = {GPT2_VOCAB_SIZE: GPT2_TIKTOKEN_PATH, GPT2_4K_VOCAB_SIZE: GPT2_4K_TIKTOKEN_PATH}
 
 
 def build_tokenizer(job_config) -> "GPT2Tokenizer | HFTokenizer":

@@ -132,6 +132,8 @@ def cpu_scale_overrides(path: Path, steps: int, dump_folder: Path, seed: int = 0
         str(dump_folder),
         "--model.flavor",
         debug_flavor,
+        "--model.hf_assets_path",
+        "grt_titan/assets/gpt2_4k.tiktoken",  # the debug flavors' tokenizer (docs/data.md)
         "--training.steps",
         str(steps),
         "--training.seq_len",

@@ -341,11 +341,14 @@ SOURCE_TOKENIZERS = {"Qwen3-0.6B": (151_643, 26)}
 
 
 def source_tokenizer(path: Path) -> tuple[int, int] | None:
-    """The tokenizer shape of the source a retrofit preset reads; None for other presets."""
+    """The tokenizer shape of the source a retrofit preset reads; None for other presets (their
+    tokenizer, if they name one, ships in grt_titan/assets)."""
     import tomli
 
+    from grt_titan.tokenizer import ASSETS_DIR
+
     hf_assets_path = tomli.loads(path.read_text()).get("model", {}).get("hf_assets_path")
-    if hf_assets_path is None:
+    if hf_assets_path is None or Path(hf_assets_path).parent == ASSETS_DIR.relative_to(REPO):
         return None
     name = Path(hf_assets_path).name
     assert name in SOURCE_TOKENIZERS, f"{path.name}: add the tokenizer of {name} to SOURCE_TOKENIZERS"
@@ -421,16 +424,40 @@ def stand_in_teacher_args(path: Path, tmp: Path) -> list[str]:
             state = build_model(args, seed=3).state_dict()
             write_stock_folder(folder, state, args, tokenizer_path=stand_in_source_tokenizer(path, tmp))
         return ["--distill.teacher", str(folder)]
-    return dense_teacher_args(tmp / f"{path.stem}-teacher")
+    return dense_teacher_args(tmp / f"{path.stem}-teacher", preset_vocab_size(path))
 
 
-def dense_teacher_args(folder: Path) -> list[str]:
+def preset_vocab_size(path: Path) -> int:
+    """The vocabulary of a preset's named flavor (its tokenizer's ids)."""
+    import tomli
+
+    from grt_titan.model import grt_flavors
+
+    return grt_flavors[tomli.loads(path.read_text())["model"]["flavor"]].vocab_size
+
+
+def dense_teacher_args(folder: Path, vocab_size: int | None = None) -> list[str]:
     """A dense_debug teacher (random weights, seed 3) written to `folder` as a torchtitan step
-    folder, and the `[distill]` arguments that name it with its TOML."""
-    from grt_titan.checkpoint_io import save_checkpoint
+    folder, and the `[distill]` arguments that name it with its TOML. `vocab_size`: a student's
+    other than dense_debug's (gpt2_4k.tiktoken's), e.g. GPT-2's: the teacher's TOML then names a
+    flavor file of dense_debug's args over that vocabulary, and the GPT-2 tokenizer."""
+    import dataclasses
+    import json
 
-    save_checkpoint(folder / "step-0", build_model("dense_debug", seed=3).state_dict())
-    return ["--distill.teacher", str(folder), "--distill.teacher_config", str(STAND_IN_TEACHER_CONFIG)]
+    from grt_titan.checkpoint_io import save_checkpoint
+    from grt_titan.model import grt_flavors
+
+    args, config = grt_flavors["dense_debug"], STAND_IN_TEACHER_CONFIG
+    if vocab_size not in (None, args.vocab_size):
+        args = args.replace(vocab_size=vocab_size)
+        folder.mkdir(parents=True, exist_ok=True)
+        flavor = folder / "model_args.json"
+        flavor.write_text(json.dumps({f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}))
+        lines = [line for line in config.read_text().splitlines() if not line.startswith("hf_assets_path")]
+        config = folder / "teacher.toml"
+        config.write_text("\n".join(lines).replace('flavor = "dense_debug"', f'flavor = "{flavor}"') + "\n")
+    save_checkpoint(folder / "step-0", build_model(args, seed=3).state_dict())
+    return ["--distill.teacher", str(folder), "--distill.teacher_config", str(config)]
 
 
 def no_initial_weights_args(path: Path) -> list[str]:

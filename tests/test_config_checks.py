@@ -94,7 +94,7 @@ CASES = [
         {},
         [r"\[parallelism\] pipeline_parallel_degree = 2", r"allowed: 1"],
     ),
-    ("vocab<tokenizer", [], None, {"vocab_size": 1000}, [r"vocab_size = 1000", r"tokenizer's 50257", r">= 50257"]),
+    ("vocab<tokenizer", [], None, {"vocab_size": 1000}, [r"vocab_size = 1000", r"tokenizer's 4097", r">= 4097"]),
     ("seq_len>positions", ["--training.seq_len", "2048"], None, {}, [r"seq_len = 2048", r"max_seq_len = 1024"]),
     (
         "val_seq_len>positions",
@@ -523,7 +523,7 @@ def test_initial_load_in_hf_without_a_path_reads_hf_assets_path_or_is_refused(tm
     safetensors (torchtitan's fallback, which it skips with checkpointing off; grt_titan loads
     it then too: tests/hf/test_hf_torchtitan_checkpoint.py), so that folder is checked at
     start-up, with checkpointing on or off, and refused by its key."""
-    tiktoken = REPO / "grt_titan" / "assets" / "gpt2.tiktoken"
+    tiktoken = REPO / "grt_titan" / "assets" / "gpt2_4k.tiktoken"  # grt_debug's
     no_weights = tmp_path / "tokenizer_only"
     no_weights.mkdir()
     shutil.copy(tiktoken, no_weights)

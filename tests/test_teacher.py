@@ -9,7 +9,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 import grt_titan.spec  # noqa: F401  registers the spec
 from grt_titan.config_checks import check_job_config
 from grt_titan.teacher import teacher_problems
-from grt_titan.tokenizer import load_tokenizer
+from grt_titan.tokenizer import GPT2_4K_TIKTOKEN_PATH, load_tokenizer
 
 from grt_test_helpers import REPO, parse_config
 
@@ -77,17 +77,19 @@ def test_unreadable_teacher_is_named(where, extra, expected, teacher_folder, tmp
 
 def test_vocabulary_tokenizer_tp_and_memory_are_named(teacher_folder, tmp_path):
     base = ["--distill.teacher", str(teacher_folder), "--distill.teacher_config", str(DENSE_TOML)]
-    assert problems(*base, shards=2, device_bytes=2**40, tokenizer=load_tokenizer()) == []
+    assert (
+        problems(*base, shards=2, device_bytes=2**40, tokenizer=load_tokenizer(GPT2_4K_TIKTOKEN_PATH)) == []
+    )  # grt_debug's
     # Another vocabulary padding than the student's.
     (line,) = problems(*base, "--grt.vocab_multiple_of", "128")
-    assert line.startswith("[distill] teacher: vocabulary 50257 (padded to 50257) differs from the student's 50257")
-    assert "(padded to 50304)" in line and "vocab_multiple_of" in line
+    assert line.startswith("[distill] teacher: vocabulary 4097 (padded to 4097) differs from the student's 4097")
+    assert "(padded to 4224)" in line and "vocab_multiple_of" in line
 
     class OtherTokenizer:  # same size, other ids
         path = "other.tiktoken"
 
         def get_vocab_size(self):
-            return 50257
+            return 4097
 
         def encode(self, text, **kwargs):
             return [0]
@@ -99,7 +101,7 @@ def test_vocabulary_tokenizer_tp_and_memory_are_named(teacher_folder, tmp_path):
     (line,) = teacher_problems(config, student(parse_config()), None, None)
     assert line.startswith("[distill] teacher: n_heads = 4") and "tensor_parallel_degree = 3" in line
     (line,) = problems(*base, shards=2, device_bytes=2**20)
-    assert line.startswith(f"[distill] teacher = '{teacher_folder}': 8,546,944 parameters need about")
+    assert line.startswith(f"[distill] teacher = '{teacher_folder}': 2,638,464 parameters need about")
     assert "data_parallel_shard_degree" in line
 
 
@@ -159,7 +161,7 @@ def test_every_source_builds_the_teacher_it_holds(kind, dense_teacher, tmp_path)
         source = ["--distill.teacher", str(tmp_path / "teacher"), "--distill.teacher_config", str(DENSE_TOML)]
     else:
         write = write_hf_folder if kind == "grt_export" else write_stock_folder
-        write(tmp_path / "teacher", state, args)
+        write(tmp_path / "teacher", state, args, tokenizer_path=GPT2_4K_TIKTOKEN_PATH)
         source = ["--distill.teacher", str(tmp_path / "teacher")]
     teacher, got, want = built_teacher_and_logits(dense_teacher, *source)
     assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
@@ -212,7 +214,7 @@ def test_fsdp_times_tp_loads_the_tp_shards_then_shards_them(dense_teacher, tmp_p
     args, _, state = dense_teacher
     # A stock GPT-2 folder: read without collectives (DCP's load plans over the process group,
     # whose pickled objects the fake backend does not move on torch 2.11).
-    write_stock_folder(tmp_path / "teacher", state, args)
+    write_stock_folder(tmp_path / "teacher", state, args, tokenizer_path=GPT2_4K_TIKTOKEN_PATH)
     config = parse_config(
         "--distill.teacher",
         str(tmp_path / "teacher"),

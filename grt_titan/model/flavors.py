@@ -35,7 +35,13 @@ def flavor_from_file(name: str) -> GRTModelArgs | None:
     return GRTModelArgs(**fields)
 
 
-def _gpt2(*, dim: int, n_heads: int, prelude: int, core: int, recurrences: int, coda: int) -> GRTModelArgs:
+# The debug presets' tokenizer, gpt2_4k.tiktoken (GPT-2's first 4,096 ranks) and its
+# <|endoftext|>: GPT-2's 50,257 rows would be 88% of a debug model's parameters and most of a
+# CPU step's time.
+DEBUG_VOCAB_SIZE = 4097
+
+
+def _gpt2(*, dim: int, n_heads: int, prelude: int, core: int, recurrences: int, coda: int, **kwargs) -> GRTModelArgs:
     """The paper's layout `prelude + core x recurrences + coda` with GPT-2 blocks."""
     return GRTModelArgs(
         block_style="gpt2",
@@ -45,6 +51,7 @@ def _gpt2(*, dim: int, n_heads: int, prelude: int, core: int, recurrences: int, 
         n_core_layers=core,
         num_recurrences=recurrences,
         n_coda_layers=coda,
+        **kwargs,
     )
 
 
@@ -62,11 +69,11 @@ def _dense(*, layers: int, block_style: str = "gpt2", **kwargs) -> GRTModelArgs:
 _LLAMA_1B = dict(dim=2048, n_heads=16, n_kv_heads=4, max_seq_len=4096, rope_theta=500000.0)
 
 grt_flavors: dict[str, GRTModelArgs] = {
-    # CPU-sized: 1 + 2x4 + 1 at d = 128 (the GPT-2 vocabulary dominates its size).
-    "debug": _gpt2(dim=128, n_heads=4, prelude=1, core=2, recurrences=4, coda=1),
-    "dense_debug": _dense(layers=10, dim=128, n_heads=4),
+    # CPU-sized: 1 + 2x4 + 1 at d = 128 over gpt2_4k.tiktoken's vocabulary (1.5M parameters).
+    "debug": _gpt2(dim=128, n_heads=4, prelude=1, core=2, recurrences=4, coda=1, vocab_size=DEBUG_VOCAB_SIZE),
+    "dense_debug": _dense(layers=10, dim=128, n_heads=4, vocab_size=DEBUG_VOCAB_SIZE),
     # Figure 5's "recurrence alone" rung: no prelude, no coda, the core from the embeddings.
-    "debug_core_only": _gpt2(dim=128, n_heads=4, prelude=0, core=2, recurrences=5, coda=0),
+    "debug_core_only": _gpt2(dim=128, n_heads=4, prelude=0, core=2, recurrences=5, coda=0, vocab_size=DEBUG_VOCAB_SIZE),
     # Multi-step tasks (docs/tasks.md): 1 + 1x8 + 1 at d = 128 over the GPT-2 vocabulary, or
     # over `grt-titan task vocab`'s word-level one (135 ids; 256 rows): 7.2M and 0.84M parameters.
     "task_debug": _gpt2(dim=128, n_heads=4, prelude=1, core=1, recurrences=8, coda=1),

@@ -15,6 +15,7 @@ from grt_titan.data.config import DataConfig
 from grt_titan.data.loader import build_dataloader, build_validation_dataloader
 from grt_titan.data.prepare import _CUT, document_cut, is_val_document, main, prepare, split_long_text
 from grt_titan.tokenizer import (
+    GPT2_4K_TIKTOKEN_PATH,
     GPT2_TIKTOKEN_PATH,
     GPT2Tokenizer,
     HFTokenizer,
@@ -274,6 +275,11 @@ def test_export_carries_the_source_tokenizer(hf_dirs, tmp_path, tokenizer):
     gpt2_export.mkdir()
     _write_tokenizer(gpt2_export, tokenizer, GRTModelArgs(max_seq_len=64))
     assert export_tokenizer(gpt2_export).sha256 == tokenizer.sha256
+    small = GPT2Tokenizer(GPT2_4K_TIKTOKEN_PATH)  # the debug presets': told from GPT-2's by its size
+    small_export = tmp_path / "gpt2_4k_export"
+    small_export.mkdir()
+    _write_tokenizer(small_export, small, GRTModelArgs(vocab_size=4097, max_seq_len=64))
+    assert export_tokenizer(small_export).sha256 == small.sha256 and small.sha256 != tokenizer.sha256
 
 
 def test_export_hf_writes_the_source_tokenizer_and_its_special_ids(hf_dirs, tmp_path):

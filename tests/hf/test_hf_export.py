@@ -56,10 +56,10 @@ def test_export_folder(debug_export, debug_checkpoint):
     assert config["num_recurrences"] == 4 and config["tie_word_embeddings"] is True
     # R and the default depth under the training args' names (None: R); no old key.
     assert config["eval_recurrences"] is None and "train_recurrences" not in config
-    # BOS / EOS / pad: the tokenizer's <|endoftext|> (GPT-2's: 50256).
+    # BOS / EOS / pad: the tokenizer's <|endoftext|> (gpt2_4k.tiktoken's: 4096).
     generation = json.loads((debug_export / "generation_config.json").read_text())
-    assert config["bos_token_id"] == config["eos_token_id"] == 50256
-    assert generation["bos_token_id"] == generation["eos_token_id"] == generation["pad_token_id"] == 50256
+    assert config["bos_token_id"] == config["eos_token_id"] == 4096
+    assert generation["bos_token_id"] == generation["eos_token_id"] == generation["pad_token_id"] == 4096
     siblings = {name.removesuffix(".py") for name in REMOTE_CODE}
     for name in REMOTE_CODE:  # self-contained remote code: torch, transformers and each other
         tree = ast.parse((debug_export / name).read_text())
@@ -114,7 +114,7 @@ def test_qwen3_blocks_export_and_compute_torchtitans_logits(tmp_path):
 def test_exported_model_loads_and_matches(debug_export, debug_checkpoint):
     _, native = debug_checkpoint
     hf = load_hf(debug_export)
-    x = torch.randint(0, 50257, (1, 16), generator=torch.Generator().manual_seed(0))
+    x = torch.randint(0, 4097, (1, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (hf(x).logits - native(x)).abs().max().item() < 1e-4
 

@@ -1,12 +1,14 @@
 """The exported tokenizer files tokenize exactly like the training tokenizer (tiktoken), and an
 export from a Hugging Face tokenizer folder keeps what the source's users had: its chat
-templates and its generation ids."""
+templates and its generation ids. Both shipped rank files: GPT-2's, as a GPT-2-vocabulary run
+exports them, and grt_debug's gpt2_4k (the debug export)."""
 
 import json
 
 import pytest
 
-from grt_titan.tokenizer import GPT2Tokenizer
+from grt_titan.hf.tokenizer_files import write_tokenizer_files
+from grt_titan.tokenizer import GPT2_4K_TIKTOKEN_PATH, GPT2Tokenizer
 
 MIXED = [
     "Hello world",
@@ -22,10 +24,27 @@ MIXED = [
 
 
 @pytest.fixture(scope="module")
-def tokenizers(debug_export):
+def tokenizers(debug_export, tmp_path_factory):
+    """GPT-2's ranks and the files an export derives from them (as `export-hf` writes them)."""
     from transformers import AutoTokenizer
 
-    return GPT2Tokenizer(), AutoTokenizer.from_pretrained(str(debug_export))
+    train = GPT2Tokenizer()
+    folder = tmp_path_factory.mktemp("gpt2_tokenizer")
+    write_tokenizer_files(folder, train.encoding._mergeable_ranks, model_max_length=1024)
+    return train, AutoTokenizer.from_pretrained(str(folder))
+
+
+def test_the_debug_export_tokenizes_as_its_run(debug_export):
+    """grt_debug's tokenizer (GPT-2's first 4,096 ranks) through its export's files: the same
+    ids, longer than GPT-2's for the same text, and its own EOS."""
+    from transformers import AutoTokenizer
+
+    train, hf = GPT2Tokenizer(GPT2_4K_TIKTOKEN_PATH), AutoTokenizer.from_pretrained(str(debug_export))
+    for text in MIXED:
+        assert hf(text)["input_ids"] == train.encode(text), text
+        assert hf.decode(train.encode(text)) == text
+    assert hf.eos_token_id == train.eos_id == 4096 and len(hf) == 4097
+    assert len(train.encode(MIXED[1])) > len(GPT2Tokenizer().encode(MIXED[1]))
 
 
 def test_ids_equal_on_mixed_text(tokenizers):

@@ -18,13 +18,13 @@ COMMON = [*SHORT_DEBUG_RUN, "--checkpoint.enable"]
 def assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, nproc, extra, *, as_assets=False):
     """One step on `nproc` ranks from the HF folder that run `save` wrote: the loaded weights
     are the trained ones, so its first loss is below the trained run's first (an untrained
-    model's is ln(50257) = 10.8). `as_assets`: the folder, with its tokenizer beside the
+    model's is ln(4097) = 8.3). `as_assets`: the folder, with its tokenizer beside the
     weights as in a Hugging Face model folder, is `[model] hf_assets_path` with no
     initial_load_path and checkpointing off (torchtitan's fallback, which it would skip)."""
     trained = step_losses(save.stdout + save.stderr)
     source, key = ["--checkpoint.initial_load_path", str(folder)], INITIAL_LOAD_KEY
     if as_assets:
-        shutil.copy(REPO / "grt_titan" / "assets" / "gpt2.tiktoken", folder)
+        shutil.copy(REPO / "grt_titan" / "assets" / "gpt2_4k.tiktoken", folder)  # grt_debug's
         source, key = ["--model.hf_assets_path", str(folder), "--checkpoint.no-enable"], HF_ASSETS_KEY
     load = run_torchrun(
         nproc,
@@ -78,7 +78,8 @@ def test_last_save_in_hf_then_initial_load_in_hf(run_torchrun, tmp_path):
 @pytest.mark.slow
 def test_padded_vocab_hf_save_under_tp_then_load_under_fsdp(run_torchrun, tmp_path):
     """`[grt] vocab_multiple_of = 128`: the vocabulary-sharded (TP) embedding is saved with
-    its 50257 true rows, and loads (padded with zero rows) into an FSDP-sharded 50304-row one."""
+    its 4097 true rows (gpt2_4k.tiktoken's ids), and loads (padded with zero rows) into an FSDP-sharded
+    4224-row one."""
     pad = ["--grt.vocab_multiple_of", "128"]
     save = run_torchrun(
         2,
@@ -107,6 +108,6 @@ def test_padded_vocab_hf_save_under_tp_then_load_under_fsdp(run_torchrun, tmp_pa
         with safe_open(str(path), "pt") as f:
             shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
     assert set(shapes) == set(adapter.hf_keys)
-    assert shapes["model.embed_tokens.weight"] == (50257, padded.dim)  # the true vocabulary
+    assert shapes["model.embed_tokens.weight"] == (4097, padded.dim)  # the true vocabulary
 
     assert_loads_trained_weights(run_torchrun, tmp_path, save, folder, 2, pad)

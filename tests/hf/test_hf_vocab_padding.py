@@ -114,24 +114,24 @@ def _padded_toml(debug_config, tmp_path):
 
 
 def test_import_into_a_padded_config_and_back(debug_export, debug_checkpoint, debug_config, tmp_path):
-    """An unpadded GPT-2-vocabulary export imported for padded training (50304 rows), exported
-    again (50257 rows, the same bytes), and imported back into the unpadded config."""
+    """An unpadded export of grt_debug (gpt2_4k.tiktoken's 4097 ids) imported for padded training
+    (4224 rows), exported again (4097 rows, the same bytes), and imported back into the unpadded config."""
     padded_toml = _padded_toml(debug_config, tmp_path)
     padded, _ = load_model_args(padded_toml)
-    assert (padded.vocab_size, padded.padded_vocab_size) == (50257, 50304)
+    assert (padded.vocab_size, padded.padded_vocab_size) == (4097, 4224)
     ckpt = tmp_path / "ft" / "checkpoint" / "step-0"
     assert cli(["import-hf", "--hf-dir", str(debug_export), "--out", str(ckpt), "--config", str(padded_toml)]) == 0
     imported, _ = load_checkpoint(ckpt, padded)
     _, native = debug_checkpoint
     embeddings = imported["tok_embeddings.weight"]
-    assert embeddings.shape == (50304, padded.dim)
-    assert torch.equal(embeddings[:50257], native.tok_embeddings.weight) and not embeddings[50257:].any()
+    assert embeddings.shape == (4224, padded.dim)
+    assert torch.equal(embeddings[:4097], native.tok_embeddings.weight) and not embeddings[4097:].any()
 
     again = tmp_path / "again"
     assert cli(["export-hf", "--checkpoint", str(ckpt), "--config", str(padded_toml), "--out", str(again)]) == 0
     assert (again / SINGLE_FILE).read_bytes() == (debug_export / SINGLE_FILE).read_bytes()
-    assert json.loads((again / "config.json").read_text())["vocab_size"] == 50257
-    assert load_hf(again).config.vocab_size == 50257
+    assert json.loads((again / "config.json").read_text())["vocab_size"] == 4097
+    assert load_hf(again).config.vocab_size == 4097
 
     back = tmp_path / "back" / "checkpoint" / "step-0"
     assert cli(["import-hf", "--hf-dir", str(again), "--out", str(back), "--config", str(debug_config)]) == 0

@@ -104,8 +104,10 @@ def test_import_registers_once():
 
 def test_hf_assets_path_defaults_to_the_shipped_tokenizer():
     """torchtitan's default (./tests/assets/tokenizer) does not exist outside its repository
-    and is warned about on every run; grt_titan's [model] default is the shipped GPT-2 file."""
-    from grt_titan.tokenizer import GPT2_TIKTOKEN_PATH, resolve_tokenizer_path
+    and is warned about on every run; grt_titan's [model] default is the shipped GPT-2 file.
+    The debug presets name GPT-2's first 4,096 ranks, which ship too."""
+    from grt_titan.tokenizer import GPT2_4K_TIKTOKEN_PATH, GPT2_TIKTOKEN_PATH, resolve_tokenizer_path
 
-    path = parse_config().model.hf_assets_path
+    path = parse_config(path=REPO / "train_configs" / "grt_small.toml").model.hf_assets_path
     assert path == str(GPT2_TIKTOKEN_PATH) and resolve_tokenizer_path(path) == GPT2_TIKTOKEN_PATH
+    assert resolve_tokenizer_path(parse_config().model.hf_assets_path).resolve() == GPT2_4K_TIKTOKEN_PATH

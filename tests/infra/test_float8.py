@@ -71,7 +71,7 @@ def test_float8_emulated_trains_like_float32_on_two_fsdp_ranks(tmp_path):
     assert proc.returncode == 0, output[-3000:]
     assert "Swapped to Float8Linear" in output
     losses = make_golden.scalars(tmp_path / "float8")
-    assert len(losses) == make_golden.STEPS and golden[-1] < golden[0] - 2  # both train
+    assert len(losses) == make_golden.STEPS and golden[-1] < golden[0] - 1.5  # both train
     assert losses[-1] == pytest.approx(golden[-1], rel=0.02)
     plain = ANSI.sub("", output)
     assert "frozen, sharded like the student (FSDP 2)" in plain

@@ -6,9 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from grt_titan.model.flavors import DEBUG_VOCAB_SIZE
+
 from grt_test_helpers import build_model
 
-VOCAB = 50257
+VOCAB = DEBUG_VOCAB_SIZE  # the debug flavor's (gpt2_4k.tiktoken)
 
 
 def tokens(batch=2, seq=32, seed=1):

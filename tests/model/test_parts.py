@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from grt_titan.model import grt_flavors
+from grt_titan.model.flavors import DEBUG_VOCAB_SIZE
 from grt_titan.model.recurrence import DepthSampler, eval_initial_state
 
 from grt_test_helpers import LADDER_PARTS, MOR_PARTS, POISSON_PARTS, RRT_PARTS, build_model
 
-VOCAB = 50257
+VOCAB = DEBUG_VOCAB_SIZE  # the debug flavor's (gpt2_4k.tiktoken)
 LADDER, POISSON, RRT = LADDER_PARTS, POISSON_PARTS, RRT_PARTS
 
 

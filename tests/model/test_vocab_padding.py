@@ -35,7 +35,7 @@ def test_padded_vocab_size_rounds_up(vocab, multiple, padded):
 
 @pytest.mark.parametrize("block_style", ["gpt2", "llama"])
 def test_gpt2_vocab_padded_to_50304_rows(block_style):
-    args = grt_flavors["debug"].replace(block_style=block_style, vocab_multiple_of=128)
+    args = grt_flavors["debug"].replace(block_style=block_style, vocab_size=50257, vocab_multiple_of=128)
     model = build_meta_model(args)
     assert model.tok_embeddings.weight.shape == (50304, args.dim)
     assert model.output.weight.shape == (50304, args.dim)
@@ -80,7 +80,8 @@ def test_flops_count_the_padded_head():
     args = grt_flavors["debug"]
     padded = args.replace(vocab_multiple_of=128)
     S = 1024
-    assert padded.forward_flops_per_token(S) - args.forward_flops_per_token(S) == 2 * args.dim * (50304 - 50257)
+    # The debug flavor's 4097 ids (gpt2_4k.tiktoken) padded to 4224 rows.
+    assert padded.forward_flops_per_token(S) - args.forward_flops_per_token(S) == 2 * args.dim * (4224 - 4097)
     # ... which is what the head matmul computes (FlopCounterMode, linear layers only).
     model = build_model(padded).eval()
     S, r = 16, 2
@@ -124,13 +125,13 @@ def test_grt_section_sets_vocab_multiple_of(tmp_path):
     assert GRTSection().vocab_multiple_of is None  # unset keeps the flavor's value (1)
     args = grt_flavors["debug"].replace()
     args.update_from_config(_parse())
-    assert args.vocab_multiple_of == 1 and args.padded_vocab_size == 50257
+    assert args.vocab_multiple_of == 1 and args.padded_vocab_size == 4097  # gpt2_4k.tiktoken's ids
     args = grt_flavors["debug"].replace()
     args.update_from_config(_parse(path=_toml_with(tmp_path, "vocab_multiple_of = 128")))
-    assert args.padded_vocab_size == 50304 and args.vocab_size == 50257
+    assert args.padded_vocab_size == 4224 and args.vocab_size == 4097
     args = grt_flavors["debug"].replace()
     args.update_from_config(_parse("--grt.vocab_multiple_of", "64"))
-    assert args.padded_vocab_size == 50304
+    assert args.padded_vocab_size == 4160
 
 
 @pytest.mark.parametrize("value", [0, -1])

@@ -256,7 +256,7 @@ def test_fsdp_inside_each_group(tmp_path):
     """The layout users run: FSDP over each group's ranks (here 2 x 2 gloo ranks), gradients
     averaged across groups by FSDP's all-reduce hook through torchft. Both groups' rank-0
     shards stay identical, and the logged loss is the mean over groups (torchtitan's FT
-    trainer logs their sum), about ln(vocabulary) = 10.8 at the start, not twice that."""
+    trainer logs their sum), about ln(vocabulary) = 8.3 at the start, not twice that."""
     lighthouse = Lighthouse(free_port(), tmp_path / "lighthouse.log", min_replicas=2).start()
     args = [*FT_RUN, "--training.steps", "3"]
     groups = [Group(i, 2, tmp_path / f"group{i}", args, nproc=2) for i in range(2)]
@@ -265,7 +265,9 @@ def test_fsdp_inside_each_group(tmp_path):
     assert sorted(d0) == [1, 2, 3] and d0 == d1, (d0, d1)
     assert "Applied FSDP to the GRT" in groups[0].text()
     losses = groups[0].losses()
-    assert sorted(losses) == [1, 2, 3] and all(9.0 < loss < 11.5 for loss in losses.values()), losses
+    assert sorted(losses) == [1, 2, 3] and all(7.0 < loss < 9.0 for loss in losses.values()), (
+        losses
+    )  # ln(4097) = 8.3 at init
 
 
 @needs_torchft
