@@ -202,18 +202,23 @@ def _cut_problem(tokenizer_json: dict, added_tokens) -> str | None:
 
 
 class HFTokenizer(HuggingFaceTokenizer):
-    """A Hugging Face tokenizer folder through torchtitan's ``HuggingFaceTokenizer``.
+    """A Hugging Face tokenizer folder, read alike on torchtitan 0.2.2 and 0.3.
 
-    torchtitan's class reads ``tokenizer.json`` and ``tokenizer_config.json`` and decides
-    the special tokens: ``encode`` adds what the source adds (Llama 3's post-processor puts
-    ``<|begin_of_text|>`` first; GPT-2 and Qwen3 add nothing). On top of it:
+    torchtitan's ``HuggingFaceTokenizer`` loads ``tokenizer.json`` and registers the special
+    tokens tokenizer_config.json names (the same on both hosts). The rest its two versions
+    do differently (0.3 reads a BOS that is also the EOS as both and then adds no EOS; it
+    keeps the config under another name), so this class decides it from the
+    ``tokenizers.Tokenizer`` and tokenizer_config.json itself:
 
+    - ``encode`` adds what the source adds: the post-processor's special tokens (Llama 3's
+      ``<|begin_of_text|>``; GPT-2 and Qwen3 add none), BOS when ``add_bos`` (default:
+      ``add_bos_token`` of tokenizer_config.json) and EOS when ``add_eos``, each unless the
+      post-processor puts it there already;
     - text is ordinary text: a literal special token in it (``<|endoftext|>``) is encoded
       as text, as ``GPT2Tokenizer`` does (``encode_special_tokens``);
-    - ``eos_id`` falls back to ``eos_token`` of tokenizer_config.json or
-      special_tokens_map.json, then to an added ``<|endoftext|>`` (GPT-2's own folder names
-      its EOS like its BOS, which torchtitan takes as BOS only); a folder without one is
-      refused: documents are separated by EOS;
+    - ``bos_id`` is tokenizer_config.json's ``bos_token``; ``eos_id`` its ``eos_token``, else
+      special_tokens_map.json's, else an added ``<|endoftext|>`` (GPT-2's own folder names
+      none); a folder without one is refused: documents are separated by EOS;
     - ``decode`` keeps special tokens and takes arrays and tensors, like ``GPT2Tokenizer``.
 
     Args:
@@ -224,6 +229,8 @@ class HFTokenizer(HuggingFaceTokenizer):
         path: The folder.
         name: The folder's name.
         sha256: ``hf_tokenizer_sha256(folder)``; token shards record it (docs/data.md).
+        config: tokenizer_config.json (``{}`` without one); its chat template is the one
+            chat records are rendered with.
         document_prefix, document_suffix: The ids ``encode(doc, add_eos=True)`` puts before
             and after a document's text (Llama 3: ``[bos]``, ``[eos]``).
         cut_problem: None when long documents may be cut into pieces before a space or
@@ -246,55 +253,72 @@ class HFTokenizer(HuggingFaceTokenizer):
         try:
             super().__init__(tokenizer_path=str(folder))  # the keyword both torchtitan hosts take
             tokenizer_json = json.loads(tokenizer_file.read_text(encoding="utf-8"))
+            self.config = _read_json(folder / "tokenizer_config.json")
         except Exception as e:  # tokenizers raises its own Exception type
             raise ValueError(f"{folder}: not a readable Hugging Face tokenizer ({e})") from e
         self.path = folder
         self.name = folder.resolve().name
         self.tokenizer.encode_special_tokens = True
-        if self.eos_id is None:
-            self.eos_id = self._fallback_eos_id()
+        self.bos_token, self.bos_id = self._special_token("bos_token")
+        self.eos_token, self.eos_id = self._eos()
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
         self._vocab_size = max(vocab.values()) + 1
         # A word-level (or WordPiece, Unigram) model reads a word it lacks as its unknown
         # token; byte-level BPE (GPT-2, Qwen3) has none. `grt-titan prepare` refuses such text.
         unknown = (tokenizer_json.get("model") or {}).get("unk_token")
         self.unknown_id = None if unknown is None else self.tokenizer.token_to_id(unknown)
-        self.document_prefix, self.document_suffix = self._document_specials()
+        self._post_prefix, self._post_suffix = self._around_probe(self.tokenizer.encode(_PROBE).ids)
+        self.document_prefix, self.document_suffix = self._around_probe(self.encode(_PROBE, add_eos=True))
         self.cut_problem = _cut_problem(tokenizer_json, self.tokenizer.get_added_tokens_decoder().values())
 
-    def _fallback_eos_id(self) -> int:
-        names = []
-        # tokenizer_config.json as torchtitan read it: `config` on 0.2.2, `_hf_config` on 0.3.
-        tokenizer_config = getattr(self, "_hf_config", None) or getattr(self, "config", None)
-        if tokenizer_config:
-            names.append(self._get_token_from_config(tokenizer_config, "eos_token"))
-        special_map = self.path / "special_tokens_map.json"
-        if special_map.is_file():
-            names.append(self._get_token_from_config(json.loads(special_map.read_text(encoding="utf-8")), "eos_token"))
-        added = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special}
-        names.append(ENDOFTEXT if ENDOFTEXT in added else None)
-        for name in names:
+    def _special_token(self, key: str, *fallbacks: str | None) -> tuple[str | None, int | None]:
+        """The token tokenizer_config.json names as ``key``, else the first of ``fallbacks``,
+        that the vocabulary has, and its id; (None, None) if none."""
+        for name in (self._get_token_from_config(self.config, key), *fallbacks):
             if name is not None and self.tokenizer.token_to_id(name) is not None:
-                self.eos_token = name
-                return self.tokenizer.token_to_id(name)
+                return name, self.tokenizer.token_to_id(name)
+        return None, None
+
+    def _eos(self) -> tuple[str, int]:
+        """EOS: tokenizer_config.json's, else special_tokens_map.json's, else an added
+        ``<|endoftext|>`` (GPT-2's own folder names none)."""
+        special_map = _read_json(self.path / "special_tokens_map.json")
+        added = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special}
+        name, eos_id = self._special_token(
+            "eos_token",
+            self._get_token_from_config(special_map, "eos_token"),
+            ENDOFTEXT if ENDOFTEXT in added else None,
+        )
+        if eos_id is None:
+            raise ValueError(
+                f"{self.path}: no end-of-text token (tokenizer_config.json and special_tokens_map.json "
+                'name no "eos_token" the vocabulary has); documents are separated by it: add '
+                '"eos_token" to tokenizer_config.json'
+            )
+        return name, eos_id
+
+    def _around_probe(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        """The ids before and after the probe text's own tokens in ``ids`` (its encoding)."""
+        body = self.encode_ordinary(_PROBE)
+        for i in range(len(ids) - len(body) + 1):
+            if ids[i : i + len(body)] == body:
+                return ids[:i], ids[i + len(body) :]
         raise ValueError(
-            f"{self.path}: no end-of-text token (tokenizer_config.json and special_tokens_map.json "
-            'name no "eos_token" the vocabulary has); documents are separated by it: add '
-            '"eos_token" to tokenizer_config.json'
+            f"{self.path}: encoding {_PROBE!r} gives {ids}, which does not hold the text's tokens "
+            f"{body}; unsupported post-processor"
         )
 
-    def _document_specials(self) -> tuple[list[int], list[int]]:
-        full = super().encode(_PROBE, add_eos=True)
-        body = self.encode_ordinary(_PROBE)
-        for i in range(len(full) - len(body) + 1):
-            if full[i : i + len(body)] == body:
-                prefix, suffix = full[:i], full[i + len(body) :]
-                if self.eos_id in suffix:
-                    return prefix, suffix
-        raise ValueError(
-            f"{self.path}: encoding {_PROBE!r} gives {full}, which is not the text's tokens "
-            f"{body} between special tokens ending with EOS {self.eos_id}; unsupported post-processor"
-        )
+    def encode(self, text: str, add_bos: bool | None = None, add_eos: bool = False) -> list[int]:
+        """The tokens of ``text`` with the special tokens the source adds (see the class);
+        ``add_bos`` None: tokenizer_config.json's ``add_bos_token``."""
+        ids = self.tokenizer.encode(text).ids
+        if add_bos is None:
+            add_bos = bool(self.config.get("add_bos_token"))
+        if add_bos and self.bos_id is not None and self.bos_id not in self._post_prefix:
+            ids.insert(0, self.bos_id)
+        if add_eos and self.eos_id not in self._post_suffix:
+            ids.append(self.eos_id)
+        return ids
 
     def encode_ordinary(self, text: str) -> list[int]:
         """The tokens of ``text`` alone: no special token added, none recognised in it."""
@@ -320,6 +344,11 @@ class HFTokenizer(HuggingFaceTokenizer):
     def get_vocab_size(self) -> int:
         """The number of ids the tokenizer can emit: its largest id + 1."""
         return self._vocab_size
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON file's object; ``{}`` when the file is absent."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:

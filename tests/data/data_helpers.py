@@ -6,7 +6,9 @@ tokenizer_config.json of the tokenizer each style imitates)."""
 import json
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -55,6 +57,17 @@ def make_synthetic_dataset(
     return write_token_dataset(root, tokenizer, splits, shard_tokens, val_fraction=0.0)
 
 
+@dataclass
+class LoaderWorkers:
+    """0.2.2's `[training.dataloader]` keys and defaults: the StatefulDataLoader options the
+    loader passes on (`asdict`)."""
+
+    num_workers: int = 0
+    persistent_workers: bool = False
+    pin_memory: bool = False
+    prefetch_factor: int | None = None
+
+
 def job_config(
     dataset: str,
     seq_len: int = 16,
@@ -63,20 +76,24 @@ def job_config(
     seed: int = 0,
     cache_dir: str | None = None,
     val_dataset: str | None = None,
-):
-    from torchtitan.config import JobConfig
+) -> SimpleNamespace:
+    """The keys build_dataloader and build_validation_dataloader read, as 0.2.2's JobConfig
+    holds them (its defaults for the rest): one config for either torchtitan host."""
 
-    jc = JobConfig()
-    jc.training.dataset = dataset
-    jc.training.seq_len = seq_len
-    jc.training.local_batch_size = batch_size
-    jc.training.dataloader.num_workers = num_workers
-    jc.validation.dataset = val_dataset or dataset
-    jc.validation.seq_len = seq_len
-    jc.validation.local_batch_size = batch_size
-    jc.validation.dataloader.num_workers = num_workers
-    jc.data = DataConfig(seed=seed, cache_dir=cache_dir)
-    return jc
+    def section(name: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            dataset=name,
+            dataset_path=None,
+            seq_len=seq_len,
+            local_batch_size=batch_size,
+            dataloader=LoaderWorkers(num_workers=num_workers),
+        )
+
+    training = section(dataset)
+    training.global_batch_size = -1
+    return SimpleNamespace(
+        training=training, validation=section(val_dataset or dataset), data=DataConfig(seed=seed, cache_dir=cache_dir)
+    )
 
 
 STYLES = ("llama3", "qwen3", "gpt2", "metaspace")

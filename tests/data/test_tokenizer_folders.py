@@ -5,6 +5,7 @@ loader, the tokenizer check and the export's tokenizer files; tiny tokenizers bu
 import json
 import random
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -28,12 +29,9 @@ from grt_titan.tokenizer import (
 from data_helpers import DOCS, job_config, split_tokens, write_jsonl
 
 
-def _jc_with_tokenizer(path):
-    from torchtitan.config import JobConfig
-
-    jc = JobConfig()
-    jc.model.hf_assets_path = str(path)
-    return jc
+def _jc_with_tokenizer(path) -> SimpleNamespace:
+    """The one key build_tokenizer reads, whichever torchtitan host's config holds it."""
+    return SimpleNamespace(model=SimpleNamespace(hf_assets_path=str(path)))
 
 
 def test_build_from_a_folder(hf_dirs, tmp_path):
@@ -76,6 +74,46 @@ def test_build_from_a_folder(hf_dirs, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no .tiktoken file and no tokenizer.json"):
         load_tokenizer(tmp_path / "empty")
+
+
+# Folder -> (tokenizer_config.json changes, None: no such file; bos_id, eos_id, vocabulary
+# size, document_prefix, document_suffix): what both torchtitan hosts must read.
+_SPECIALS = {
+    "llama3": ({}, 400, 401, 402, [400], [401]),
+    "llama3_bos_is_eos": ({"eos_token": "<|begin_of_text|>"}, 400, 400, 402, [400], [400]),
+    "qwen3": ({}, None, 400, 403, [], [400]),
+    "qwen3_add_bos": ({"bos_token": "<|im_start|>", "add_bos_token": True}, 401, 400, 403, [401], [400]),
+    "gpt2": ({}, None, 400, 401, [], [400]),
+    "gpt2_no_config": (None, None, 400, 401, [], [400]),
+    "words": ({}, None, 234, 235, [], [234]),  # `grt-titan task vocab`'s word-level tokenizer
+}
+
+
+@pytest.mark.parametrize("case", list(_SPECIALS))
+def test_special_tokens_are_read_alike_on_either_host(hf_dirs, tmp_path, case):
+    """torchtitan 0.3's HuggingFaceTokenizer reads a BOS that is also the EOS as both and then
+    adds no EOS (0.2.2: BOS only); HFTokenizer decides the specials itself, alike on both."""
+    from tokenizers import Tokenizer
+
+    from grt_titan.data.tasks import write_task_tokenizer
+
+    changes, *expected = _SPECIALS[case]
+    style = case.split("_")[0]
+    folder = (
+        write_task_tokenizer(tmp_path / case) if style == "words" else shutil.copytree(hf_dirs[style], tmp_path / case)
+    )
+    config_file = folder / "tokenizer_config.json"
+    if changes is None:
+        config_file.unlink()
+    elif changes:
+        config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **changes}))
+    tok = HFTokenizer(folder)
+    assert [tok.bos_id, tok.eos_id, tok.get_vocab_size(), tok.document_prefix, tok.document_suffix] == expected
+    text = "a > b ; 12 = c" if style == "words" else "Hello world, 12 cafés."
+    ordinary = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    assert tok.encode_ordinary(text) == ordinary and tok.unknown_id not in ordinary
+    assert tok.encode(text, add_eos=True) == tok.document_prefix + ordinary + tok.document_suffix
+    assert tok.encode(text, add_bos=False) == ([400] if style == "llama3" else []) + ordinary  # the post-processor's
 
 
 def test_a_folder_without_eos_is_refused(hf_dirs, tmp_path):

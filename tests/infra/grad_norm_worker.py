@@ -1,7 +1,7 @@
 """torchrun worker: a training job (grt_titan.train's main and GRTTrainer) that, after its last
 step, writes each parameter's gradient norm in float64 to OUT.json.
 
-torchtitan's logged grad_norm is torch's CPU fp32 norm, ~1e-4 off on the 50257 x 128 tensors
+torchtitan's logged grad_norm is torch's CPU fp32 norm, ~1e-4 off on tensors of GPT-2's 50257 x 128
 (grt_test_helpers.LOGGED_GRAD_NORM_REL says why); these norms come from each gradient's full
 tensor in float64, so layouts can be compared tightly. The last step's gradients are still
 on the parameters when the loop ends (the next step would zero them), so the job that logs

@@ -39,7 +39,7 @@ def converted_fqns(*overrides, block_style: str = "gpt2") -> tuple[set[str], set
 @pytest.mark.parametrize("block_style", ["gpt2", "qwen3"])
 def test_float8_converts_block_projection_and_gate_linears(block_style):
     linears, converted = converted_fqns(block_style=block_style)
-    # Every linear but the LM head (50257 outputs is not a multiple of 16).
+    # Every linear but the LM head (4097 outputs is not a multiple of 16).
     assert converted == linears - {"output"}
     assert {"recurrence.step.proj", "recurrence.step.gate.w_in", "recurrence.step.gate.w_out"} <= converted
     assert "recurrence.step.core.layers.0.attention.wq" in converted

@@ -126,5 +126,5 @@ def test_tp2_compile_ac_matches_eager(style, ac, eager_losses, run_torchrun, tmp
     assert not recompiles_after_step_1(output)
     if ac == "step":  # the recompile log is on: step 1's recompile of the checkpoint wrapper is in it
         assert "Recompiling function" in output
-    # GPT-2's 50257-row vocabulary shards unevenly over TP 2: the cache workaround said so.
+    # The debug vocabulary's 4097 rows shard unevenly over TP 2: the cache workaround said so.
     assert "unevenly: the AOTAutograd compile cache is off" in output

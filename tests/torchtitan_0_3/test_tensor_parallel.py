@@ -138,7 +138,7 @@ def float8_linears(model: nn.Module) -> tuple[set[str], set[str]]:
 
 
 def test_float8_converts_every_linear_but_the_head_and_the_filtered(tmp_path):
-    """As 0.2.2's converter (tests/infra/test_float8.py): the LM head's 50257 rows are not a
+    """As 0.2.2's converter (tests/infra/test_float8.py): the LM head's 4097 rows are not a
     multiple of 16; `filter_fqns = ["gate"]` keeps the gate's linears high precision."""
     model = parallelized(trainer_config(float8_toml(tmp_path, 'emulate = true\nfilter_fqns = ["gate"]')))
     linears, converted = float8_linears(model)

@@ -115,17 +115,17 @@ def test_its_checkpoint_exports_and_the_export_generates(fresh, tmp_path, monkey
         monkeypatch.setenv(key, "1")
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grt_titan.cli import main as cli
 
     out = tmp_path / "export"
     assert cli(["export-hf", "--checkpoint", str(fresh / "checkpoint"), "--config", str(fresh), "--out", str(out)]) == 0
     model = AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True, dtype=torch.float32).eval()
-    ids = torch.tensor([[464, 2068, 7586, 21831]])
+    ids = AutoTokenizer.from_pretrained(str(out))("The quick brown fox", return_tensors="pt").input_ids
     cached = model.generate(ids, max_new_tokens=8, do_sample=False)
     uncached = model.generate(ids, max_new_tokens=8, do_sample=False, use_cache=False)
-    assert cached.shape == (1, 12) and torch.equal(cached, uncached)
+    assert cached.shape == (1, ids.shape[1] + 8) and torch.equal(cached, uncached)
 
 
 @pytest.fixture(scope="module")
