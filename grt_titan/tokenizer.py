@@ -320,6 +320,11 @@ class HFTokenizer(HuggingFaceTokenizer):
             ids.append(self.eos_id)
         return ids
 
+    def set_chat_template(self, template: object) -> None:
+        """Compiles nothing: torchtitan 0.3 loads a folder's chat template at construction (0.2.2
+        does not) and fails on a list of named ones, which transformers writes. Chat records
+        are rendered from ``config`` by grt_titan's own ``ChatTemplate`` on both hosts."""
+
     def encode_ordinary(self, text: str) -> list[int]:
         """The tokens of ``text`` alone: no special token added, none recognised in it."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids

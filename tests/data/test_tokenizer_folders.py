@@ -26,7 +26,7 @@ from grt_titan.tokenizer import (
     load_tokenizer,
 )
 
-from data_helpers import DOCS, job_config, split_tokens, write_jsonl
+from data_helpers import CHATML, DOCS, job_config, split_tokens, write_jsonl
 
 
 def _jc_with_tokenizer(path) -> SimpleNamespace:
@@ -76,6 +76,8 @@ def test_build_from_a_folder(hf_dirs, tmp_path):
         load_tokenizer(tmp_path / "empty")
 
 
+# transformers' tokenizer_config.json with several chat templates (0.3 compiled it at load).
+_NAMED_TEMPLATES = [{"name": "default", "template": CHATML}, {"name": "plain", "template": "{{ messages }}"}]
 # Folder -> (tokenizer_config.json changes, None: no such file; bos_id, eos_id, vocabulary
 # size, document_prefix, document_suffix): what both torchtitan hosts must read.
 _SPECIALS = {
@@ -83,6 +85,7 @@ _SPECIALS = {
     "llama3_bos_is_eos": ({"eos_token": "<|begin_of_text|>"}, 400, 400, 402, [400], [400]),
     "qwen3": ({}, None, 400, 403, [], [400]),
     "qwen3_add_bos": ({"bos_token": "<|im_start|>", "add_bos_token": True}, 401, 400, 403, [401], [400]),
+    "qwen3_named_chat_templates": ({"chat_template": _NAMED_TEMPLATES}, None, 400, 403, [], [400]),
     "gpt2": ({}, None, 400, 401, [], [400]),
     "gpt2_no_config": (None, None, 400, 401, [], [400]),
     "words": ({}, None, 234, 235, [], [234]),  # `grt-titan task vocab`'s word-level tokenizer
@@ -92,9 +95,11 @@ _SPECIALS = {
 @pytest.mark.parametrize("case", list(_SPECIALS))
 def test_special_tokens_are_read_alike_on_either_host(hf_dirs, tmp_path, case):
     """torchtitan 0.3's HuggingFaceTokenizer reads a BOS that is also the EOS as both and then
-    adds no EOS (0.2.2: BOS only); HFTokenizer decides the specials itself, alike on both."""
+    adds no EOS (0.2.2: BOS only), and compiles the chat template; HFTokenizer decides the
+    specials itself, alike on both, and leaves chats to grt_titan's ChatTemplate."""
     from tokenizers import Tokenizer
 
+    from grt_titan.data.records import ChatTemplate
     from grt_titan.data.tasks import write_task_tokenizer
 
     changes, *expected = _SPECIALS[case]
@@ -114,6 +119,9 @@ def test_special_tokens_are_read_alike_on_either_host(hf_dirs, tmp_path, case):
     assert tok.encode_ordinary(text) == ordinary and tok.unknown_id not in ordinary
     assert tok.encode(text, add_eos=True) == tok.document_prefix + ordinary + tok.document_suffix
     assert tok.encode(text, add_bos=False) == ([400] if style == "llama3" else []) + ordinary  # the post-processor's
+    if "chat_template" in (changes or {}):
+        chat = [{"role": "user", "content": text}]
+        assert ChatTemplate(tok, case).render(chat, False) == f"<|im_start|>user\n{text}<|im_end|>\n"
 
 
 def test_a_folder_without_eos_is_refused(hf_dirs, tmp_path):
