@@ -17,7 +17,10 @@ from grt_titan.torchtitan_0_3.recipe import trainer_config  # noqa: E402
 from grt_titan.torchtitan_0_3.trainer import GRTTrainer  # noqa: E402
 
 # grt_debug's model at its sequence length (0.3's default, 2048, exceeds gpt2's learned positions).
-DEBUG = {"model": {"flavor": "debug", "hf_assets_path": "grt_titan/assets/gpt2_4k.tiktoken"}, "training": {"seq_len": 128}}
+DEBUG = {
+    "model": {"flavor": "debug", "hf_assets_path": "grt_titan/assets/gpt2_4k.tiktoken"},
+    "training": {"seq_len": 128},
+}
 
 
 def toml_config(tmp_path, sections: dict[str, dict]) -> GRTTrainer.Config:
