@@ -44,6 +44,7 @@ LEAVES = {
     "grt_titan.model.flops",
     "grt_titan.model.methods",
     "grt_titan.model.part",
+    "grt_titan.model.settings",
     "grt_titan.plots",
     "grt_titan.run_record",
     "grt_titan.tokenizer",

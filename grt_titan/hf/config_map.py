@@ -2,7 +2,9 @@
 
 `hf_config_kwargs` writes the config of an export (grt_titan/hf/convert.py);
 `model_args_from_hf_config` reads one back (`grt-titan import-hf`, and `grt-titan analyze`
-on an exported folder). `HF_PARTS` are the recurrence parts modeling_grt.py implements.
+on an exported folder). The `[grt]` settings it carries as they are come from their declaration
+(`HF_SETTINGS`, grt_titan/model/args.py); `HF_PARTS` are the recurrence parts modeling_grt.py
+implements.
 
 It sits in the one-process I/O layer with grt_titan/checkpoint_io.py (docs/architecture.md,
 "Layer order"), below hf/ and analysis/, so that analyze reads an export without importing
@@ -16,6 +18,7 @@ from typing import Any
 
 from grt_titan.model.args import GRT_PARTS, GRTModelArgs
 from grt_titan.model.llama_blocks import RoPEScalingArgs
+from grt_titan.model.settings import hf_config_keys
 from grt_titan.run_reader import CheckpointError
 
 
@@ -34,9 +37,13 @@ def model_args_dict(args: GRTModelArgs) -> dict[str, Any]:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
 
 
+# The `[grt]` settings an export's config.json holds, {field: (key, written for a dense model
+# too)}: their declaration's `hf` (grt_titan/model/args.py); a recurrent model's parts and
+# their settings, and the gate's.
+HF_SETTINGS = hf_config_keys(GRTModelArgs)
 # Recurrence parts that the HF model implements (config.json fields of the same names);
 # grt_titan/hf/convert.py refuses the others.
-HF_PARTS = ("injection", "update", "initial_state", "step_adapter", "objective", "router")
+HF_PARTS = tuple(name for name in HF_SETTINGS if name in GRT_PARTS)
 
 
 def hf_config_kwargs(args: GRTModelArgs, eos_id: int | None = None, bos_id: int | None = None) -> dict[str, Any]:
@@ -48,29 +55,13 @@ def hf_config_kwargs(args: GRTModelArgs, eos_id: int | None = None, bos_id: int 
     vocabulary lacks): none.
     """
     recurrent = args.is_recurrent
+    declared = {key: getattr(args, name) for name, (key, dense) in HF_SETTINGS.items() if recurrent or dense}
     if recurrent:
-        parts = {name: getattr(args, name) for name in HF_PARTS}
-        parts.update(
-            initial_state_std=args.initial_state_std,
-            initial_state_seed=args.depth_seed,  # the seed of grt_titan's eval-mode state table
-            lora_rank=args.lora_rank,
-            lora_scale=args.lora_scale,
-            exit_threshold=args.exit_threshold,  # Ouro's Q-exit threshold q
-            anchor_scale=args.anchor_scale,  # SCSE
-            initial_deviation_scale=args.initial_deviation_scale,
-            deviation_step_size=args.deviation_step_size,
-            deviation_mask_eps=args.deviation_mask_eps,
-            router_capacity=args.router_capacity,
-            router_scale=args.router_scale,
-            router_update=args.router_update,  # MoR: the update it was trained with
-            # MoR: the exported model routes causally by default (generation); a full forward
-            # may ask for top_k (docs/hf_export.md). The run's own eval rule is in training_settings.
-            router_inference="threshold",
-        )
-    else:
-        parts = {}
+        # MoR: the exported model routes causally by default (generation); a full forward
+        # may ask for top_k (docs/hf_export.md). The run's own eval rule is in training_settings.
+        declared["router_inference"] = "threshold"
     return dict(
-        **parts,
+        **declared,
         block_style=args.block_style,
         vocab_size=args.vocab_size,  # the true vocabulary, never padded_vocab_size
         hidden_size=args.dim,
@@ -88,8 +79,6 @@ def hf_config_kwargs(args: GRTModelArgs, eos_id: int | None = None, bos_id: int 
         num_recurrences=args.num_recurrences if recurrent else 0,  # R, as in the args
         eval_recurrences=args.eval_recurrences if recurrent else None,  # the default depth (None: R)
         gate_hidden_size=args.gate_hidden_dim or args.dim,
-        gate_temperature=args.gate_temperature,
-        gate_override=args.gate_override,
         tie_word_embeddings=args.tie_embeddings,
         # Everything torchtitan needs to rebuild the exact args on import.
         training_settings={"grt_model_args": model_args_dict(args)},
@@ -118,28 +107,13 @@ def model_args_from_hf_config(config: dict[str, Any]) -> GRTModelArgs:
         n_prelude_layers=config["num_prelude_layers"],
         n_core_layers=config["num_core_layers"],
         n_coda_layers=config["num_coda_layers"],
-        gate_temperature=config.get("gate_temperature", args.gate_temperature),
-        gate_override=config.get("gate_override"),
     )
-    if config["num_core_layers"]:
-        # The parts config.json gives (none: GRT's) and their settings.
-        overrides.update({name: config.get(name, GRT_PARTS[name]) for name in HF_PARTS})
-        for key, field in (
-            ("initial_state_std",) * 2,
-            ("initial_state_seed", "depth_seed"),
-            ("lora_rank",) * 2,
-            ("lora_scale",) * 2,
-            ("exit_threshold",) * 2,
-            ("anchor_scale",) * 2,
-            ("initial_deviation_scale",) * 2,
-            ("deviation_step_size",) * 2,
-            ("deviation_mask_eps",) * 2,
-            ("router_capacity",) * 2,
-            ("router_scale",) * 2,
-            ("router_update",) * 2,
-        ):
-            if key in config:
-                overrides[field] = config[key]
+    recurrent = bool(config["num_core_layers"])
+    # The declared settings config.json gives (a missing part: GRT's; another: the saved value).
+    for name, (key, dense) in HF_SETTINGS.items():
+        if recurrent or dense:
+            overrides[name] = config.get(key, GRT_PARTS.get(name, getattr(args, name)))
+    if recurrent:
         if overrides["step_adapter"] == "lora" and not saved:
             overrides["depth_sampling"] = "fixed"  # one adapter set per step of a fixed depth
         if overrides["router"] != "none" and not saved:  # MoR: one router per step, no noise

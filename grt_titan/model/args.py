@@ -1,6 +1,10 @@
 """Configuration of the Gated Recurrent Transformer: its fields, the sizes derived from them,
 the `[grt]` overrides (`update_from_config`) and the checks common to every method.
 
+A field made with `setting` is a `[grt]` setting, declared here once: its name, type, default
+and help text; the `[grt]` section of both hosts, `CONFIGURABLE_FIELDS` and the HF config map
+are derived from it (grt_titan/model/settings.py).
+
 Each part's rules and FLOPs term live in its method module (grt_titan/model/part.py,
 docs/methods.md); the args iterate over the table of parts, `GRTModelArgs.parts`, which
 importing grt_titan.model installs (grt_titan/model/parts.py). The FLOP count (paper eq. 1
@@ -19,6 +23,7 @@ from grt_titan.field_checks import field_problems
 
 from . import flops, methods
 from .part import Bad, Part
+from .settings import declared_settings, setting
 
 BlockStyle = Literal["gpt2", "llama", "qwen3"]
 DepthSampling = Literal["uniform", "fixed", "poisson_lognormal"]
@@ -42,53 +47,6 @@ RouterInference = Literal["top_k", "threshold"]
 # paper's rows use and why.
 RouterUpdate = Literal["delta", "block"]
 
-# Fields of `GRTModelArgs` that the `[grt]` TOML section may override: `GRTSection`
-# (grt_titan/job_config.py) declares each, of its type or unset, and no other model field
-# (tests/model/test_add_a_method.py). The order is `grt-titan table`'s settings order.
-CONFIGURABLE_FIELDS = (
-    "block_style",
-    "num_recurrences",
-    "min_recurrences",
-    "eval_recurrences",
-    "depth_sampling",
-    "depth_seed",
-    "depth_curriculum_steps",
-    "depth_curriculum_shape",
-    "state_noise_std",
-    "gate_noise_std",
-    "gate_temperature",
-    "gate_bias_init",
-    "gate_override",
-    "backprop_recurrences",
-    "vocab_multiple_of",
-    "injection",
-    "update",
-    "initial_state",
-    "initial_state_std",
-    "depth_mean",
-    "anchor_scale",
-    "initial_deviation_scale",
-    "deviation_step_size",
-    "deviation_mask_eps",
-    "step_adapter",
-    "lora_rank",
-    "lora_scale",
-    "objective",
-    "exit_entropy_weight",
-    "exit_threshold",
-    "step_supervision",
-    "step_supervision_steps",
-    "router",
-    "router_capacity",
-    "router_scale",
-    "router_aux_weight",
-    "router_balance_weight",
-    "router_z_loss_weight",
-    "router_inference",
-    "router_update",
-)
-
-
 # The parts that make GRT itself (the other methods change some of them): its row's.
 GRT_PARTS: dict[str, Any] = {
     name: methods.GRT.parts[name]
@@ -109,13 +67,25 @@ class GRTModelArgs:
     # The one field of torchtitan 0.2.2's BaseModelArgs, once our base class: run records,
     # flavor files and retrofit records hold it (dataclasses.asdict), and load with it.
     _enforced: str = "This field is used to enforce all fields have defaults."
-    block_style: BlockStyle = "gpt2"
+    block_style: BlockStyle = setting(
+        "gpt2",
+        "Block style of the flavor's blocks: gpt2 (the paper's) or llama (torchtitan's).",
+    )
     dim: int = 768
     n_heads: int = 12
     n_kv_heads: int | None = None  # llama style only (grouped-query attention)
     vocab_size: int = 50257  # the tokenizer's vocabulary (ids it can emit)
-    # Embedding / LM head rows are padded up to a multiple of this (see padded_vocab_size).
-    vocab_multiple_of: int = 1
+    # Rows of the embedding and head: padded_vocab_size. `[grt]` lists it after
+    # backprop_recurrences (--help, run records), where the section first had it.
+    vocab_multiple_of: int = setting(
+        1,
+        """Pad the embedding and LM head rows to a multiple of this (e.g. 128: GPT-2's 50257 ->
+        50304), so tensor-parallel vocabulary shards are equal and the head matmul has an
+        aligned size. The padded ids are never inputs or targets; their logits stay in the
+        training softmax (as in nanoGPT / Megatron) and the Hugging Face export drops them.
+        Default 1 (no padding); `vocab_size` stays the tokenizer's.""",
+        listed_after="backprop_recurrences",
+    )
     max_seq_len: int = 1024  # gpt2: learned positions; llama: RoPE table length
     norm_eps: float = 1e-5
 
@@ -124,63 +94,178 @@ class GRTModelArgs:
     n_coda_layers: int = 1
 
     # Recurrence (paper section 3): r ~ Uniform{min..num_recurrences} per training forward.
-    num_recurrences: int = 4  # R
-    min_recurrences: int = 1  # r_min
-    eval_recurrences: int | None = None  # depth in eval mode; None means R
-    depth_sampling: DepthSampling = "uniform"
-    depth_seed: int = 0
-    # Depth curriculum (McLeish et al. 2025): over the first N optimizer steps the law ramps up
-    # from r_min (uniform: its maximum; fixed: the depth; poisson_lognormal: the mean); 0 = off.
-    depth_curriculum_steps: int = 0
-    depth_curriculum_shape: DepthCurriculumShape = "linear"
+    num_recurrences: int = setting(4, "R: the largest training depth and the default inference depth.")
+    min_recurrences: int = setting(1, "r_min: training depths are drawn from Uniform{r_min..R}.")
+    eval_recurrences: int | None = setting(None, "Depth used in eval mode (validation); default R.")
+    depth_sampling: DepthSampling = setting(
+        "uniform",
+        """uniform: r ~ Uniform{r_min..R} per training forward; fixed: always R (ablations);
+        poisson_lognormal: heavy-tail Poisson (Geiping et al. 2025), mean `depth_mean`.""",
+    )
+    # Exported as initial_state_seed: the seed of the HF model's eval-mode state table.
+    depth_seed: int = setting(
+        0,
+        "Seed of the depth sequence; r of forward t is a function of (seed, t) alone.",
+        hf="initial_state_seed",
+    )
+    depth_curriculum_steps: int = setting(
+        0,
+        """Depth curriculum (McLeish et al. 2025): over the first N optimizer steps the depth law
+        ramps up from r_min (uniform: its maximum r_min -> R; fixed: the depth r_min -> R;
+        poisson_lognormal: the mean r_min -> depth_mean), then stays. Counted in optimizer steps
+        (each of [training] global_batch_size / (local_batch_size x data-parallel degree)
+        forwards); 0 (default) = no curriculum. Refused on a dense model and with a router.""",
+    )
+    depth_curriculum_shape: DepthCurriculumShape = setting(
+        "linear",
+        """The ramp's shape at p = step / N: linear (default), p; or 1-sqrt, 1 - sqrt(1 - p) (slow
+        first, cheaper); a depth bound is rounded up (McLeish et al.'s code offers both).""",
+    )
     # Training forwards per optimizer step (the job's gradient accumulation), set by
     # `update_from_config`: forward t belongs to step t // forwards_per_step of the curriculum.
     forwards_per_step: int = 1
 
-    state_noise_std: float = 0.1  # sigma_x
-    gate_noise_std: float = 0.1  # sigma_g
-    gate_temperature: float = 1.0  # tau
-    gate_bias_init: float = 4.0
+    state_noise_std: float = setting(0.1, "sigma_x of the state noise added before W_proj in training (paper: 0.1).")
+    gate_noise_std: float = setting(0.1, "sigma_g of the per-scalar gate-logit noise in training (paper: 0.1).")
+    gate_temperature: float = setting(1.0, "tau, divides the gate logits (paper: 1.0).", hf=True, hf_dense=True)
+    gate_bias_init: float = setting(4.0, "Initial bias of the gate MLP's last layer (paper: +4, g ~ 0.98).")
     gate_hidden_dim: int | None = None  # d_gate; None means dim
-    gate_override: float | None = None  # ablation: g fixed to this value in [0, 1]
-    backprop_recurrences: int | None = None  # truncated backprop: last k steps; None = all
+    gate_override: float | None = setting(
+        None,
+        "Ablation: force the gate to this constant in [0, 1] (1 copies, 0 overwrites).",
+        hf=True,
+        hf_dense=True,
+    )
+    backprop_recurrences: int | None = setting(
+        None,
+        """Truncated backprop through depth: gradients flow through the last k steps only
+        (the earlier ones run without autograd); unset = through all r steps.""",
+    )
 
     # Parts of the recurrence (GRT: proj, gate, prelude, uniform, none, final, none).
-    injection: Injection = "proj"
-    update: Update = "gate"
-    initial_state: InitialState = "prelude"
-    initial_state_std: float = 0.02  # std of the random h_0 (heavy-tail Poisson), cut at 3 std
-    depth_mean: float | None = None  # poisson_lognormal: E[r]; None = (r_min + R) / 2
-    # SCSE (grt_titan/model/scse.py): h* = e + anchor_scale A e, h_0 = e + initial_deviation_scale B e,
-    # Delta <- Delta + m s G(Delta) with s = deviation_step_size, m = 1{||Delta||^2 > deviation_mask_eps}.
-    anchor_scale: float = 0.1
-    initial_deviation_scale: float = 0.1
-    deviation_step_size: float = 0.5
-    deviation_mask_eps: float = 1e-8
-    step_adapter: StepAdapter = "none"
-    lora_rank: int = 64  # RRT: rank of each per-step adapter
-    lora_scale: float = 2.0  # RRT: alpha / rank, the adapter's output scale
-    objective: Objective = "final"
-    exit_entropy_weight: float = 0.05  # Ouro: beta of the exit-distribution entropy bonus
-    exit_threshold: float = 1.0  # Ouro: inference exits at the first step with CDF >= q
-    # Training reads out every step t toward the record's t-th target (step_supervision.py).
-    step_supervision: bool = False
-    # ... for the first N optimizer steps, then the final answer alone (outcome-only annealing);
-    # 0: the whole run.
-    step_supervision_steps: int = 0
-    router: Router = "none"
-    router_capacity: list[float] | None = None  # MoR: share of tokens kept per step; None = (R-i)/R
-    router_scale: float = 0.1  # MoR: alpha, the router weight is sigmoid(logit) * alpha
-    router_aux_weight: float = 0.001  # MoR: weight of the router's BCE auxiliary loss
-    router_balance_weight: float = 0.1  # MoR token choice: weight of the balancing loss R sum P_j f_j
-    router_z_loss_weight: float = 0.0  # MoR token choice: weight of the router z-loss (0: off)
-    # MoR in eval mode: top_k over the sequence (training's rule), or threshold (a token goes
-    # on while sigmoid(logit) > 0.5; causal). Training always uses top_k.
-    router_inference: RouterInference = "top_k"
-    # MoR expert choice: how a routed token's state takes the core output (RouterUpdate above).
+    injection: Injection = setting(
+        "proj",
+        """proj: the step's input is W_proj [h + eps_x ; h_pre] (GRT eq. 2, Huginn's adapter);
+        none: h + eps_x, the prelude output is not re-injected; deviation: h - h*, the deviation
+        from SCSE's anchor (with update and initial_state of the same row, docs/methods.md).""",
+        hf=True,
+    )
+    update: Update = setting(
+        "gate",
+        """gate: h <- g h + (1 - g) o (GRT eq. 4); overwrite: h <- o; deviation: SCSE's
+        h <- h + m s (o - (h - h*)), m = 0 for a sequence at its anchor.""",
+        hf=True,
+    )
+    initial_state: InitialState = setting(
+        "prelude",
+        """prelude: h_0 = h_pre (GRT); random: a fresh TruncNormal(0, initial_state_std) state
+        every forward (heavy-tail Poisson); anchor: SCSE's learned anchor h* = e + a A e and
+        h_0 = e + b B e from the prelude output e.""",
+        hf=True,
+    )
+    initial_state_std: float = setting(0.02, "Std of the random initial state (default 0.02, cut at 3 std).", hf=True)
+    depth_mean: float | None = setting(
+        None,
+        """poisson_lognormal depth sampling: the mean training depth E[r]; default the uniform
+        sampler's (r_min + R) / 2, so both spend the same expected compute.""",
+    )
+    # SCSE (grt_titan/model/scse.py): h* = e + a A e, h_0 = e + b B e, Delta <- Delta + m s G(Delta).
+    anchor_scale: float = setting(0.1, "SCSE: a, the anchor's scale in h* = e + a A e (default 0.1).", hf=True)
+    initial_deviation_scale: float = setting(
+        0.1,
+        "SCSE: b, the initial state's scale in h_0 = e + b B e (default 0.1).",
+        hf=True,
+    )
+    deviation_step_size: float = setting(
+        0.5,
+        "SCSE: s, the step's scale in Delta <- Delta + m s G(Delta) (default 0.5).",
+        hf=True,
+    )
+    deviation_mask_eps: float = setting(
+        1e-8,
+        """SCSE: epsilon of the zero-deviation mask m = 1{||Delta||_F^2 > epsilon}, per sequence
+        (default 1e-8).""",
+        hf=True,
+    )
+    step_adapter: StepAdapter = setting(
+        "none",
+        """lora: one LoRA adapter per (core block, recurrence step) on every linear of the core
+        (Relaxed Recursive Transformers); the depth is then fixed to R.""",
+        hf=True,
+    )
+    lora_rank: int = setting(64, "Rank of each per-step LoRA adapter (default 64).", hf=True)
+    lora_scale: float = setting(2.0, "Output scale alpha / rank of the LoRA adapters (default 2).", hf=True)
+    objective: Objective = setting(
+        "final",
+        """final: cross-entropy at the last step; exit_distribution: Ouro's expected loss over a
+        learned exit distribution minus exit_entropy_weight x its entropy.""",
+        hf=True,
+    )
+    exit_entropy_weight: float = setting(
+        0.05,
+        "Ouro: beta, the weight of the exit distribution's entropy (default 0.05).",
+    )
+    exit_threshold: float = setting(
+        1.0,
+        """Ouro inference: exit at the first step whose cumulative exit probability >= this
+        (default 1.0: run every step).""",
+        hf=True,
+    )
+    step_supervision: bool = setting(
+        False,
+        """Per-step supervision (docs/tasks.md): training reads out every recurrence step t and
+        trains it toward the record's t-th step target (prompt/completion data with `steps`);
+        steps past the last target keep the final answer. Default false.""",
+    )
+    step_supervision_steps: int = setting(
+        0,
+        """With step_supervision: per-step supervision for the first N optimizer steps, then the
+        final answer alone for the rest of the run (the outcome-only annealing of arXiv 2608.11233);
+        0 (default): per-step supervision throughout (docs/tasks.md).""",
+    )
+    router: Router = setting(
+        "none",
+        """expert_choice: Mixture-of-Recursions, a router per step picks the tokens it updates;
+        token_choice: MoR's token choice, one router picks each token's number of steps.""",
+        hf=True,
+    )
+    router_capacity: list[float] | None = setting(
+        None,
+        """MoR: share of the tokens each step keeps, one float per step, non-increasing, in (0, 1]
+        (TOML `[1.0, 0.75, 0.5, 0.25]`, command line `--grt.router_capacity 1 0.75 0.5 0.25`);
+        default (R - i) / R.""",
+        hf=True,
+    )
+    router_scale: float = setting(
+        0.1,
+        "MoR: alpha; a selected token's update is scaled by sigmoid(router logit) x alpha (0.1).",
+        hf=True,
+    )
+    router_aux_weight: float = setting(0.001, "MoR: weight of the router's BCE auxiliary loss (0.001).")
+    router_balance_weight: float = setting(0.1, "MoR token choice: weight of the balancing loss R sum_j P_j f_j (0.1).")
+    router_z_loss_weight: float = setting(
+        0.0,
+        "MoR token choice: weight of the router z-loss, mean logsumexp(logits)^2 (0: off).",
+    )
+    router_inference: RouterInference = setting(
+        "top_k",
+        """MoR in eval mode (validation, `grt-titan analyze`): `top_k` (default) routes as in
+        training, top-k of the sequence per step, so validation loss matches the training rule
+        but is not causal; `threshold` sends a token on to step i while it was active at step
+        i-1 and sigmoid(router logit) > 0.5, causal (what generation uses; eager only: refused
+        with [compile] enable and validation on). Training always uses top_k
+        (docs/architecture.md).""",
+    )
     # The default is the update of every run made before the option existed, so their records,
     # checkpoints and exports load as trained; the MoR TOMLs of train_configs/paper/ set "block".
-    router_update: RouterUpdate = "delta"
+    router_update: RouterUpdate = setting(
+        "delta",
+        """MoR expert choice: a routed token's update with router weight g. `delta` (default):
+        h + g (core(h) - h), the paper's H + g f(H); `block`: h + g core(h) = (1 + g) h + g f(h),
+        the released code's `x + g * Block(x)` (its Block holds the residual), which the MoR TOMLs
+        of train_configs/paper/ use (docs/architecture.md, "Mixture-of-Recursions").""",
+        hf=True,
+    )
 
     # llama style (grt_titan/model/llama_blocks.py, torchtitan 0.2.2's llama3 block)
     multiple_of: int = 256
@@ -437,3 +522,9 @@ class GRTModelArgs:
 
     def replace(self, **changes) -> "GRTModelArgs":
         return dataclasses.replace(self, **changes)
+
+
+# The fields that the `[grt]` TOML section may override, the declared settings (`setting`
+# above, grt_titan/model/settings.py), in `[grt]`'s order: `GRTSection` (grt_titan/sections.py)
+# is made of them, and it is `grt-titan table`'s settings order.
+CONFIGURABLE_FIELDS = tuple(f.name for f, _ in declared_settings(GRTModelArgs))

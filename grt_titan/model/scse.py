@@ -29,17 +29,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import methods
 from .args import GRTModelArgs
 from .init import trunc_normal_
 from .part import Bad, Part
 
 SCSE_CHOICES = {"injection": "deviation", "update": "deviation", "initial_state": "anchor"}
-SCSE_FIELDS = {
-    "anchor_scale": 0.1,
-    "initial_deviation_scale": 0.1,
-    "deviation_step_size": 0.5,
-    "deviation_mask_eps": 1e-8,
-}
+# SCSE's own settings (its row's in grt_titan/model/methods.py), set only with its parts.
+SCSE_FIELDS = tuple(methods.SCSE.settings)
 
 
 class SourceAnchor(nn.Module):
@@ -93,8 +90,9 @@ def _check_together(args: GRTModelArgs, bad: Bad) -> None:
         together = ", ".join(f"{k} = {v!r}" for k, v in SCSE_CHOICES.items())
         raise bad(key, getattr(args, key), f"SCSE's parts go together: {together}")
     if not any(chosen.values()):
-        for name, default in SCSE_FIELDS.items():
-            if getattr(args, name) != default:
+        defaults = GRTModelArgs()
+        for name in SCSE_FIELDS:
+            if getattr(args, name) != getattr(defaults, name):
                 raise bad(
                     name,
                     getattr(args, name),
