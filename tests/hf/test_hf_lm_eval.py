@@ -24,9 +24,9 @@ def test_lm_eval_loglikelihood(debug_export, debug_checkpoint):
     assert len(results) == len(pairs)
 
     # Reference: the same log-probabilities from the torchtitan model.
-    from grt_titan.tokenizer import GPT2Tokenizer
+    from grt_titan.tokenizer import GPT2_4K_TIKTOKEN_PATH, GPT2Tokenizer
 
-    tok = GPT2Tokenizer()
+    tok = GPT2Tokenizer(GPT2_4K_TIKTOKEN_PATH)  # grt_debug's
     _, native = debug_checkpoint
     for (context, continuation), (logprob, is_greedy) in zip(pairs, results):
         ctx, cont = tok.encode(context), tok.encode(continuation)
