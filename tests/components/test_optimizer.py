@@ -8,66 +8,35 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 from torch import nn
 
 from grt_titan.components.optimizer import NonFiniteGuard, NonFiniteStepError, build_grt_optimizers
 
-from grt_test_helpers import one_rank_dims, parse_config, same_values
+from grt_test_helpers import one_rank_dims, parse_config
+from tests.nonfinite_cases import (
+    backward,
+    skip_leaves_parameters_and_optimizer_state_unchanged,
+    stop_raises_before_any_update,
+    two_linears,
+)
 
 
 def optimizers_for(model: nn.Module, *overrides):
     return build_grt_optimizers([model], parse_config(*overrides).optimizer, one_rank_dims())
 
 
-def two_linears() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
-
-
-def backward(model: nn.Module, poison: float | None = None) -> None:
-    model.zero_grad()
-    model(torch.ones(3, 4)).square().sum().backward()
-    if poison is not None:
-        model[1].bias.grad[0] = poison
-
-
-def snapshot(model, optimizers):
-    params = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    state = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in optimizers.state_dict().items()}
-    return params, state
+def host_optimizers(model: nn.Module, on_nonfinite: str | None):
+    """`optimizers_for` as tests/nonfinite_cases.py calls it."""
+    return optimizers_for(model, *(() if on_nonfinite is None else ("--optimizer.on_nonfinite", on_nonfinite)))
 
 
 @pytest.mark.parametrize("poison", [math.nan, math.inf])
 def test_stop_raises_before_any_update(poison):
-    model = two_linears()
-    optimizers = optimizers_for(model)
-    backward(model)
-    optimizers.step()  # step 1 is finite
-    backward(model, poison)
-    before = snapshot(model, optimizers)
-    with pytest.raises(NonFiniteStepError, match=r"^step 2: the gradient norm is NaN or inf"):
-        optimizers.step()
-    after = snapshot(model, optimizers)
-    assert same_values(before[0], after[0]) and same_values(before[1], after[1])
+    stop_raises_before_any_update(host_optimizers, poison)
 
 
 def test_skip_leaves_parameters_and_optimizer_state_unchanged():
-    model = two_linears()
-    optimizers = optimizers_for(model, "--optimizer.on_nonfinite", "skip")
-    guard = next(h for h in optimizers._optimizer_step_pre_hooks.values() if isinstance(h, NonFiniteGuard))
-    backward(model)
-    optimizers.step()
-    before = snapshot(model, optimizers)
-    backward(model, math.nan)
-    optimizers.step()  # step 2: skipped
-    after = snapshot(model, optimizers)
-    assert same_values(before[0], after[0]) and same_values(before[1], after[1])
-    assert guard.skipped == 1
-    backward(model)
-    optimizers.step()  # step 3 trains again; AdamW counts the 2 steps it took
-    assert not same_values(after[0], snapshot(model, optimizers)[0])
-    assert optimizers.optimizers[0].state[model[0].weight]["step"].item() == 2
+    skip_leaves_parameters_and_optimizer_state_unchanged(host_optimizers)
 
 
 def test_step_is_named_after_a_restored_optimizer_state():

@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("torchtitan.trainer", reason="torchtitan 0.3's Trainer (the 0.3 lane)")
 
-import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torchtitan.trainer import Trainer  # noqa: E402
 
@@ -23,12 +22,12 @@ from grt_titan.torchtitan_0_3.optimizer import GRTOptimizersContainer  # noqa: E
 from grt_titan.torchtitan_0_3.recipe import trainer_config  # noqa: E402
 from grt_titan.torchtitan_0_3.trainer import NONFINITE_LOSS, GRTTrainer  # noqa: E402
 
-from grt_test_helpers import same_values  # noqa: E402
-
-
-def two_linears() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+from tests.nonfinite_cases import (  # noqa: E402
+    backward,
+    skip_leaves_parameters_and_optimizer_state_unchanged,
+    stop_raises_before_any_update,
+    two_linears,
+)
 
 
 def optimizers_for(model: nn.Module, on_nonfinite: str | None = None) -> GRTOptimizersContainer:
@@ -37,19 +36,6 @@ def optimizers_for(model: nn.Module, on_nonfinite: str | None = None) -> GRTOpti
     if on_nonfinite is not None:
         config.on_nonfinite = on_nonfinite
     return config.build(model_parts=[model])
-
-
-def backward(model: nn.Module, poison: float | None = None) -> None:
-    model.zero_grad()
-    model(torch.ones(3, 4)).square().sum().backward()
-    if poison is not None:
-        model[1].bias.grad[0] = poison
-
-
-def snapshot(model, optimizers):
-    params = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    state = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in optimizers.state_dict().items()}
-    return params, state
 
 
 def test_the_recipe_reads_on_nonfinite(tmp_path):
@@ -62,33 +48,11 @@ def test_the_recipe_reads_on_nonfinite(tmp_path):
 
 @pytest.mark.parametrize("poison", [math.nan, math.inf])
 def test_stop_raises_before_any_update(poison):
-    model = two_linears()
-    optimizers = optimizers_for(model)
-    backward(model)
-    optimizers.step()  # step 1 is finite
-    backward(model, poison)
-    before = snapshot(model, optimizers)
-    with pytest.raises(NonFiniteStepError, match=r"^step 2: the gradient norm is NaN or inf"):
-        optimizers.step()
-    after = snapshot(model, optimizers)
-    assert same_values(before[0], after[0]) and same_values(before[1], after[1])
+    stop_raises_before_any_update(optimizers_for, poison)
 
 
 def test_skip_leaves_parameters_and_optimizer_state_unchanged():
-    model = two_linears()
-    optimizers = optimizers_for(model, "skip")
-    backward(model)
-    optimizers.step()
-    before = snapshot(model, optimizers)
-    backward(model, math.nan)
-    optimizers.step()  # step 2: skipped
-    after = snapshot(model, optimizers)
-    assert same_values(before[0], after[0]) and same_values(before[1], after[1])
-    assert optimizers.nonfinite_guard.skipped == 1
-    backward(model)
-    optimizers.step()  # step 3 trains again; AdamW counts the 2 steps it took
-    assert not same_values(after[0], snapshot(model, optimizers)[0])
-    assert optimizers.optimizers[0].state[model[0].weight]["step"].item() == 2
+    skip_leaves_parameters_and_optimizer_state_unchanged(optimizers_for)
 
 
 class LoggedLossCheck(Trainer):
