@@ -5,7 +5,7 @@ returns without moving data, so an all-gather's or reduce-scatter's output holds
 its buffer held. Plans, shapes, compile, memory and collective counts are real; losses,
 gradient norms and MFU are not, and a gradient can be NaN or inf at step 1 (dense_llama_1b
 at 32 ranks, sequence 256, stopped with `NonFiniteStepError`). Under the fake backend
-- the non-finite step guard (grt_titan/components/optimizer.py) is not installed,
+- the non-finite step guard (grt_titan/components/nonfinite.py) is not installed,
 - the loss-spike rewind (grt_titan/components/loss_spike.py) is off,
 - MFU prints as `mfu: n/a (fake backend)` and is left out of TensorBoard
   (grt_titan/components/metrics.py),
