@@ -16,16 +16,17 @@ from collections import Counter
 from pathlib import Path
 
 # Worker seconds per area: each area's spend in a fresh-clone CI run on a quiet 2-core machine
-# (2026-12-06, after the debug presets' vocabulary shrank to gpt2_4k's 4,097 ids: infra 430,
-# reliability 211, docs 109, hf 74, components 36, benchmarks 85, top 92, data 10, model 16,
-# analysis 39; 1,100 in all, the suite 595 s), rounded up with a little room; the total stays
+# (2026-12-06, after the debug presets' vocabulary shrank to gpt2_4k's 4,097 ids; two runs:
+# infra 430/441, reliability 211/268, docs 109/106, hf 74/88, components 36/43, benchmarks
+# 85/93, top 92/90, data 10/13, model 16/16, analysis 39/37; 1,100/1,196 in all, the suite
+# 595/636 s), the larger rounded up with a little room; the total stays
 # under SUITE_BUDGET_S, so a new slow test fits its area's room or pays for itself by dropping a
 # run that proves less.
 BUDGET_S = {
     "infra": 470,
-    "reliability": 240,
+    "reliability": 280,
     "docs": 125,
-    "hf": 85,
+    "hf": 95,
     "components": 45,
     "benchmarks": 95,
     "top": 100,
@@ -34,7 +35,7 @@ BUDGET_S = {
     "analysis": 45,
     "torchtitan_0_3": 5,  # the 0.3 adapter: only its host checks run on 0.2.2 (its lane: .ci/run)
 }
-SUITE_BUDGET_S = 1250
+SUITE_BUDGET_S = 1300
 
 DURATION = re.compile(r"^\s*([\d.]+)s (?:setup|call|teardown)\s+tests/(\S+?)::")
 
