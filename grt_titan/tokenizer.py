@@ -34,7 +34,6 @@ GPT2_PAT_STR = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 ENDOFTEXT = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257
 GPT2_4K_TIKTOKEN_PATH = ASSETS_DIR / "gpt2_4k.tiktoken"
-GPT2_4K_VOCAB_SIZE = 4097
 """GPT-2's first 4,096 ranks (the 256 bytes and the first 3,840 merges): the debug presets'
 vocabulary (4,097 ids with `<|endoftext|>`), a twelfth of GPT-2's, so that CPU runs spend their
 steps on the blocks rather than on the LM head (grt_titan/assets/README.md)."""
@@ -371,11 +370,11 @@ def resolve_tokenizer_path(hf_assets_path: str | None) -> Path | None:
         return None
     p = Path(hf_assets_path)
     if p.suffix == ".tiktoken":
-        if not p.is_file() and not p.is_absolute() and (PACKAGE_PARENT / p).is_file():
+        if p.is_file():
+            return p
+        if not p.is_absolute() and (PACKAGE_PARENT / p).is_file():
             return PACKAGE_PARENT / p  # grt_titan/assets/..., from outside the checkout
-        if not p.is_file():
-            raise FileNotFoundError(f"[model] hf_assets_path = {str(p)!r}: file not found")
-        return p
+        raise FileNotFoundError(f"[model] hf_assets_path = {str(p)!r}: file not found")
     if p.is_dir():
         found = sorted(p.glob("*.tiktoken"))
         if not found:
@@ -449,19 +448,22 @@ def export_tokenizer(folder: str | os.PathLike) -> "GPT2Tokenizer | HFTokenizer"
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file():
         return GPT2Tokenizer()
-    config_file = folder / "tokenizer_config.json"
-    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+    config = _read_json(folder / "tokenizer_config.json")
     if config.get("tokenizer_class") == "GPT2Tokenizer" and config.get("split_special_tokens") is True:
-        vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
-        shipped = SHIPPED_RANKS.get(len(vocab))
+        vocab = _read_json(folder / "tokenizer.json")["model"]["vocab"]  # the ranks and <|endoftext|>
+        shipped = shipped_ranks(len(vocab) - 1)
         if shipped is not None:
             return GPT2Tokenizer(shipped)
     return HFTokenizer(folder)
 
 
-# The shipped rank files by their vocabulary (ranks and <|endoftext|>): an export's GPT-2 files
-# name no file, and their vocabulary tells GPT-2's ranks from their first 4,096.
-SHIPPED_RANKS = {GPT2_VOCAB_SIZE: GPT2_TIKTOKEN_PATH, GPT2_4K_VOCAB_SIZE: GPT2_4K_TIKTOKEN_PATH}
+def shipped_ranks(count: int) -> Path | None:
+    """The shipped rank file holding `count` ranks: an export's GPT-2 files name no file, and
+    their vocabulary's size tells GPT-2's ranks from their first 4,096."""
+    for path in sorted(ASSETS_DIR.glob("*.tiktoken")):
+        if len(path.read_bytes().split()) == 2 * count:  # one "<base64> <rank>" line per rank
+            return path
+    return None
 
 
 def build_tokenizer(job_config) -> "GPT2Tokenizer | HFTokenizer":

@@ -106,8 +106,11 @@ def test_hf_assets_path_defaults_to_the_shipped_tokenizer():
     """torchtitan's default (./tests/assets/tokenizer) does not exist outside its repository
     and is warned about on every run; grt_titan's [model] default is the shipped GPT-2 file.
     The debug presets name GPT-2's first 4,096 ranks, which ship too."""
-    from grt_titan.tokenizer import GPT2_4K_TIKTOKEN_PATH, GPT2_TIKTOKEN_PATH, resolve_tokenizer_path
+    from grt_titan.model import grt_flavors
+    from grt_titan.tokenizer import GPT2_4K_TIKTOKEN_PATH, GPT2_TIKTOKEN_PATH, GPT2Tokenizer, resolve_tokenizer_path
 
     path = parse_config(path=REPO / "train_configs" / "grt_small.toml").model.hf_assets_path
     assert path == str(GPT2_TIKTOKEN_PATH) and resolve_tokenizer_path(path) == GPT2_TIKTOKEN_PATH
     assert resolve_tokenizer_path(parse_config().model.hf_assets_path).resolve() == GPT2_4K_TIKTOKEN_PATH
+    # The debug flavors' rows are exactly that tokenizer's ids.
+    assert GPT2Tokenizer(GPT2_4K_TIKTOKEN_PATH).get_vocab_size() == grt_flavors["debug"].vocab_size == 4097
