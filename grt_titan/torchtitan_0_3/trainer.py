@@ -33,11 +33,12 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from grt_titan.components.loss_spike import LossHistoryState, build_loss_spike_monitor, config_problems
+from grt_titan.config_checks import forwards_per_step
 from grt_titan.data.config import DataConfig
 from grt_titan.run_record import build_run_record, write_run_record
 from grt_titan.sections import GRTMetricsConfig, GRTSection, LossSpikeConfig
 from grt_titan.torchtitan_0_3.checkpoint import GRTCheckpointManager
-from grt_titan.torchtitan_0_3.checks import check_config
+from grt_titan.torchtitan_0_3.checks import check_config, check_view
 from grt_titan.torchtitan_0_3.optimizer import GRTOptimizersContainer
 from grt_titan.torchtitan_0_3.refusals import HostRefusal, refusals
 from grt_titan.torchtitan_0_3.validate import GRTValidator
@@ -131,10 +132,9 @@ class GRTTrainer(LossHistoryState, Trainer):
 def wire_sections(config: GRTTrainer.Config) -> None:
     """What the data loaders, the depth sampler and the parallel plans read of the whole
     config, handed to them before torchtitan builds them (each sees only its own fields)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # every rank is a data-parallel rank here
     training = config.training
-    global_batch = training.global_batch_size if training.global_batch_size > 0 else training.local_batch_size * world
-    config.forwards_per_step = max(1, global_batch // (training.local_batch_size * world))
+    # Over the data-parallel degree, as on 0.2.2 (under TP not every rank is a data-parallel one).
+    config.forwards_per_step = forwards_per_step(check_view(config))
     for loader in (config.dataloader, config.validator.dataloader):
         loader.data = config.data
     config.metrics.grt_metrics = config.grt_metrics

@@ -214,3 +214,15 @@ def test_replicas_alone_are_sharded_over_their_mesh(tmp_path, fake_tp_world, cap
     assert "Applied HSDP to the GRT" in caplog.text
     weight = model.recurrence.step.core.layers["0"].attention.wq.weight
     assert isinstance(weight, DTensor) and weight.device_mesh.mesh_dim_names == ("dp_replicate", "fsdp")
+
+
+@pytest.mark.parametrize("tp, forwards", [(1, 2), (2, 4)])
+def test_gradient_accumulation_counts_data_parallel_ranks_only(monkeypatch, tp, forwards):
+    """Forwards per optimizer step (the depth curriculum's step count): global batch 16 of 2 per
+    forward over the data-parallel ranks, 4 of 4 ranks under FSDP, 2 of them under TP 2."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    config = config_registry.grt_debug()
+    config.training.local_batch_size, config.training.global_batch_size = 2, 16
+    config.parallelism.tensor_parallel_degree = tp
+    wire_sections(config)
+    assert config.forwards_per_step == forwards
