@@ -44,9 +44,15 @@ SETUP_MODULES = ("venv", "pip")
 
 
 def doc_files() -> list[Path]:
-    """README.md, then docs/*.md in name order (the order the run test follows), then
-    tests/README.md."""
-    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "tests" / "README.md"]
+    """README.md, then docs/*.md in name order (the order the run test follows), the studies of
+    docs/results/, benchmarks/README.md and tests/README.md."""
+    return [
+        REPO / "README.md",
+        *sorted((REPO / "docs").glob("*.md")),
+        *sorted((REPO / "docs" / "results").glob("*.md")),
+        REPO / "benchmarks" / "README.md",
+        REPO / "tests" / "README.md",
+    ]
 
 
 @dataclass
