@@ -340,6 +340,11 @@ def write_token_dataset(root: Path, tokenizer, splits: dict, shard_tokens: int, 
 SOURCE_TOKENIZERS = {"Qwen3-0.6B": (151_643, 26)}
 
 
+# `grt-titan task vocab`'s folder (docs/tasks.md), which grt_task_loops reads: CI writes it
+# with the same code (`stand_in_dataset_args`), so it needs no stand-in.
+TASK_VOCAB = "data/tasks/vocab"
+
+
 def source_tokenizer(path: Path) -> tuple[int, int] | None:
     """The tokenizer shape of the source a retrofit preset reads; None for other presets (their
     tokenizer, if they name one, ships in grt_titan/assets)."""
@@ -348,7 +353,7 @@ def source_tokenizer(path: Path) -> tuple[int, int] | None:
     from grt_titan.tokenizer import ASSETS_DIR
 
     hf_assets_path = tomli.loads(path.read_text()).get("model", {}).get("hf_assets_path")
-    if hf_assets_path is None or Path(hf_assets_path).parent == ASSETS_DIR.relative_to(REPO):
+    if hf_assets_path in (None, TASK_VOCAB) or Path(hf_assets_path).parent == ASSETS_DIR.relative_to(REPO):
         return None
     name = Path(hf_assets_path).name
     assert name in SOURCE_TOKENIZERS, f"{path.name}: add the tokenizer of {name} to SOURCE_TOKENIZERS"
@@ -472,24 +477,44 @@ def no_initial_weights_args(path: Path) -> list[str]:
 
 
 def stand_in_dataset_args(path: Path, tmp: Path) -> list[str]:
-    """For a preset that trains on a prepared folder of its own (grt_task_debug's task data,
-    which its docs make with `grt-titan task` and `prepare`, docs/tasks.md): a token dataset of
-    GPT-2 ids in its place (the layout is what runs here; the task data's own path, packed
+    """For a preset that trains on a prepared folder of its own (grt_task_debug's and
+    grt_task_loops' task data, which their docs make with `grt-titan task` and `prepare`,
+    docs/tasks.md): a token dataset of its tokenizer's ids in its place (GPT-2's, or the task
+    vocabulary's, whose folder it then passes too) (the layout is what runs here; the task data's own path, packed
     records and masked loss, is tests/analysis/test_task_eval.py's and the docs' run)."""
     import tomli
 
     config = tomli.loads(path.read_text())
     if config["training"].get("dataset", "grt_default") == "grt_default" or source_tokenizer(path) is not None:
         return []
-    from grt_titan.tokenizer import GPT2Tokenizer
-
-    tokenizer = GPT2Tokenizer()
     import numpy as np
 
+    from grt_titan.tokenizer import GPT2Tokenizer
+
+    if config["model"].get("hf_assets_path") == TASK_VOCAB:
+        return task_recipe_args(path, tmp)
+    tokenizer = GPT2Tokenizer()
     tokens = np.arange(1 << 12, dtype=np.int64) * 7919 % tokenizer.get_vocab_size()
     splits = {"train": tokens, "val": tokens[:512]}
     data = write_token_dataset(tmp / f"{path.stem}-data", tokenizer, splits, shard_tokens=1 << 13, val_fraction=0.0)
     return ["--training.dataset", str(data), "--validation.dataset", str(data)]
+
+
+def task_recipe_args(path: Path, tmp: Path) -> list[str]:
+    """For a preset over the task's word vocabulary (grt_task_loops): its docs' data at a small
+    size, made by the same commands (`grt-titan task vocab`, `task iterated-function`,
+    `prepare`), so per-step supervision has its targets."""
+    from grt_titan.cli import main
+
+    folder = tmp / f"{path.stem}-data"
+    vocab, records = folder / "vocab", folder / "train.jsonl"
+    if not (folder / "data").is_dir():
+        assert main(["task", "vocab", "--out", str(vocab)]) == 0
+        task = ["--symbols", "10", "--depths", "8-8", "--table", "edges", "--depth-given", "loops"]  # fits seq_len 16
+        assert main(["task", "iterated-function", *task, "--n", "64", "--out", str(records)]) == 0
+        prepare = ["prepare", str(records), "--tokenizer", str(vocab), "--out", str(folder / "data")]
+        assert main([*prepare, "--val-fraction", "0.1"]) == 0
+    return ["--model.hf_assets_path", str(vocab), "--training.dataset", str(folder / "data")]
 
 
 def stand_in_overrides(path: Path, tmp: Path) -> list[str]:
