@@ -13,7 +13,9 @@ from grt_test_helpers import REPO
 MAX_LINES = 450
 PAGES = sorted((REPO / "docs").glob("*.md"))
 STUDIES = sorted((REPO / "docs" / "results").glob("*.md"))
-DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\b(January|February|March|April|May|June|July|August|September|October|November|December) 20\d\d\b")
+DATE = re.compile(
+    r"\b20\d\d-[01]\d-[0-3]\d\b|\b(January|February|March|April|May|June|July|August|September|October|November|December) 20\d\d\b"
+)
 # How a lab notebook narrates the machine a run shared; a how-to page states a number and links its study.
 MACHINE_NARRATIVE = re.compile(
     r"this (2-core |CPU |same |shared )?machine|beside (a|the) CI|beside other work|with other work|nothing else running",
