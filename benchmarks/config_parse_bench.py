@@ -6,7 +6,7 @@ Both parse the same TOML (every rank of a job parses once at start-up), alternat
 times after one warm-up each; prints the median CPU seconds of a parse with each, their ratio,
 and how many times each asked inspect for a source file it could not find (tyro's per-field
 lookups on torchtitan's merged config classes: grt_titan/job_config.py, GRTConfigManager).
-Results: docs/training.md ("Start-up").
+Results: docs/results/cpu_speed.md ("Config parse at start-up").
 """
 
 from __future__ import annotations

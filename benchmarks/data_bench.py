@@ -1,4 +1,4 @@
-"""Data-path benchmark (docs/data.md "Benchmarks"; not a timed test).
+"""Data-path benchmark (docs/data.md "Benchmarks", docs/results/data_bench.md; not a timed test).
 
 1. `prepare` throughput (tokens/s, reading + tokenizing + writing shards) vs tiktoken's own
    batch encoding (`encode_ordinary_batch`, texts already in memory) of the same text on

@@ -1,5 +1,5 @@
 """Depth that pays, on one CPU core in minutes: pointer chasing over one table per sequence,
-every query answered (docs/tasks.md, "Where depth pays"; docs/benchmarks.md).
+every query answered (docs/tasks.md, "Where depth pays"; docs/results/depth_pays.md).
 
     python benchmarks/depth_pays_bench.py --out /tmp/depth_pays                      # every row
     python benchmarks/depth_pays_bench.py --rows grt_steps dense --out /tmp/depth_pays
@@ -10,7 +10,7 @@ pair (x, d); the answer at the query's position is f^d(x), d ~ Uniform{1..R} per
 single cycle makes f^a(x) != f^b(x) for a != b < N: an answer one step short is wrong, and
 chance is 1/N. Problems are fresh every batch (nothing is memorized) and every query is in
 the loss, so a batch of 64 sequences holds 1,024 answers: the signal per token that the
-one-answer records of `grt-titan task` lack (docs/tasks.md, "What has been measured").
+one-answer records of `grt-titan task` lack (docs/results/task_training.md).
 
 Rows, all the project's GRTModel (GPT-2 blocks, learned positions, d 64, no noise), trained in
 process through the model's own training forward and loss (`grt_titan.components.loss.grt_loss`,

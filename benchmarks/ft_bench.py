@@ -1,4 +1,4 @@
-"""Fault tolerance through torchft on CPU (docs/reliability.md, docs/parallelism.md): what
+"""Fault tolerance through torchft on CPU (docs/fault_tolerance.md; docs/results/reliability_torchft.md): what
 each fault costs, and DiLoCo's bytes and loss against fully synchronous training.
 
     python benchmarks/ft_bench.py --out /tmp/ftb                  # both parts

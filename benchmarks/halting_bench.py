@@ -1,5 +1,5 @@
 """Per-token halting: the forward FLOPs each rule saves at the fixed depth's loss, and what it
-does to decode latency (docs/benchmarks.md, "Per-token halting"; docs/hf_export.md).
+does to decode latency (docs/results/halting.md; docs/generation.md).
 
 1. A GRT trained here: grt_debug's recipe (train_configs/grt_debug.toml: 1 + 2x4 + 1, d = 128,
    R = 4, the embedded corpus) for `--train-steps` steps on 2 CPU ranks (`--train-args` adds

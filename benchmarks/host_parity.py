@@ -7,7 +7,7 @@ Run in a venv with torchtitan 0.3 (README, "Supported versions"):
 It trains the golden `fsdp2` command of tests/golden/make_golden.py (20 steps, 2 gloo ranks,
 seed 0) as `-m torchtitan.train --module grt_titan --config grt_debug`, reads its per-step loss
 from TensorBoard and prints, per step, the golden (0.2.2) loss, the 0.3 loss and their relative
-difference. docs/benchmarks.md, "torchtitan 0.3 against 0.2.2", holds a run's table.
+difference. docs/results/host_parity.md holds a run's table.
 """
 
 from __future__ import annotations

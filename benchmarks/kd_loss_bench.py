@@ -8,7 +8,7 @@
 float32 student logits [batch, seq_len, vocab] (a tenth of the labels ignored), alternated
 `--repeats` times after one warm-up each; prints the median seconds of each, their ratio, and
 the bytes each keeps for its backward (autograd's saved tensors, counted once per storage).
-Results: docs/distillation.md ("The loss's cost").
+Results: docs/results/distillation_kd_loss.md.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ steps, rotated each round so that drift of a shared machine hits all of them ali
 - `on`:       GRTMetricsProcessor with `enable = true` (observes the log steps only).
 
 Prints the mean step time of each and the ratios to `baseline`; with `on`, also the mean
-time of the observed (logged) steps vs the others. Results: docs/observability.md.
+time of the observed (logged) steps vs the others. Results: docs/results/observability_metrics_overhead.md.
 """
 
 from __future__ import annotations

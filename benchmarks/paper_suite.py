@@ -11,7 +11,7 @@ method's parts ([grt]) and recipe; `cpu_scale_overrides` swaps only the
 size: its flavor for the debug-size one with the same layout shape (1 + 2x4 + 1 or 0 + 2x5 + 0
 at d = 128, 10 block applications, like dense_debug's 10 layers), sequence 64, float32, no
 compile, no checkpoints, validation at the end. This shows that every row trains and reports
-at debug size; it is no claim about the paper's numbers (docs/benchmarks.md).
+at debug size; it is no claim about the paper's numbers (docs/results/paper_suite_cpu.md).
 """
 
 from __future__ import annotations

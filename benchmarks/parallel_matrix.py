@@ -10,7 +10,7 @@ under TP, float8 TP.
     python benchmarks/parallel_matrix.py                 # all 36, two at a time, ~15 min on 2 cores
     python benchmarks/parallel_matrix.py --only tp4      # a subset (substring of the case name)
 
-Prints a Markdown table (docs/parallelism.md holds the last one). The cases are a table in
+Prints a Markdown table (docs/results/parallelism_matrix.md holds the last one). The cases are a table in
 tests/cases.py; CI runs their corners (tests/infra/test_parallel_matrix.py).
 """
 

@@ -55,7 +55,7 @@ VALIDATE_LINE = re.compile(r"validate step:\s*(\d+)\s+loss:\s*([0-9.naninf]+)")
 DEPTH_LINE = re.compile(r"validate step\s+(\d+)\s+loss by depth r:\s*(.*)")
 
 GRT_DEBUG = REPO / "train_configs" / "grt_debug.toml"
-# The measurement in docs/benchmarks.md predates `--init` and the written TOML's healing recipe:
+# The measurement in docs/results/retrofit_toy.md predates `--init` and the written TOML's healing recipe:
 # it ran the first-loop init, with grt_debug's 10 warm-up steps and no depth curriculum.
 FIRST_LOOP = ["--init", "first-loop"]
 OLD_RECIPE = ["--grt.depth_curriculum_steps", "0", "--lr_scheduler.warmup_steps", "10"]

@@ -1,5 +1,5 @@
 """Retrofit a real pretrained model and heal it: which init and split keep the source, what depth
-buys, on the same tokens (docs/retrofit.md, docs/benchmarks.md "Retrofit of a real model").
+buys, on the same tokens (docs/retrofit.md, docs/results/retrofit_real.md).
 
     python benchmarks/retrofit_real.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/rr
     python benchmarks/retrofit_real.py --source ~/models/SmolLM2-135M-Instruct --out /tmp/rr --steps 40

@@ -1,7 +1,7 @@
 """The recurrent-retrofit study on a real checkpoint: a retrofit taught the iterated-function
 task one step per loop, against the source fine-tuned answer-only and with a scratchpad, on
 the same problems (arXiv 2608.11233; docs/retrofit.md, "Reasoning in depth: the task recipe";
-docs/benchmarks.md, "Reasoning in depth on a real model").
+docs/results/reasoning_in_depth.md).
 
     python benchmarks/retrofit_reasoning.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --out /tmp/reason
     python benchmarks/retrofit_reasoning.py --source ~/models/SmolLM2-135M-Instruct --out /tmp/reason --init first-loop

@@ -7,7 +7,7 @@ collectives of that step (count and bytes, all-gather and reduce-scatter), so la
 gloo cannot run (64, 512 ranks; TP 4) are checked for construction, sharding and a full
 step. Collectives are no-ops: losses are meaningless, sizes are real.
 
-    python benchmarks/scale_dryrun.py                       # the docs/parallelism.md table
+    python benchmarks/scale_dryrun.py                       # the docs/results/parallelism_scale_dryrun.md table
     python benchmarks/scale_dryrun.py --layouts large:64:16:1:4 --seq-len 256
 """
 

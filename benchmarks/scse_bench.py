@@ -1,7 +1,7 @@
 """SCSE against the GRT and the other rows on the toy language model, at equal training FLOPs:
 validation loss at every depth r = 0..4R (inside and beyond the trained R) and the anchor
 response, from `grt-titan analyze` on each row's last checkpoint (docs/methods.md, "SCSE";
-docs/benchmarks.md, "SCSE on the toy language model").
+docs/results/scse.md).
 
     python benchmarks/scse_bench.py --out /tmp/scse_bench                 # every row, 600 GRT steps
     python benchmarks/scse_bench.py --rows grt scse --steps 300 --out /tmp/scse_bench

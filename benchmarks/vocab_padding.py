@@ -11,7 +11,7 @@ and padded / unpadded. With `--tp N` the head is one tensor-parallel shard: ceil
 (50257 over 2 ranks: 25129, an odd size; 50304: 25152, a multiple of 64).
 
 Defaults: cuda 8 x 1024 tokens in bfloat16; cpu 1 x 256 tokens in float32 (about a
-minute on 2 shared cores). Results: docs/benchmarks.md.
+minute on 2 shared cores). Results: docs/results/cpu_speed.md.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from grt_titan.sections import (
 @dataclass
 class FaultToleranceConfig(FTSemiSyncConfig):
     """torchtitan's `[fault_tolerance]` (with torchft's DiLoCo keys, torchtitan's
-    components/ft/config) and where the lighthouse is (docs/reliability.md, "Fault tolerance")."""
+    components/ft/config) and where the lighthouse is (docs/fault_tolerance.md)."""
 
     lighthouse: str = ""
     """The torchft lighthouse, `http://host:29510`; empty: torchft's TORCHFT_LIGHTHOUSE variable."""

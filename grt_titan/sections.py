@@ -109,7 +109,7 @@ class GRTCheckpointConfig:
     """Save a CRC32 of every shard file with each checkpoint (inside DCP's commit) and verify
     them before loading: a corrupted checkpoint is named and the previous complete one is
     loaded instead. Costs one read of the written files at save and of the loaded ones at
-    load (docs/benchmarks.md)."""
+    load (docs/results/cpu_speed.md, "Checkpoint checksums")."""
 
 
 @dataclass

@@ -3,7 +3,7 @@
 # transformers, tiktoken, safetensors, tensorboard, matplotlib and numpy, but not what
 # grt_titan needs beyond it: torchtitan, torchao, torchdata, tyro, datasets (torchtitan's
 # trainer imports it) and their pure-Python or prebuilt dependencies, plus our own wheel.
-# Needs the package registry here; the node needs none (docs/benchmarks.md, "GPU").
+# Needs the package registry here; the node needs none (docs/benchmarks.md, "The GPU suite").
 #
 #   benchmarks/gpu/bundle.sh [--python 3.12] [--torch 2.11] [--out benchmarks/gpu/wheels]
 #

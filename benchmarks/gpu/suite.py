@@ -1,4 +1,4 @@
-"""Every GPU figure of docs/benchmarks.md in one run of at most 5 minutes on one GPU.
+"""Every GPU figure (docs/results/gpu_suite.md) in one run of at most 5 minutes on one GPU.
 
     python benchmarks/gpu/suite.py                  # one H100/H200: table, JSON, per-part times
     python benchmarks/gpu/suite.py --plan           # the time estimate below, nothing run
@@ -410,7 +410,7 @@ def part_halting(size: SuiteSize, device: str) -> dict:
     """Each halting rule's decode latency against fixed r = R eager, at the threshold where no
     token halts (every token runs R steps, as the fixed decode): what the rule itself costs,
     its measure after each step and the host-side exit check that a compiled step cannot
-    take (docs/hf_export.md). What a rule saves needs a trained model: halting_bench.py."""
+    take (docs/generation.md). What a rule saves needs a trained model: halting_bench.py."""
     import generate_bench as gb
     import torch
 
@@ -527,7 +527,7 @@ def table(results: dict) -> str:
             lines.append(
                 f"| halting decode latency / fixed r = R eager, {row['rule']} never halting (its own cost) "
                 f"| {s} | {fmt(row['over_fixed_eager'])} (/ fixed compiled: "
-                f"{fmt(row['latency_s'] / compiled if compiled else None)}) | CPU, grt_debug: docs/benchmarks.md |"
+                f"{fmt(row['latency_s'] / compiled if compiled else None)}) | CPU, grt_debug: docs/results/halting.md |"
             )
     for name, value in results.items():
         for outcome in ("skipped", "failed"):

@@ -20,7 +20,7 @@ class Generator:
     """Greedy decoding with a GRTCache; eager (growing cache) or compiled (static cache).
 
     `halting` (eager only): per-token halting's forward arguments for every call (`halting`,
-    `halting_threshold`, `min_recurrences`, ...; docs/hf_export.md): a token's exit is a
+    `halting_threshold`, `min_recurrences`, ...; docs/generation.md): a token's exit is a
     host-side decision after each step, which one compiled decode step cannot take; `depths`
     then holds each call's recurrence_depths. `num_recurrences`: every call's depth (None:
     the config's eval depth)."""

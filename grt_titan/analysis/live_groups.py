@@ -1,5 +1,5 @@
 """`grt-titan table`'s fault-tolerance section: the replica groups live at each logged step of
-runs trained with `[fault_tolerance]` (docs/reliability.md, "Fault tolerance").
+runs trained with `[fault_tolerance]` (docs/fault_tolerance.md).
 
 torchtitan writes each replica group's TensorBoard events under `<tb>/<timestamp>/replica_<id>/`;
 grt_titan's fault-tolerant trainer logs `fault_tolerance/live_groups` (the groups in the step's

@@ -1,4 +1,4 @@
-"""Fault-tolerant training through torchft (docs/reliability.md, "Fault tolerance").
+"""Fault-tolerant training through torchft (docs/fault_tolerance.md).
 
 torchtitan 0.2.2 joins torchft's quorum only in `torchtitan.experiments.ft.train.FTTrainer`;
 its plain `Trainer`, which `GRTTrainer` extends, ignores `[fault_tolerance]`. Here the two are
@@ -165,7 +165,7 @@ def average_gradients(manager, grads: list[torch.Tensor], bucket_elements: int =
 
 def _not_the_dataloader_warning(record: logging.LogRecord) -> bool:
     """torchtitan warns that groups may retrain data when per-step data checkpoints are off;
-    here each group's full checkpoint holds its data position (docs/reliability.md)."""
+    here each group's full checkpoint holds its data position (docs/fault_tolerance.md)."""
     return "enable_ft_dataloader_checkpoints is False" not in record.getMessage()
 
 

@@ -57,7 +57,7 @@ def table_text(f: dict[str, str], rng: random.Random, table: str) -> str:
 
 def query_text(x: str, depth: int, depth_given: str) -> str:
     """An iterated-function query: ``| x * d =`` names the depth; ``| x =`` (``loops``) leaves it
-    to the number of recurrence steps the model runs (docs/tasks.md, "The depth given by the loops")."""
+    to the number of recurrence steps the model runs (docs/tasks.md's quickstart)."""
     return f"| {x} =" if depth_given == "loops" else f"| {x} * {depth} ="
 
 

@@ -58,7 +58,7 @@ def hf_config_kwargs(args: GRTModelArgs, eos_id: int | None = None, bos_id: int 
     declared = {key: getattr(args, name) for name, (key, dense) in HF_SETTINGS.items() if recurrent or dense}
     if recurrent:
         # MoR: the exported model routes causally by default (generation); a full forward
-        # may ask for top_k (docs/hf_export.md). The run's own eval rule is in training_settings.
+        # may ask for top_k (docs/mor.md). The run's own eval rule is in training_settings.
         declared["router_inference"] = "threshold"
     return dict(
         **declared,

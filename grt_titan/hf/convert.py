@@ -62,7 +62,7 @@ class ExportError(CheckpointError):
 
 def check_exportable(args: GRTModelArgs) -> None:
     """Refuse, by name and before anything is read, a method modeling_grt.py does not
-    implement (docs/hf_export.md, "Recurrence parts")."""
+    implement (docs/methods.md, "Recurrence parts in the Hugging Face export")."""
     # The router part is implemented for expert choice only (MoR's token choice is not).
     unsupported = {
         k: v for k, v in args.non_grt_parts.items() if k not in HF_PARTS or (k, v) == ("router", "token_choice")
@@ -77,7 +77,7 @@ def check_exportable(args: GRTModelArgs) -> None:
     raise ExportError(
         f"{args.method_name} ([grt] {parts}) cannot be exported to Hugging Face format yet: "
         f"modeling_grt.py has {reasons}; it implements the parts {', '.join(HF_PARTS)}, "
-        "the router for expert choice only (docs/hf_export.md). Evaluate it with the torchtitan model "
+        "the router for expert choice only (docs/methods.md, docs/mor.md). Evaluate it with the torchtitan model "
         "(training validation, `grt-titan analyze`)"
     )
 

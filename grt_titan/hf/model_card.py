@@ -174,7 +174,7 @@ def _use(args: GRTModelArgs, name: str) -> list[str]:
         "one cache per step (exact); `first`, `last` and `average` keep one cache for the core "
         "(the paper's compressed caches; average was best). Per-token halting (`halting`: "
         "`state` or `gate`, `halting_threshold`, `min_recurrences`; `num_recurrences` the most "
-        "steps) lets each token stop when it has converged. See docs/hf_export.md of grt_titan.",
+        "steps) lets each token stop when it has converged. See docs/generation.md of grt_titan.",
         "",
     ]
 

@@ -43,7 +43,7 @@ Router = Literal["none", "expert_choice", "token_choice"]  # MoR: which tokens e
 RouterInference = Literal["top_k", "threshold"]
 # MoR expert choice, a routed token's update with router weight g: delta, h + g (core(h) - h)
 # (the paper's H + g f(H)); block, h + g core(h) = (1 + g) h + g f(H) (the released code's
-# `x + g * Block(x)`, its Block holding the residual). docs/architecture.md says which the
+# `x + g * Block(x)`, its Block holding the residual). docs/mor.md says which the
 # paper's rows use and why.
 RouterUpdate = Literal["delta", "block"]
 
@@ -254,7 +254,7 @@ class GRTModelArgs:
         but is not causal; `threshold` sends a token on to step i while it was active at step
         i-1 and sigmoid(router logit) > 0.5, causal (what generation uses; eager only: refused
         with [compile] enable and validation on). Training always uses top_k
-        (docs/architecture.md).""",
+        (docs/mor.md, "MoR inference").""",
     )
     # The default is the update of every run made before the option existed, so their records,
     # checkpoints and exports load as trained; the MoR TOMLs of train_configs/paper/ set "block".
@@ -263,7 +263,7 @@ class GRTModelArgs:
         """MoR expert choice: a routed token's update with router weight g. `delta` (default):
         h + g (core(h) - h), the paper's H + g f(H); `block`: h + g core(h) = (1 + g) h + g f(h),
         the released code's `x + g * Block(x)` (its Block holds the residual), which the MoR TOMLs
-        of train_configs/paper/ use (docs/architecture.md, "Mixture-of-Recursions").""",
+        of train_configs/paper/ use (docs/mor.md, "Expert choice").""",
         hf=True,
     )
 

@@ -15,7 +15,7 @@ reaches `exit_threshold` q (Ouro's Q-exit), else at the last step; q = 1 is the 
 Everything here is computed from the gate logits in log space: log p_t = logsigmoid(z_t) +
 sum_{j<t} logsigmoid(-z_j), so a saturated gate gives p = 0 and an entropy term of exactly 0
 instead of 0 * log 0. The loss itself is summed by grt_titan/components/loss.py from the
-`TrainingOutput` built here. See docs/architecture.md, "Ouro".
+`TrainingOutput` built here. See docs/ouro.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Per-token halting at evaluation: each token stops recurring when its rule says it has
-converged (docs/hf_export.md, "Per-token halting"; the paper's first future direction).
+converged (docs/generation.md, "Per-token halting"; the paper's first future direction).
 
 A call gives a rule, a threshold x, a minimum depth a and a maximum depth b (which may exceed
 R). After step s (a <= s <= b) a token halts when its rule says so: its state keeps h_s.

@@ -65,7 +65,7 @@ MOR = Method(
     "MoR",
     _frozen(router="expert_choice", injection="none", update="overwrite", depth_sampling="fixed", **_NO_NOISE),
     key=("router",),
-    # "block": the released code's update (docs/architecture.md); the args' default stays "delta".
+    # "block": the released code's update (docs/mor.md); the args' default stays "delta".
     settings=_frozen(router_scale=0.1, router_aux_weight=0.001, router_update="block"),
     config="mor",
 )

@@ -1,5 +1,5 @@
 """Mixture-of-Recursions (Bae et al. 2025, arXiv 2507.10524): expert-choice routing of the
-recurrence steps (`router = "expert_choice"`, docs/architecture.md "Mixture-of-Recursions").
+recurrence steps (`router = "expert_choice"`, docs/mor.md "Expert choice").
 
     for step i in 0..r-1:                         candidates: the tokens step i-1 kept (all at i = 0)
         logit = w_i . h[candidates]               one bias-free Linear(d, 1) per step
@@ -13,7 +13,7 @@ recurrence steps (`router = "expert_choice"`, docs/architecture.md "Mixture-of-R
 The released code adds `g * Block(x)` to `x`, and its `Block` already holds the residual, so a
 selected token's state becomes (1 + g) h + g f(h): `router_update = "block"`, what the MoR rows
 of train_configs/paper/ train. `"delta"` (the default, every run before the option) adds the
-block delta once, the paper's H + g f(H) (docs/architecture.md says why the rows use "block").
+block delta once, the paper's H + g f(H) (docs/mor.md says why the rows use "block").
 Top-k over the sequence is not causal (a token's selection depends on later tokens). In eval
 mode `router_inference = "threshold"` replaces it by MoR's causal rule (the paper's BCE-trained
 router predicts the top-k selection): a token goes on to step i if it was active at step i-1 and

@@ -1,6 +1,6 @@
 """Mixture-of-Recursions (Bae et al. 2025, arXiv 2507.10524, section 2.2.1): token-choice
-routing of the recurrence steps (`router = "token_choice"`, docs/architecture.md
-"Mixture-of-Recursions: token choice").
+routing of the recurrence steps (`router = "token_choice"`, docs/mor.md
+"Token choice").
 
     p     = softmax(W h_0)                        one bias-free Linear(d, R) on the first state
     r_t   = 1 + argmax p_t                         top-1: token t's number of recursions

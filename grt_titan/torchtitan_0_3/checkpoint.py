@@ -34,7 +34,7 @@ class GRTCheckpointManager(ChecksummedCheckpointing, CheckpointManager):
         """Save a CRC32 of every shard file with each checkpoint (inside DCP's commit) and
         verify them before loading: a corrupted checkpoint is named and the previous complete
         one is loaded instead. Costs one read of the written files at save and of the loaded
-        ones at load (docs/benchmarks.md)."""
+        ones at load (docs/results/cpu_speed.md, "Checkpoint checksums")."""
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)

@@ -1,4 +1,4 @@
-"""Per-token halting in the Hugging Face model (grt_titan/hf/remote/halting_grt.py; docs/hf_export.md,
+"""Per-token halting in the Hugging Face model (grt_titan/hf/remote/halting_grt.py; docs/generation.md,
 "Per-token halting"): each rule by hand on rows whose tokens see only themselves (the readout
 rules' distributions from the fixed-depth forward's step logits), the two threshold limits
 against the fixed-depth forward, cached = uncached decoding under every rule

@@ -1,4 +1,4 @@
-"""Mixture-of-Recursions in the Hugging Face export (docs/hf_export.md, "Mixture-of-Recursions"):
+"""Mixture-of-Recursions in the Hugging Face export (docs/mor.md, "Hugging Face export"):
 the routers and the routed update (delta, and the released code's block update; exports without
 the field run delta), threshold routing (causal) with recursion-wise KV caching
 for generation, top_k routing for a full forward; each against the torchtitan model."""
@@ -195,7 +195,7 @@ def test_what_is_refused_is_named(mor):
     with pytest.raises(ValueError, match="one router per step up to R = 4"):
         hf(x, num_recurrences=5)
     module = importlib.import_module(type(hf).__module__)
-    # MoR's recursive KV sharing is not the `first` strategy (docs/hf_export.md).
+    # MoR's recursive KV sharing is not the `first` strategy (docs/mor.md, "Hugging Face export").
     with pytest.raises(ValueError, match=r"kv_cache_strategy = 'first' is not supported with router = 'expert_choice'"):
         module.MoRCache(hf.config, strategy="first")
     with pytest.raises(TypeError, match="needs a MoRCache"):

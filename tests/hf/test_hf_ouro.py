@@ -1,4 +1,4 @@
-"""Ouro's exit in the exported model (docs/hf_export.md, "Ouro's exit"): the HF model's
+"""Ouro's exit in the exported model (docs/ouro.md, "Ouro's exit in the Hugging Face export"): the HF model's
 logits equal the torchtitan model's in eval mode at exit_threshold 1 and below 1 (tokens
 exiting at different steps), cached generation equals generation without a cache, the exit
 gate survives export -> import -> export, and bad exit settings fail by name."""

@@ -1,4 +1,4 @@
-"""The recurrence's parts in the exported model (docs/hf_export.md, "Recurrence parts"):
+"""The recurrence's parts in the exported model (docs/methods.md, "Recurrence parts in the Hugging Face export"):
 figure 5's ladder, heavy-tail Poisson and RRT export, load as remote code and compute the
 torchtitan model's logits, with and without the KV cache, and import back exactly; and the
 remote parts (parts_grt.py) are the training parts' twins, one to one, row by row of the

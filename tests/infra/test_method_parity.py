@@ -87,7 +87,7 @@ def test_method_parts_compiled_sharded_with_ac_match_one_rank_without_recompiles
 
 # MoR's two routers ([grt] router): expert choice's top-k per step, token choice's one depth per
 # token. Token choice's balancing loss R sum_j P_j f_j is a product of the local batch's means
-# (docs/architecture.md, "Token choice"): 2 ranks of 2 rows and 1 rank of 4 rows train different
+# (docs/mor.md, "Token choice"): 2 ranks of 2 rows and 1 rank of 4 rows train different
 # functions (measured: grad norms 1e-3 apart), so it is off here; its per-token z-loss, like
 # expert choice's per-row BCE, sums over tokens the same on any layout, and is on.
 TOKEN_CHOICE = {"router_balance_weight": 0.0, "router_z_loss_weight": 0.01}

@@ -69,7 +69,7 @@ def test_row_builds_and_is_the_method_it_names(path):
     assert args.method_name == row.name
     # The TOML sets its row's parts and the paper's settings of the row.
     assert {k: getattr(args, k) for k in {**row.parts, **row.settings}} == {**row.parts, **row.settings}
-    if args.router == "expert_choice":  # MoR rows: the released code's update (docs/architecture.md)
+    if args.router == "expert_choice":  # MoR rows: the released code's update (docs/mor.md)
         assert args.router_update == "block"
     # Every row has the dense twin's number of block applications (table 1's isoFLOP sense).
     dense = {"small": 12, "medium": 24, "large": 36}

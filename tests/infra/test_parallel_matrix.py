@@ -1,7 +1,7 @@
 """The corners of the parallel-combination matrix (tests/cases.py MATRIX_CASES) in CI.
 
 The whole product (36 cases) is benchmarks/parallel_matrix.py, whose table is in
-docs/parallelism.md; CI runs the corners: the largest TP with compile and full AC, and float8
+docs/results/parallelism_matrix.md; CI runs the corners: the largest TP with compile and full AC, and float8
 TP with selective AC, one step each on 8 fake-backend ranks. Collectives move no data there,
 so the step's numbers mean nothing: the tests check what ran (plans, compile, AC, float8),
 not the loss. TP 2 + compile + every AC mode is tests/infra/test_tp_compile_ac.py; the

@@ -16,7 +16,7 @@ from grt_titan.model.output import TrainingOutput
 from grt_test_helpers import build_model, matmul_flops
 
 VOCAB = DEBUG_VOCAB_SIZE  # the debug flavor's (gpt2_4k.tiktoken)
-# Ouro's parts on the debug layout (docs/architecture.md, "Ouro").
+# Ouro's parts on the debug layout (docs/ouro.md).
 OURO = dict(
     objective="exit_distribution",
     injection="none",

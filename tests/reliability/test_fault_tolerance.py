@@ -1,4 +1,4 @@
-"""Fault tolerance through torchft (docs/reliability.md, "Fault tolerance"): a lighthouse and
+"""Fault tolerance through torchft (docs/fault_tolerance.md): a lighthouse and
 two replica groups (gloo), killed, restarted, and semi-synchronous.
 
 One scripted run of two one-rank groups gives the four fault cases their evidence (a module

@@ -345,7 +345,7 @@ class MoRCache(GRTCache):
     `[1, H_kv, n, d_h]`, with the cache slots of those tokens (for `crop`).
 
     Only `per_step` (the exact strategy) and a growing cache: MoR's recursive KV sharing is
-    not GRTCache's `first` (docs/hf_export.md), and a static buffer cannot hold ragged rows.
+    not GRTCache's `first` (docs/mor.md), and a static buffer cannot hold ragged rows.
     """
 
     def __init__(self, config: PretrainedConfig, strategy: str | None = None, max_cache_len: int | None = None):

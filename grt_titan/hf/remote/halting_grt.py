@@ -1,5 +1,5 @@
 """Per-token halting at inference: each token stops recurring when its rule says it has
-converged (docs/hf_export.md, "Per-token halting"; the paper's first future direction).
+converged (docs/generation.md, "Per-token halting"; the paper's first future direction).
 
 Remote code: imports torch only, exported next to modeling_grt.py, which imports it. The
 rules and their checks are the training model's (grt_titan/model/halting.py, whose

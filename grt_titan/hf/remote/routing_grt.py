@@ -27,7 +27,7 @@ ROUTER_UPDATES = ("delta", "block")
 
 class MoRRouter(nn.ModuleList):
     r"""Mixture-of-Recursions' routers (one bias-free Linear(d, 1) per step, `model.router.{i}`)
-    and the routed recurrence, as grt_titan trains it (grt_titan docs/architecture.md):
+    and the routed recurrence, as grt_titan trains it (grt_titan docs/mor.md):
 
         for step i:  logit = w_i . h;  active = the tokens step i routes (rule below)
                      o = core(h[active])            causal attention among the row's active tokens
