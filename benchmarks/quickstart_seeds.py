@@ -6,7 +6,7 @@
 The commands are the bash blocks before the page's first `##` heading, read from the page
 itself, so the study measures what a reader runs. They run in `--workdir` (a fresh folder with
 this checkout's train_configs/ linked in): the data once, then the training run and eval-task
-per seed, the first seed as printed (the preset's own seed) and each other seed with
+per seed, the preset's own seed (`[debug] seed`) as printed and each other seed with
 `--debug.seed S` and a dump folder of its own. It prints each seed's minutes (the data's
 included, as a reader would wait) and the `loops = depth` line, and checks the page's promise:
 every depth >= 4 answered at r = d with accuracy >= 0.5, at least 0.3 above r = 1 and 0.3 above
@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "tasks.md"
@@ -39,9 +41,17 @@ def quickstart_commands(page: Path = PAGE) -> list[str]:
     return commands
 
 
-def for_seed(command: str, seed: int, first: bool) -> str:
-    """The command for another initialisation: its own seed and dump folder."""
-    if first:
+def preset_seed(train_command: str) -> int | None:
+    """`[debug] seed` of the TOML the training command names."""
+    args = shlex.split(train_command)
+    toml = tomllib.loads((REPO / args[args.index("--job.config_file") + 1]).read_text())
+    return toml.get("debug", {}).get("seed")
+
+
+def for_seed(command: str, seed: int, printed_seed: int | None) -> str:
+    """The command for an initialisation: as printed for the preset's own seed, else with its
+    own seed and dump folder."""
+    if seed == printed_seed:
         return command
     dump = "outputs/grt_task_loops"
     command = command.replace(f"{dump}/", f"{dump}_s{seed}/")
@@ -79,7 +89,7 @@ def run(command: str, cwd: Path, log) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", required=True, help="a fresh folder to run in")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the first runs as printed")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the preset's own seed runs as printed")
     opts = p.parse_args(argv)
     work = Path(opts.workdir)
     work.mkdir(parents=True, exist_ok=False)
@@ -91,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         data_s = sum(run(c, work, log) for c in data)
         print(f"data: {data_s / 60:.1f} min")
         failed = False
-        for i, seed in enumerate(opts.seeds):
-            seeded = [for_seed(c, seed, first=i == 0) for c in per_seed]
+        printed_seed = preset_seed(per_seed[0])
+        for seed in opts.seeds:
+            seeded = [for_seed(c, seed, printed_seed) for c in per_seed]
             seconds = data_s + sum(run(c, work, log) for c in seeded)
             result = json.loads((work / eval_folder(seeded[-1]) / "eval_task.json").read_text())
             cells = ", ".join(f"{d}: {a:.2f}" for d, a in result["at_loops"].items())
