@@ -15,6 +15,7 @@ guessing (one symbol of the table's).
 
 import argparse
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -80,7 +81,9 @@ def promise_problems(result: dict, symbols: int = 10) -> list[str]:
 def run(command: str, cwd: Path, log) -> float:
     start = time.monotonic()
     print(f"$ {command}", file=log, flush=True)
-    proc = subprocess.run(command, shell=True, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+    # The programs of this Python's environment (grt-titan, torchrun), activated or not.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(command, shell=True, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode:
         raise SystemExit(f"`{command}` exited {proc.returncode} (its output: {log.name})")
     return time.monotonic() - start
