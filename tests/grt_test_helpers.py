@@ -532,3 +532,13 @@ def stand_in_overrides(path: Path, tmp: Path) -> list[str]:
         *stand_in_teacher_args(path, tmp),
         *stand_in_dataset_args(path, tmp),
     ]
+
+
+def import_benchmark(monkeypatch, name: str):
+    """A script of benchmarks/ imported as a module, for a test fixture to `yield from`: the
+    import path is the test's, and the module is forgotten after it."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    yield importlib.import_module(name)
+    sys.modules.pop(name, None)

@@ -4,22 +4,17 @@ TOMLs, and a few steps of every row through the model's training forward and los
 summarised."""
 
 import json
-import sys
 
 import pytest
 import tomllib
 import torch
 
-from grt_test_helpers import REPO
+from grt_test_helpers import REPO, import_benchmark
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import depth_pays_bench
-
-    yield depth_pays_bench
-    sys.modules.pop("depth_pays_bench", None)
+    yield from import_benchmark(monkeypatch, "depth_pays_bench")
 
 
 def test_problems_are_pointer_chases_over_one_cycle(bench, tmp_path):

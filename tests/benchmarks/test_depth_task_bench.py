@@ -4,7 +4,6 @@ halting row's table as eval-task prints it; and the commands each row runs."""
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,16 +11,12 @@ import pytest
 
 from grt_titan.analysis.task_eval import halting_summary, halting_table
 
-from grt_test_helpers import REPO
+from grt_test_helpers import import_benchmark
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import depth_task_bench
-
-    yield depth_task_bench
-    sys.modules.pop("depth_task_bench", None)
+    yield from import_benchmark(monkeypatch, "depth_task_bench")
 
 
 def test_summary_has_each_rows_cells_arrival_and_eval_tasks_halting_table(bench):

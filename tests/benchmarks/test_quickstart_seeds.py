@@ -3,20 +3,14 @@ bash blocks before its first `##`), each other seed with its own seed and folder
 promise check fails a depth that does not pay. (The commands themselves run at CI scale in
 tests/docs.)"""
 
-import sys
-
 import pytest
 
-from grt_test_helpers import REPO
+from grt_test_helpers import import_benchmark
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import quickstart_seeds
-
-    yield quickstart_seeds
-    sys.modules.pop("quickstart_seeds", None)
+    yield from import_benchmark(monkeypatch, "quickstart_seeds")
 
 
 def test_it_reads_the_quickstart_that_learns_depth(bench):
