@@ -42,19 +42,18 @@ def quickstart_commands(page: Path = PAGE) -> list[str]:
     return commands
 
 
-def preset_seed(train_command: str) -> int | None:
-    """`[debug] seed` of the TOML the training command names."""
+def preset(train_command: str) -> dict:
+    """The TOML the training command names."""
     args = shlex.split(train_command)
-    toml = tomllib.loads((REPO / args[args.index("--job.config_file") + 1]).read_text())
-    return toml.get("debug", {}).get("seed")
+    return tomllib.loads((REPO / args[args.index("--job.config_file") + 1]).read_text())
 
 
-def for_seed(command: str, seed: int, printed_seed: int | None) -> str:
-    """The command for an initialisation: as printed for the preset's own seed, else with its
-    own seed and dump folder."""
-    if seed == printed_seed:
+def for_seed(command: str, seed: int, toml: dict) -> str:
+    """The command for an initialisation: as printed for the preset's own seed (`[debug] seed`),
+    else with its own seed and a dump folder beside the preset's."""
+    if seed == toml.get("debug", {}).get("seed"):
         return command
-    dump = "outputs/grt_task_loops"
+    dump = Path(toml["job"]["dump_folder"]).as_posix()  # "./outputs/x" as the commands print it
     command = command.replace(f"{dump}/", f"{dump}_s{seed}/")
     if TRAINER in command:
         command += f" --debug.seed {seed} --job.dump_folder {dump}_s{seed}"
@@ -62,7 +61,8 @@ def for_seed(command: str, seed: int, printed_seed: int | None) -> str:
 
 
 def eval_folder(command: str) -> Path:
-    return Path(shlex.split(command)[shlex.split(command).index("--out") + 1])
+    args = shlex.split(command)
+    return Path(args[args.index("--out") + 1])
 
 
 def promise_problems(result: dict, symbols: int = 10) -> list[str]:
@@ -104,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         data_s = sum(run(c, work, log) for c in data)
         print(f"data: {data_s / 60:.1f} min")
         failed = False
-        printed_seed = preset_seed(per_seed[0])
+        toml = preset(per_seed[0])
         for seed in opts.seeds:
-            seeded = [for_seed(c, seed, printed_seed) for c in per_seed]
+            seeded = [for_seed(c, seed, toml) for c in per_seed]
             seconds = data_s + sum(run(c, work, log) for c in seeded)
             result = json.loads((work / eval_folder(seeded[-1]) / "eval_task.json").read_text())
             cells = ", ".join(f"{d}: {a:.2f}" for d, a in result["at_loops"].items())

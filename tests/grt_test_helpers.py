@@ -341,7 +341,7 @@ SOURCE_TOKENIZERS = {"Qwen3-0.6B": (151_643, 26)}
 
 
 # `grt-titan task vocab`'s folder (docs/tasks.md), which grt_task_loops reads: CI writes it
-# with the same code (`stand_in_dataset_args`), so it needs no stand-in.
+# with the same command (`task_recipe_args`), so it needs no stand-in.
 TASK_VOCAB = "data/tasks/vocab"
 
 
@@ -477,23 +477,23 @@ def no_initial_weights_args(path: Path) -> list[str]:
 
 
 def stand_in_dataset_args(path: Path, tmp: Path) -> list[str]:
-    """For a preset that trains on a prepared folder of its own (grt_task_debug's and
-    grt_task_loops' task data, which their docs make with `grt-titan task` and `prepare`,
-    docs/tasks.md): a token dataset of its tokenizer's ids in its place (GPT-2's, or the task
-    vocabulary's, whose folder it then passes too) (the layout is what runs here; the task data's own path, packed
-    records and masked loss, is tests/analysis/test_task_eval.py's and the docs' run)."""
+    """For a preset that trains on a prepared folder of its own (grt_task_debug's task data,
+    which its docs make with `grt-titan task` and `prepare`, docs/tasks.md): a token dataset of
+    GPT-2 ids in its place (the layout is what runs here; the task data's own path, packed
+    records and masked loss, is tests/analysis/test_task_eval.py's and the docs' run). A preset
+    over the task's word vocabulary gets its docs' data instead (`task_recipe_args`)."""
     import tomli
 
     config = tomli.loads(path.read_text())
     if config["training"].get("dataset", "grt_default") == "grt_default" or source_tokenizer(path) is not None:
         return []
-    import numpy as np
-
-    from grt_titan.tokenizer import GPT2Tokenizer
-
     if config["model"].get("hf_assets_path") == TASK_VOCAB:
         return task_recipe_args(path, tmp)
+    from grt_titan.tokenizer import GPT2Tokenizer
+
     tokenizer = GPT2Tokenizer()
+    import numpy as np
+
     tokens = np.arange(1 << 12, dtype=np.int64) * 7919 % tokenizer.get_vocab_size()
     splits = {"train": tokens, "val": tokens[:512]}
     data = write_token_dataset(tmp / f"{path.stem}-data", tokenizer, splits, shard_tokens=1 << 13, val_fraction=0.0)

@@ -25,11 +25,12 @@ def test_it_reads_the_quickstart_that_learns_depth(bench):
 
 def test_another_seed_gets_its_own_seed_and_folder(bench):
     train, evaluate = [c for c in bench.quickstart_commands() if bench.TRAINER in c or "eval-task" in c]
-    assert bench.preset_seed(train) == 0  # the preset's own seed runs as printed
-    assert bench.for_seed(train, 0, 0) == train
-    seeded = bench.for_seed(train, 2, 0)
+    toml = bench.preset(train)
+    assert toml["debug"]["seed"] == 0  # the preset's own seed runs as printed
+    assert bench.for_seed(train, 0, toml) == train
+    seeded = bench.for_seed(train, 2, toml)
     assert seeded.endswith("--debug.seed 2 --job.dump_folder outputs/grt_task_loops_s2")
-    evaluated = bench.for_seed(evaluate, 2, 0)
+    evaluated = bench.for_seed(evaluate, 2, toml)
     assert "outputs/grt_task_loops/" not in evaluated
     assert bench.eval_folder(evaluated).as_posix() == "outputs/grt_task_loops_s2/eval"
 
