@@ -44,7 +44,7 @@ starts every gated row's gate bias at B instead of the paper's +4. Accuracy by p
 (r = 0: prelude and coda alone) on fresh problems, and each query's arrival step (the first r
 from which it stays right); for the recurrent rows, each per-token halting rule of HALTING
 (and the `ouro` row's own trained exit, Ouro's Q-exit at OURO_EXIT), and the learned rule at
-LEARNED (its probe fitted to the frozen row for `--probe-steps`, grt_titan/model/halting_probe.py),
+LEARNED (its probe fitted to the frozen row for `--probe-steps`, grt_titan/model/halting/probe.py),
 on a uniform mix of depths against the fixed depths; and then, as a deployed model answers, the exported model with its KV
 cache taking each query as one decode step (batch 1) at each fixed r and under each rule the
 row takes: seconds per answer (`--cached-sequences`). Each row writes `--out/ROW/result.json`
@@ -75,16 +75,16 @@ from depth_task_bench import equal_flop_steps, paper_grt  # noqa: E402
 from grt_titan.analysis.task_eval import halting_summary, halting_table  # noqa: E402
 from grt_titan.components.loss import grt_loss  # noqa: E402
 from grt_titan.model.args import GRTModelArgs  # noqa: E402
-from grt_titan.model.exit_distribution import q_exit  # noqa: E402
-from grt_titan.model.halting import LEARNED_RULE, HaltingProbe  # noqa: E402
-from grt_titan.model.halting_probe import fit_halting_probe  # noqa: E402
+from grt_titan.model.halting.probe import fit_halting_probe  # noqa: E402
+from grt_titan.model.halting.rules import LEARNED_RULE, HaltingProbe  # noqa: E402
+from grt_titan.model.methods.ouro import q_exit  # noqa: E402
 from grt_titan.model.model import GRTModel  # noqa: E402
 
 IGNORE = -100
 ROWS = ("grt_steps", "grt", "unlooped", "dense", "poisson_steps", "mor", "ouro", "rrt_steps")
 # Table 1's rows: the paper TOML whose [grt] parts each takes.
 PAPER_ROWS = {"poisson_steps": "small_poisson", "mor": "small_mor", "ouro": "small_ouro", "rrt_steps": "small_rrt"}
-# Per-token halting rules scored on a uniform mix of depths (grt_titan/model/halting.py).
+# Per-token halting rules scored on a uniform mix of depths (grt_titan/model/halting/rules.py).
 HALTING = (
     ("argmax", 1),
     ("argmax", 2),

@@ -38,9 +38,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
+from grt_titan.runtime.quiet_imports import quiet_torchao_import  # noqa: E402
 
-quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
+quiet_torchao_import()  # before transformers imports torchao (grt_titan/runtime/quiet_imports.py)
 
 from grt_titan.analysis.decode import Generator  # noqa: E402
 from grt_titan.hf.convert import build_hf_config  # noqa: E402

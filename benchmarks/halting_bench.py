@@ -45,9 +45,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
+from grt_titan.runtime.quiet_imports import quiet_torchao_import  # noqa: E402
 
-quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
+quiet_torchao_import()  # before transformers imports torchao (grt_titan/runtime/quiet_imports.py)
 
 CONFIG = REPO / "train_configs" / "grt_debug.toml"
 

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     from torchtitan.distributed import ParallelDims
     from torchtitan.tools.logging import init_logger
 
-    from grt_titan.cpu_support import enable_cpu_training
+    from grt_titan.runtime.cpu_support import enable_cpu_training
 
     enable_cpu_training()
     init_logger()

@@ -43,9 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.retrofit_bench import depth_losses, run, step_losses, training_flops, val_losses  # noqa: E402
-from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
+from grt_titan.runtime.quiet_imports import quiet_torchao_import  # noqa: E402
 
-quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
+quiet_torchao_import()  # before transformers imports torchao (grt_titan/runtime/quiet_imports.py)
 
 ARMS = ("source", "every-depth", "first-loop", "damped", "drop-middle", "every-depth+kd", "first-loop+kd")
 

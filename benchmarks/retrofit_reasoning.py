@@ -52,9 +52,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.retrofit_bench import run, step_losses  # noqa: E402
 from benchmarks.retrofit_real import add_source_arguments, dense_source, source_folder, text_loss  # noqa: E402
-from grt_titan.quiet_imports import quiet_torchao_import  # noqa: E402
+from grt_titan.runtime.quiet_imports import quiet_torchao_import  # noqa: E402
 
-quiet_torchao_import()  # before transformers imports torchao (grt_titan/quiet_imports.py)
+quiet_torchao_import()  # before transformers imports torchao (grt_titan/runtime/quiet_imports.py)
 
 ARMS = ("recurrent", "parts", "dense", "scratchpad")
 RECURRENT = ("recurrent", "parts")

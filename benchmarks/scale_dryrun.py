@@ -34,7 +34,7 @@ DEFAULT_LAYOUTS = [
 
 def worker(config: str, world: int, shard: int, replicate: int, tp: int, seq_len: int) -> dict:
     os.environ.update(NGPU=str(world), LOCAL_RANK="0", RANK="0", WORLD_SIZE=str(world))
-    from grt_titan.cpu_support import enable_cpu_training
+    from grt_titan.runtime.cpu_support import enable_cpu_training
 
     enable_cpu_training()
     import torch

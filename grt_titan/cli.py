@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grt-titan: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
         return 2
     # transformers imports torchao, which prints CUDA-library and deprecation noise first.
-    from grt_titan.quiet_imports import quiet_torchao_import
+    from grt_titan.runtime.quiet_imports import quiet_torchao_import
 
     quiet_torchao_import()
     module = importlib.import_module(COMMANDS[command][0])

@@ -35,7 +35,7 @@ from grt_titan.checkpoint_io import initial_load_problems, initial_load_source, 
 from grt_titan.components.loss_spike import config_problems as loss_spike_problems
 from grt_titan.data.default_corpus import NAME as DEFAULT_DATASET
 from grt_titan.data.shards import find_manifest
-from grt_titan.fake_backend import is_fake_backend
+from grt_titan.runtime.fake_backend import is_fake_backend
 from grt_titan.field_checks import field_problems
 from grt_titan.infra.trainable import configured_entries, trainable_problems
 from grt_titan.model.flavors import flavor_from_file

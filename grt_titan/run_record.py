@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from grt_titan.atomic_dir import atomic_write_text
+from grt_titan.runtime.atomic_dir import atomic_write_text
 from grt_titan.model.args import GRTModelArgs
 
 RECORD_NAME = "grt_run.json"

@@ -3,7 +3,7 @@
 It runs torchtitan's Trainer as `GRTTrainer` (grt_titan/components/trainer.py), which adds
 checksummed checkpoints, layout-independent data resume of old checkpoints and the
 loss-spike rewind (docs/reliability.md). Without an accelerator it first switches
-torchtitan to CPU/gloo (grt_titan/cpu_support.py), for tests, CI and laptops:
+torchtitan to CPU/gloo (grt_titan/runtime/cpu_support.py), for tests, CI and laptops:
 
     torchrun --nproc_per_node=2 -m grt_titan.train --job.config_file train_configs/grt_debug.toml
 """
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     `ConfigManager().parse_args()`, whose default `sys.argv[1:]` is bound when torchtitan is
     imported, so a process that imported it first (a launcher that forks jobs) could not
     pass a job its arguments; here they are passed explicitly. The rest is torchtitan's."""
-    from grt_titan.cpu_support import enable_cpu_training
+    from grt_titan.runtime.cpu_support import enable_cpu_training
 
     refuse_other_hosts()
     quiet_torchrun_defaults()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from grt_titan.model import methods
+from grt_titan.model.methods import table as methods
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `tests.launcher`, `tests.<folder>.<worker>` job modules
@@ -26,7 +26,7 @@ STEP_LINE = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.naninf]+)\s+grad_norm:\s*
 MESH_LINE = re.compile(r"Building device mesh with parallelism: .*")  # torchtitan's ParallelDims
 # torchtitan's registered model converters, as a config error lists them ("allowed: ...").
 REGISTERED_CONVERTERS = "quantize.grouped_mm.float8, quantize.grouped_mm.mx, quantize.linear.float8, quantize.linear.mx"
-# What torchao's import (by transformers) printed on a CPU torch before grt_titan/quiet_imports.py:
+# What torchao's import (by transformers) printed on a CPU torch before grt_titan/runtime/quiet_imports.py:
 # CUDA libraries that cannot load, enum deprecations. Consoles of the CLI and the decoding
 # benchmarks show none of it.
 TORCHAO_IMPORT_NOISE = ("Failed to load", "_C_mxfp8", "_C_cutlass_90a", "register_constant()")
@@ -102,7 +102,7 @@ def parts_overrides(parts: dict) -> list[str]:
 
 
 # The baselines' and ladder's parts at debug size: their rows' parts in the table of methods
-# (grt_titan/model/methods.py; docs/architecture.md, "Methods as parts"), without the rows' paper
+# (grt_titan/model/methods/table.py; docs/architecture.md, "Methods as parts"), without the rows' paper
 # settings (no truncated backprop for Poisson, MoR's default delta update), RRT at LoRA rank 3.
 LADDER_PARTS = dict(methods.paper_method("ladder_3_prelude_coda").parts)
 POISSON_PARTS = dict(methods.POISSON.parts)

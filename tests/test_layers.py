@@ -31,21 +31,22 @@ PACKAGE = Path(__file__).resolve().parents[1] / "grt_titan"
 
 # Modules that import no other part of the package except other leaves.
 LEAVES = {
-    "grt_titan.atomic_dir",
-    "grt_titan.cpu_support",
+    "grt_titan.runtime.atomic_dir",
+    "grt_titan.runtime.cpu_support",
     "grt_titan.data.config",
-    "grt_titan.fake_backend",
+    "grt_titan.runtime.fake_backend",
     "grt_titan.field_checks",
-    "grt_titan.quiet_imports",
+    "grt_titan.runtime.quiet_imports",
     "grt_titan.job_config",
     "grt_titan.sections",
     "grt_titan.model.args",
     "grt_titan.model.depth_law",
     "grt_titan.model.flops",
-    "grt_titan.model.methods",
+    "grt_titan.model.methods.table",
     "grt_titan.model.part",
     "grt_titan.model.settings",
     "grt_titan.plots",
+    "grt_titan.runtime",
     "grt_titan.run_record",
     "grt_titan.tokenizer",
 }

@@ -1,9 +1,9 @@
-"""grt_titan/quiet_imports.py: only torchao's known import messages are dropped."""
+"""grt_titan/runtime/quiet_imports.py: only torchao's known import messages are dropped."""
 
 import enum
 import logging
 
-from grt_titan.quiet_imports import _FILTER
+from grt_titan.runtime.quiet_imports import _FILTER
 
 PYTREE_MESSAGE = (
     "%s is an Enum subclass and is now natively supported by torch.compile as an "

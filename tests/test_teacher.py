@@ -117,7 +117,7 @@ def dense_teacher():
     """(args, model, state) of a seeded dense_debug model in eval mode, torchtitan pointed at
     the CPU as grt_titan.train points it here."""
     from grt_titan.checkpoint_io import load_model_args
-    from grt_titan.cpu_support import enable_cpu_training
+    from grt_titan.runtime.cpu_support import enable_cpu_training
 
     from grt_test_helpers import build_model
 

@@ -414,7 +414,7 @@ def part_halting(size: SuiteSize, device: str) -> dict:
     import generate_bench as gb
     import torch
 
-    from grt_titan.model.halting import HALTING_RULES
+    from grt_titan.model.halting.rules import HALTING_RULES
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     model = gb.build_model(generation_args(size.gen_grt, size), dtype, device)
@@ -454,7 +454,7 @@ PARTS = {"train": part_train, "float8": part_float8, "generate": part_generate, 
 def plan(size: SuiteSize) -> list[tuple[str, int, float]]:
     """(part, compiled models, compute seconds at 30% of an H200's bf16 peak) per part."""
     from grt_titan.model import grt_flavors
-    from grt_titan.model.halting import HALTING_RULES
+    from grt_titan.model.halting.rules import HALTING_RULES
 
     def flavor(config: str):
         import tomllib

@@ -16,7 +16,7 @@ import sys
 
 from grt_titan.analysis.diagnostics import best_against_fixed_depth
 from grt_titan.analysis.report import DEFAULT_PROMPTS, JSON_NAME, NOT_ASKED, PLOTS
-from grt_titan.model.halting import HALTING_RULES
+from grt_titan.model.halting.rules import HALTING_RULES
 from grt_titan.run_reader import OverridesParser
 
 

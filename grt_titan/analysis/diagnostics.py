@@ -22,7 +22,7 @@ why tokens halt where they do, with the anchor response (`anchor_response`): per
 SCSE's h*), the zero-deviation forcing bias of the SCSE paper (arXiv 2607.27656): 0 for SCSE
 by construction, not for a method that re-injects its source at every step.
 
-`HaltingSweep`: per-token halting (grt_titan/model/halting.py) on the same batches, one
+`HaltingSweep`: per-token halting (grt_titan/model/halting/rules.py) on the same batches, one
 `forward_with_halting` per (rule, threshold) point: loss against the mean forward FLOPs per
 token at the depths the tokens realised, the quality-compute curve next to figure 3's.
 """
@@ -39,7 +39,7 @@ from torch import nn
 from torchtitan.components.loss import IGNORE_INDEX
 
 from grt_titan.model.flops import realised_flops_per_token
-from grt_titan.model.halting import HALTING_RULES, READOUT_RULES
+from grt_titan.model.halting.rules import HALTING_RULES, READOUT_RULES
 from grt_titan.model.recurrence import Recurrence, StepRecord, find_recurrence
 from grt_titan.model.step_stats import (
     GATE_BINS,

@@ -18,7 +18,7 @@ from grt_titan.analysis.diagnostics import (
     gate_heatmap,
     require_recurrence,
 )
-from grt_titan.model.halting import HALTING_RULES
+from grt_titan.model.halting.rules import HALTING_RULES
 from grt_titan.model.step_stats import GATE_QUANTILES, quantile_key
 
 GATE_QUANTILE_KEYS = tuple(quantile_key(q) for q in GATE_QUANTILES)

@@ -11,10 +11,10 @@ its distribution by depth is the ignition curve (arXiv 2608.03263). A record of 
 (``turns``) is scored answer by answer, each after the reference answers before it (`answers`).
 
 `--halting RULE:THRESHOLD` scores the same completions with every token halting by a
-per-token rule (grt_titan/model/halting.py, at most R steps): accuracy and the steps the
+per-token rule (grt_titan/model/halting/rules.py, at most R steps): accuracy and the steps the
 completion's tokens ran, by problem depth, beside the smallest fixed r that is as accurate.
 `learned:THRESHOLD` is the learned rule: its probe is first fitted to the frozen model on the
-completions of `--probe-data` (grt_titan/model/halting_probe.py; no answer is read, the
+completions of `--probe-data` (grt_titan/model/halting/probe.py; no answer is read, the
 model's own readouts are the targets).
 `--wall-clock N` (MODEL an export) decodes the first N records as a user would, greedily with
 the export's model and KV cache, one at a time, at each fixed r and under each rule: seconds
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from grt_titan.data.records import ChatTemplate, Record, ordinary_batch, read_records
-from grt_titan.model.halting import HALTING_RULES, LEARNED_RULE
+from grt_titan.model.halting.rules import HALTING_RULES, LEARNED_RULE
 from grt_titan.run_reader import OverridesParser, check_overrides_have_config
 
 # `--halting RULE:THRESHOLD`: the exported model's rules and the learned one (`--probe-data`).
@@ -166,7 +166,7 @@ def fit_probe(model, encoded, steps: int, batch_size: int) -> tuple[Any, list]:
     """The learned rule's probe, fitted for `steps` batches (cycling through `encoded`) on the
     positions that predict each completion, at the eval depth (the halting calls' maximum; a
     dense model is refused by the fit)."""
-    from grt_titan.model.halting_probe import fit_halting_probe
+    from grt_titan.model.halting.probe import fit_halting_probe
 
     device = next(model.parameters()).device
 

@@ -36,7 +36,7 @@ from torchtitan.tools.logging import logger
 from grt_titan.components import distill_loss
 from grt_titan.components.distill_loss import distillation_loss, kd_loss_sum
 from grt_titan.components.loss import placed_like
-from grt_titan.model.output import TrainingOutput
+from grt_titan.model.part import TrainingOutput
 from grt_titan.sections import DistillConfig
 
 assert distill_loss.IGNORE_INDEX == IGNORE_INDEX, "the KD term scores the CE's tokens"

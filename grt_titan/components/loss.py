@@ -3,7 +3,7 @@
 Plain logits go to `cross_entropy_loss`, torchtitan 0.2.2's summed cross-entropy as written
 there (0.3 rewrote its own for the SPMD backends we do not use), so GRT and dense runs compute
 exactly torchtitan's loss on both hosts. Methods that supervise every step (Ouro, per-step targets)
-or add an auxiliary loss (MoR's router) return a `TrainingOutput` (grt_titan/model/output.py).
+or add an auxiliary loss (MoR's router) return a `TrainingOutput` (grt_titan/model/part.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
-from grt_titan.model.output import TrainingOutput
+from grt_titan.model.part import TrainingOutput
 
 IGNORE_INDEX = -100  # torchtitan's (both hosts) and torch's default: a label that is not scored
 

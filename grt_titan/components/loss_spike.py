@@ -24,7 +24,7 @@ save its history through `LossHistoryState`; the log and the history are one for
 run rewinds the same on either host.
 
 On torchtitan's fake backend (a dry run: no collective moves data, so the loss is not real)
-there is no monitor: a dry run never rewinds (grt_titan/fake_backend.py).
+there is no monitor: a dry run never rewinds (grt_titan/runtime/fake_backend.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
-from grt_titan.fake_backend import is_fake_backend
+from grt_titan.runtime.fake_backend import is_fake_backend
 
 LOG_NAME = "loss_spikes.json"
 

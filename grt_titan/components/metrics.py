@@ -35,7 +35,7 @@ On CPU there is no peak FLOP rate to compare with (the CPU shim's peak is NaN, w
 torchtitan would use an A100's): this processor prints `mfu: n/a (CPU)` and leaves
 `mfu(%)` out of TensorBoard; `tflops` and `tps` are measured as on GPU. On torchtitan's fake
 backend (a dry run: no collective moves data) MFU is not real either: `mfu: n/a (fake
-backend)`, no `mfu(%)`; the builder logs grt_titan/fake_backend.py's one-line notice.
+backend)`, no `mfu(%)`; the builder logs grt_titan/runtime/fake_backend.py's one-line notice.
 """
 
 import logging
@@ -50,8 +50,8 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools import utils as tt_utils
 from torchtitan.tools.logging import logger
 
-from grt_titan.fake_backend import NOTICE as FAKE_BACKEND_NOTICE
-from grt_titan.fake_backend import is_fake_backend
+from grt_titan.runtime.fake_backend import NOTICE as FAKE_BACKEND_NOTICE
+from grt_titan.runtime.fake_backend import is_fake_backend
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.recurrence import DepthSampler, Recurrence, StepRecord, find_recurrence
 from grt_titan.model.step_stats import TRAINING_SUMS, step_row, summarize

@@ -23,7 +23,7 @@ norm), one scalar all-reduce and one host sync.
 
 Under torchtitan's fake backend (`--comm.mode fake_backend`, a dry run) no collective moves
 data, so gradients can be NaN/inf without anything being wrong: the guard is not installed
-there and a dry run never stops for a non-finite value (grt_titan/fake_backend.py).
+there and a dry run never stops for a non-finite value (grt_titan/runtime/fake_backend.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 from torchtitan.tools.logging import logger
 
-from grt_titan.fake_backend import is_fake_backend
+from grt_titan.runtime.fake_backend import is_fake_backend
 
 NonFinitePolicy = Literal["stop", "skip"]
 

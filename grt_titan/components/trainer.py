@@ -8,7 +8,7 @@ step of torchtitan's loop; it only
 - with `[loss_spike] enable`, checks each step's loss before clipping and the optimizer
   step (`LossSpikeMonitor`), exits for a rewind at a spike, and gives the dataloader the
   windows of batches skipped at earlier spikes. On torchtitan's fake backend (a dry run,
-  grt_titan/fake_backend.py) the losses are not real and the rewind is off.
+  grt_titan/runtime/fake_backend.py) the losses are not real and the rewind is off.
 - with `[distill] teacher`, runs the frozen teacher on each microbatch before the student
   and trains on the KD-weighted loss (`Distiller`, docs/distillation.md); the teacher is not
   a model part, so it is never checkpointed and every start reads it from its source.

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from grt_titan.atomic_dir import atomic_directory
+from grt_titan.runtime.atomic_dir import atomic_directory
 from grt_titan.data import records
 from grt_titan.data import shards as sh
 from grt_titan.data.sources import collect_inputs, iter_documents

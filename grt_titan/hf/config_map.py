@@ -17,7 +17,7 @@ import dataclasses
 from typing import Any
 
 from grt_titan.model.args import GRT_PARTS, GRTModelArgs
-from grt_titan.model.llama_blocks import RoPEScalingArgs
+from grt_titan.model.blocks.llama import RoPEScalingArgs
 from grt_titan.model.settings import hf_config_keys
 from grt_titan.run_reader import CheckpointError
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from grt_titan.atomic_dir import atomic_directory
+from grt_titan.runtime.atomic_dir import atomic_directory
 from grt_titan.checkpoint_io import (
     INDEX_FILE,
     SINGLE_FILE,

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from grt_titan.atomic_dir import atomic_directory
+from grt_titan.runtime.atomic_dir import atomic_directory
 from grt_titan.checkpoint_io import model_from_state, native_state_from_hf, read_hf_weights, save_checkpoint
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.run_reader import CheckpointError, OverridesParser, check_overrides_have_config, load_model_args

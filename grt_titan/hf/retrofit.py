@@ -34,7 +34,7 @@ DIR receives:
 - with `--task-recipe`, `task.toml`: the recipe that teaches it a multi-step task one step
   per loop (`task_toml`).
 
-Nothing is written unless every check passes (grt_titan/atomic_dir.py).
+Nothing is written unless every check passes (grt_titan/runtime/atomic_dir.py).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import Any
 import tomllib
 import torch
 
-from grt_titan.atomic_dir import atomic_directory
+from grt_titan.runtime.atomic_dir import atomic_directory
 from grt_titan.checkpoint_io import RETROFIT_RECORD, CheckpointError, read_hf_weights, save_checkpoint
 from grt_titan.data.tasks import DEFAULT_SYMBOLS
 from grt_titan.model.args import GRTModelArgs

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from grt_titan.atomic_dir import atomic_directory
+from grt_titan.runtime.atomic_dir import atomic_directory
 from grt_titan.checkpoint_io import CheckpointError, model_from_state, read_hf_weights
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.blocks import llama_block_args

@@ -5,7 +5,7 @@ state_dict_adapter.py (`Llama3StateDictAdapter`) and torchtitan/models/qwen3/mod
 state_dict_adapter.py (`Qwen3StateDictAdapter`): their `from_hf_map`, `to_hf` and `from_hf`,
 which grt_titan/hf/stock.py uses to read and write stock `LlamaForCausalLM` /
 `Qwen3ForCausalLM` folders. A copy because torchtitan 0.3 removed those modules and renamed
-its parameters, while the GRT keeps 0.2.2's parameter names (grt_titan/model/llama_blocks.py,
+its parameters, while the GRT keeps 0.2.2's parameter names (grt_titan/model/blocks/llama.py,
 qwen3_blocks.py), so the import, export and retrofit of stock folders do not depend on the
 host torchtitan.
 

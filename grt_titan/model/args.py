@@ -21,7 +21,8 @@ from torch import nn
 
 from grt_titan.field_checks import field_problems
 
-from . import flops, methods
+from . import flops
+from .methods import table
 from .part import Bad, Part
 from .settings import declared_settings, setting
 
@@ -49,7 +50,7 @@ RouterUpdate = Literal["delta", "block"]
 
 # The parts that make GRT itself (the other methods change some of them): its row's.
 GRT_PARTS: dict[str, Any] = {
-    name: methods.GRT.parts[name]
+    name: table.GRT.parts[name]
     for name in ("injection", "update", "initial_state", "step_adapter", "objective", "router")
 }
 
@@ -169,7 +170,7 @@ class GRTModelArgs:
         """poisson_lognormal depth sampling: the mean training depth E[r]; default the uniform
         sampler's (r_min + R) / 2, so both spend the same expected compute.""",
     )
-    # SCSE (grt_titan/model/scse.py): h* = e + a A e, h_0 = e + b B e, Delta <- Delta + m s G(Delta).
+    # SCSE (grt_titan/model/methods/scse.py): h* = e + a A e, h_0 = e + b B e, Delta <- Delta + m s G(Delta).
     anchor_scale: float = setting(0.1, "SCSE: a, the anchor's scale in h* = e + a A e (default 0.1).", hf=True)
     initial_deviation_scale: float = setting(
         0.1,
@@ -267,7 +268,7 @@ class GRTModelArgs:
         hf=True,
     )
 
-    # llama style (grt_titan/model/llama_blocks.py, torchtitan 0.2.2's llama3 block)
+    # llama style (grt_titan/model/blocks/llama.py, torchtitan 0.2.2's llama3 block)
     multiple_of: int = 256
     ffn_dim_multiplier: float | None = None
     rope_theta: float = 10000.0
@@ -288,8 +289,8 @@ class GRTModelArgs:
     @property
     def method_name(self) -> str:
         """The row of the paper's table 1 (or figure 5's ladder) that these parts make:
-        a lookup in grt_titan/model/methods.py."""
-        return methods.method_name(self)
+        a lookup in grt_titan/model/methods/table.py."""
+        return table.method_name(self)
 
     @property
     def non_grt_parts(self) -> dict[str, Any]:

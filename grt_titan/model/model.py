@@ -29,13 +29,12 @@ from torch import nn
 
 from .args import GRTModelArgs
 from .blocks import BlockStack, rope_table
-from .exit_distribution import exit_forward
-from .halting import LEARNED_RULE, HaltingProbe, halting_of_call, halting_recurrence, learned_halting_of_call
-from .init import trunc_normal_
-from .output import TrainingOutput
-from .part import build_module
+from .blocks.init import trunc_normal_
+from .halting.rules import LEARNED_RULE, HaltingProbe, halting_of_call, halting_recurrence, learned_halting_of_call
+from .methods.ouro import exit_forward
+from .methods.step_supervision import step_supervised_readout
+from .part import TrainingOutput, build_module
 from .recurrence import Recurrence
-from .step_supervision import step_supervised_readout
 
 
 class GRTModel(nn.Module):

@@ -9,16 +9,16 @@ choices of these parts make. Importing grt_titan.model installs it as `GRTModelA
 
 from __future__ import annotations
 
-from .adapters import LoraAdapters
 from .args import GRTModelArgs
 from .depth_law import LAWS
-from .exit_distribution import ExitDistribution
+from .methods.mor import ExpertChoice
+from .methods.mor_token_choice import TokenChoice
+from .methods.ouro import ExitDistribution
+from .methods.rrt import LoraAdapters
+from .methods.scse import AnchorInitialState, DeviationInjection, DeviationUpdate
+from .methods.step_supervision import StepSupervision
 from .part import Part
 from .recurrence import GateUpdate, ProjInjection, RandomInitialState
-from .routing import ExpertChoice
-from .scse import AnchorInitialState, DeviationInjection, DeviationUpdate
-from .step_supervision import StepSupervision
-from .token_choice import TokenChoice
 
 PARTS: tuple[Part, ...] = (
     ProjInjection(),  # injection = "proj": W_proj (GRT, Poisson)

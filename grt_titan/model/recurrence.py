@@ -41,10 +41,10 @@ from torch import nn
 
 from .args import GRTModelArgs
 from .blocks import BlockStack
+from .blocks.init import trunc_normal_
 from .depth_law import curriculum_fraction
-from .init import trunc_normal_
+from .methods.mor import RoutedStep
 from .part import Bad, JobSettings, Part, build_module, tensor_parallel_problems
-from .routing import RoutedStep
 
 
 class DepthSampler(nn.Module):
@@ -307,7 +307,7 @@ class Recurrence(nn.Module):
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
-        # MoR (router = expert_choice, grt_titan/model/routing.py): a router per step picks
+        # MoR (router = expert_choice, grt_titan/model/methods/mor.py): a router per step picks
         # the tokens that step updates; token_choice (token_choice.py): each token its depth.
         self.step = RecurrenceStep(args) if args.part("router") is None else RoutedStep(args)
         self.router = build_module(args, "router")

@@ -22,7 +22,7 @@ from torchtitan.config import CompileConfig
 from grt_titan.components.loss import grt_loss
 from grt_titan.data.config import DataConfig
 from grt_titan.data.loader import _build, open_dataset_split
-from grt_titan.model.output import TrainingOutput
+from grt_titan.model.part import TrainingOutput
 from grt_titan.tokenizer import load_tokenizer, resolve_tokenizer_source
 
 

@@ -51,11 +51,11 @@ def check_host() -> None:
 def enable_cpu_training() -> None:
     """Point torchtitan 0.3 at CPU/gloo where no accelerator exists (a no-op elsewhere).
 
-    0.3 keeps 0.2.2's device globals and memory monitor, so grt_titan/cpu_support.py's switch
+    0.3 keeps 0.2.2's device globals and memory monitor, so grt_titan/runtime/cpu_support.py's switch
     serves it unchanged; applied when the config module is imported, so plain
     `-m torchtitan.train --module grt_titan` trains on CPU with no launcher of ours. The
     other two things 0.3 needs on CPU are ours already: the GRT's blocks use SDPA, never
     FlexAttention (no backward on CPU), and our FSDP reduces by SUM on gloo (model.py)."""
-    from grt_titan.cpu_support import enable_cpu_training as switch
+    from grt_titan.runtime.cpu_support import enable_cpu_training as switch
 
     switch()

@@ -14,7 +14,7 @@ from grt_titan.analysis.report import JSON_NAME, analyze
 from grt_titan.cli import main as cli_main
 from grt_titan.data.config import DataConfig
 from grt_titan.data.loader import TokenSequenceDataset, open_dataset_split
-from grt_titan.model.halting import HALTING_RULES
+from grt_titan.model.halting.rules import HALTING_RULES
 
 from components_helpers import ByteTokenizer, check_analysis_output, hand_step_stats, make_dataset, tiny_model
 

@@ -21,7 +21,7 @@ from grt_titan.analysis.diagnostics import (
 )
 from grt_titan.analysis.report import JSON_NAME, NOT_ASKED, PLOTS
 from grt_titan.cli import main as cli_main
-from grt_titan.model.halting import HALTING_RULES, READOUT_RULES
+from grt_titan.model.halting.rules import HALTING_RULES, READOUT_RULES
 
 from components_helpers import ByteTokenizer, make_dataset, tiny_args, tiny_model
 from grt_test_helpers import MOR_PARTS, build_model, nonzero_biases
@@ -160,7 +160,7 @@ def test_anchor_response_is_one_step_from_the_anchor_and_zero_for_scse():
         want = ((moved - e).double().norm(dim=-1) / e.double().norm(dim=-1)).mean().item()
     response = acc.result()["anchor_response"]
     assert response == pytest.approx([want] * 3, rel=1e-9) and want > 0.01
-    from grt_titan.model.methods import SCSE
+    from grt_titan.model.methods.table import SCSE
 
     scse = build_model(tiny_args(**{**SCSE.parts, "gate_noise_std": 0.0}), 0).eval()
     nonzero_biases(scse.recurrence.step.core)  # GPT-2 blocks as trained: G(0) != 0, the mask holds h*

@@ -125,7 +125,7 @@ def test_halting_decode_records_each_tokens_depth():
 @pytest.mark.parametrize("benchmark", ["generate_bench", "halting_bench"])
 def test_decoding_benchmark_console_is_quiet(benchmark):
     """The decoding benchmarks load the HF model, whose transformers import pulls in torchao:
-    its known CPU import messages (grt_titan/quiet_imports.py) stay out of the printed table."""
+    its known CPU import messages (grt_titan/runtime/quiet_imports.py) stay out of the printed table."""
     code = f"import {benchmark}; import grt_titan.hf.remote.modeling_grt"
     env = {"PYTHONPATH": f"{REPO}:{REPO / 'benchmarks'}", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

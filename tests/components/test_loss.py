@@ -5,7 +5,7 @@ import math
 import torch
 
 from grt_titan.components.loss import grt_loss
-from grt_titan.model.output import TrainingOutput
+from grt_titan.model.part import TrainingOutput
 
 
 def _ce_by_hand(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,7 @@ def test_stats_pool_microbatches_of_different_depths():
 
 
 def _processor(tmp_path, **metrics):
-    from grt_titan.cpu_support import enable_cpu_training
+    from grt_titan.runtime.cpu_support import enable_cpu_training
 
     enable_cpu_training()
     jc = job_config(str(tmp_path), log_freq=3, **metrics)
@@ -221,8 +221,8 @@ def test_fake_backend_says_once_that_its_numbers_are_not_real(tmp_path, caplog):
     from torchtitan.components.optimizer import build_optimizers
 
     from grt_titan.components.metrics import MFU_FAKE_BACKEND, build_grt_metrics_processor
-    from grt_titan.cpu_support import enable_cpu_training
-    from grt_titan.fake_backend import NOTICE
+    from grt_titan.runtime.cpu_support import enable_cpu_training
+    from grt_titan.runtime.fake_backend import NOTICE
 
     enable_cpu_training()
     caplog.set_level("INFO")
@@ -249,7 +249,7 @@ def test_fake_backend_says_once_that_its_numbers_are_not_real(tmp_path, caplog):
 
 def test_no_notice_without_the_fake_backend(tmp_path, caplog):
     from grt_titan.components.metrics import build_grt_metrics_processor
-    from grt_titan.fake_backend import NOTICE
+    from grt_titan.runtime.fake_backend import NOTICE
 
     caplog.set_level("INFO")
     processor = build_grt_metrics_processor(job_config(str(tmp_path)), one_rank_dims())

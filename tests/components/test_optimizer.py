@@ -84,7 +84,7 @@ def test_without_the_fake_backend_the_same_step_stops():
 
 @pytest.mark.parametrize("mode, fake", [("fake_backend", True), ("default", False), ("local_tensor", False)])
 def test_the_job_config_names_a_fake_backend_run(mode, fake):
-    from grt_titan.fake_backend import is_fake_backend
+    from grt_titan.runtime.fake_backend import is_fake_backend
 
     assert is_fake_backend(parse_config("--comm.mode", mode)) is fake
     assert is_fake_backend() is False  # no process group in this process

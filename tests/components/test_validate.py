@@ -30,7 +30,7 @@ class RecordingMetrics:
 def _validator(tmp_path, metrics, **cfg):
     from torchtitan.components.loss import build_cross_entropy_loss
 
-    from grt_titan.cpu_support import enable_cpu_training
+    from grt_titan.runtime.cpu_support import enable_cpu_training
 
     enable_cpu_training()
     data = make_dataset(tmp_path / "data")

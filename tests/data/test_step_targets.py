@@ -1,4 +1,4 @@
-"""Per-step supervision (grt_titan/model/step_supervision.py, docs/tasks.md): prepare writes
+"""Per-step supervision (grt_titan/model/methods/step_supervision.py, docs/tasks.md): prepare writes
 one target stream per step, the loader hands step t's labels to the model, and the loss is
 the mean over steps of each step readout's cross-entropy against its own target, computed
 here by hand from the records' text."""
@@ -17,7 +17,7 @@ from grt_titan.data.loader import build_dataloader
 from grt_titan.data.prepare import prepare
 from grt_titan.model import grt_flavors
 from grt_titan.model.flops import forward_flops_per_token, readout_flops_per_token
-from grt_titan.model.output import TrainingOutput
+from grt_titan.model.part import TrainingOutput
 from grt_titan.tokenizer import load_tokenizer
 
 from data_helpers import chat_tokenizer, job_config, solve_iterated_function

@@ -4,13 +4,13 @@ rules' distributions from the fixed-depth forward's step logits), the two thresh
 against the fixed-depth forward, cached = uncached decoding under every rule
 (per_step: exact, the halted tokens' last K/V standing in for their later steps), the
 compressed strategies' exact prefill, left padding, the torchtitan model's evaluation path
-(grt_titan/model/halting.py) against the export, and the refusals."""
+(grt_titan/model/halting/rules.py) against the export, and the refusals."""
 
 import pytest
 import torch
 
 from grt_titan.hf.convert import write_hf_folder
-from grt_titan.model.halting import HALTING_RULES, READOUT_RULES
+from grt_titan.model.halting.rules import HALTING_RULES, READOUT_RULES
 
 from hf_helpers import (
     ATOL,

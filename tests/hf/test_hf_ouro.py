@@ -14,7 +14,7 @@ from grt_titan.cli import main as cli
 from grt_titan.hf.config_map import model_args_from_hf_config
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
 from grt_titan.hf.remote.configuration_grt import GRTConfig
-from grt_titan.model.exit_distribution import q_exit_steps
+from grt_titan.model.methods.ouro import q_exit_steps
 
 from grt_test_helpers import build_model
 from hf_helpers import (

@@ -8,7 +8,7 @@ import torch
 
 from grt_titan.hf.convert import write_hf_folder
 from grt_titan.model import grt_flavors
-from grt_titan.model.methods import RRT
+from grt_titan.model.methods.table import RRT
 
 from grt_test_helpers import MOR_PARTS, build_model
 from hf_helpers import ATOL, SMALL_VOCAB, load_hf, seeded_model

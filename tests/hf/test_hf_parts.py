@@ -17,7 +17,7 @@ from grt_titan.hf.config_map import HF_PARTS, model_args_from_hf_config
 from grt_titan.hf.convert import SINGLE_FILE, ExportError, build_hf_config, write_hf_folder
 from grt_titan.hf.remote.configuration_grt import MOR_REQUIRED_PARTS, PART_SETTINGS, RECURRENCE_PARTS, GRTConfig
 from grt_titan.model import grt_flavors
-from grt_titan.model.methods import GRT, METHODS, MOR, MOR_TOKEN_CHOICE
+from grt_titan.model.methods.table import GRT, METHODS, MOR, MOR_TOKEN_CHOICE
 
 from grt_test_helpers import build_model
 from hf_helpers import (
@@ -152,7 +152,7 @@ def test_every_paper_config_exports_with_its_parts():
 
 def test_the_self_contained_config_copies_the_table_of_methods():
     """configuration_grt.py cannot import grt_titan (remote code): its copies of rows of
-    grt_titan/model/methods.py (GRT's parts as the first choices, MoR's fixed parts) agree."""
+    grt_titan/model/methods/table.py (GRT's parts as the first choices, MoR's fixed parts) agree."""
     assert {name: choices[0] for name, choices in RECURRENCE_PARTS.items()} == {
         name: GRT.parts[name] for name in RECURRENCE_PARTS
     }

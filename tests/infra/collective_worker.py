@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from grt_titan.infra.comm_stats import CollectiveCounter
 from grt_titan.infra.parallelize import apply_fsdp
 from grt_titan.model import grt_flavors
-from grt_titan.model.output import TrainingOutput
+from grt_titan.model.part import TrainingOutput
 
 # run as tests.infra.collective_worker from the repo root
 from tests.grt_test_helpers import MOR_PARTS, OURO_PARTS, POISSON_PARTS, RRT_PARTS, build_model

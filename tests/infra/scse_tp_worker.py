@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from grt_titan.infra.parallelize import apply_scse_tp
-from grt_titan.model.scse import deviation_step
+from grt_titan.model.methods.scse import deviation_step
 
 from grt_test_helpers import SCSE_PARTS, build_model
 

@@ -8,7 +8,7 @@ from torchtitan.config.job_config import ActivationCheckpoint, Compile
 from grt_titan.components.loss import grt_loss
 from grt_titan.infra.parallelize import apply_recurrence_ac, apply_recurrence_compile
 from grt_titan.model import grt_flavors
-from grt_titan.model.output import TrainingOutput
+from grt_titan.model.part import TrainingOutput
 
 from grt_test_helpers import MOR_PARTS, build_model
 

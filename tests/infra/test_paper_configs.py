@@ -6,7 +6,7 @@ import pytest
 import tomli
 
 from grt_titan.checkpoint_io import load_model_args
-from grt_titan.model.methods import LADDER, SCSE, TABLE_1, paper_method
+from grt_titan.model.methods.table import LADDER, SCSE, TABLE_1, paper_method
 from grt_titan.model.model import build_meta_model
 
 from grt_test_helpers import REPO, step_losses
@@ -65,7 +65,7 @@ def test_row_is_its_presets_recipe_with_only_the_parts_changed(path):
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_row_builds_and_is_the_method_it_names(path):
     args = model_args(path)
-    row = paper_method(path.stem)  # the row of grt_titan/model/methods.py this TOML trains
+    row = paper_method(path.stem)  # the row of grt_titan/model/methods/table.py this TOML trains
     assert args.method_name == row.name
     # The TOML sets its row's parts and the paper's settings of the row.
     assert {k: getattr(args, k) for k in {**row.parts, **row.settings}} == {**row.parts, **row.settings}

@@ -1,4 +1,4 @@
-"""Our copies of torchtitan 0.2.2's blocks (grt_titan/model/llama_blocks.py, qwen3_blocks.py,
+"""Our copies of torchtitan 0.2.2's blocks (grt_titan/model/blocks/llama.py, qwen3_blocks.py,
 sdpa.py, init.py) against the originals, the independent computation: the same state-dict
 keys in the same order, the same draws at construction and in `init_weights` under one seed,
 the same RoPE tables, and bit-equal outputs and gradients in float32.
@@ -12,10 +12,10 @@ import torch
 
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.blocks import build_block, rope_table
-from grt_titan.model.init import trunc_normal_
-from grt_titan.model.llama_blocks import LlamaBlockArgs, RoPEScalingArgs, precompute_freqs_cis
-from grt_titan.model.qwen3_blocks import Qwen3BlockArgs, precompute_rope_cache
-from grt_titan.model.sdpa import ScaledDotProductAttentionWrapper
+from grt_titan.model.blocks.init import trunc_normal_
+from grt_titan.model.blocks.llama import LlamaBlockArgs, RoPEScalingArgs, precompute_freqs_cis
+from grt_titan.model.blocks.qwen3 import Qwen3BlockArgs, precompute_rope_cache
+from grt_titan.model.blocks.sdpa import ScaledDotProductAttentionWrapper
 
 tt_llama = pytest.importorskip("torchtitan.models.llama3.model.model")
 tt_llama_args = pytest.importorskip("torchtitan.models.llama3.model.args")

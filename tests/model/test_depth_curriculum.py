@@ -123,7 +123,7 @@ def test_flops_follow_the_realised_depths(tmp_path):
     """The logged FLOPs per token are the mean training count over the depths the ramp drew,
     and the start-up line says the curriculum is on."""
     from grt_titan.components.metrics import GRTMetricsProcessor, depth_line
-    from grt_titan.cpu_support import enable_cpu_training
+    from grt_titan.runtime.cpu_support import enable_cpu_training
 
     enable_cpu_training()
     model = build_model("debug", depth_curriculum_steps=4, depth_seed=2)

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import grt_flavors
-from grt_titan.model.exit_distribution import exit_entropy, exit_log_probs, q_exit, q_exit_steps
 from grt_titan.model.flavors import DEBUG_VOCAB_SIZE
-from grt_titan.model.output import TrainingOutput
+from grt_titan.model.methods.ouro import exit_entropy, exit_log_probs, q_exit, q_exit_steps
+from grt_titan.model.part import TrainingOutput
 
 from grt_test_helpers import build_model, matmul_flops
 

@@ -1,4 +1,4 @@
-"""Fitting the learned halting rule's probe (grt_titan/model/halting_probe.py): its states
+"""Fitting the learned halting rule's probe (grt_titan/model/halting/probe.py): its states
 and targets against the fixed-depth forwards, the probe learning its targets beyond their base
 rate on fresh tokens with the model unchanged, the positions it learns from, and its refusals."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grt_titan.model.halting_probe import fit_halting_probe, step_states_and_targets
+from grt_titan.model.halting.probe import fit_halting_probe, step_states_and_targets
 
 from grt_test_helpers import MOR_PARTS, build_model
 

@@ -1,11 +1,11 @@
-"""The learned halting rule (grt_titan/model/halting.py, `HaltingProbe`; docs/tasks.md, "A learned
+"""The learned halting rule (grt_titan/model/halting/rules.py, `HaltingProbe`; docs/tasks.md, "A learned
 halting rule"): its targets by hand, each token's depth and logits by hand on rows of one token,
 the threshold limits against the fixed depth, and the refusals."""
 
 import pytest
 import torch
 
-from grt_titan.model.halting import HaltingProbe, consistency_targets
+from grt_titan.model.halting.rules import HaltingProbe, consistency_targets
 
 from grt_test_helpers import build_model
 

@@ -1,4 +1,4 @@
-"""The table of methods (grt_titan/model/methods.py): every row of table 1 and rung of figure 5
+"""The table of methods (grt_titan/model/methods/table.py): every row of table 1 and rung of figure 5
 is a named set of parts, and `GRTModelArgs.method_name` is a lookup in it. The paper's TOMLs
 against the table: tests/infra/test_paper_configs.py; the HF config: tests/hf/test_hf_parts.py."""
 
@@ -6,7 +6,7 @@ import pytest
 
 from grt_titan.model import grt_flavors
 from grt_titan.model.args import GRT_PARTS
-from grt_titan.model.methods import (
+from grt_titan.model.methods.table import (
     GRT,
     LADDER,
     LADDER_COMPONENTS,

@@ -149,9 +149,9 @@ def test_gpt2_head_is_tied_llama_is_not():
 
 
 def test_llama_blocks_are_our_copy_of_torchtitans():
-    """grt_titan/model/llama_blocks.py (tests/model/test_block_copies.py compares it with
+    """grt_titan/model/blocks/llama.py (tests/model/test_block_copies.py compares it with
     torchtitan 0.2.2's llama3 TransformerBlock)."""
-    from grt_titan.model.llama_blocks import LlamaBlock
+    from grt_titan.model.blocks.llama import LlamaBlock
 
     model = build_model(block_style="llama")
     assert all(isinstance(b, LlamaBlock) for b in model.prelude.layers.values())

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import grt_flavors
-from grt_titan.model.output import TrainingOutput
+from grt_titan.model.part import TrainingOutput
 
 from grt_test_helpers import MOR_PARTS, build_model, matmul_flops
 

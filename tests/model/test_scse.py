@@ -1,4 +1,4 @@
-"""SCSE (grt_titan/model/scse.py) against the paper's equations written out by hand: the
+"""SCSE (grt_titan/model/methods/scse.py) against the paper's equations written out by hand: the
 anchor h* = e + a A e, h_0 = e + b B e, Delta <- Delta + m_b s G(Delta) with G(Delta) =
 core(Delta) - Delta and m_b = 1{||Delta^(b)||_F^2 > eps} per sequence, readout of h* + Delta."""
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import grt_flavors
-from grt_titan.model.output import TrainingOutput
+from grt_titan.model.part import TrainingOutput
 
 from grt_test_helpers import MOR_PARTS, build_model, matmul_flops, parse_config, parts_overrides
 

@@ -27,7 +27,7 @@ import json
 import os
 import signal
 
-from grt_titan.cpu_support import enable_cpu_training
+from grt_titan.runtime.cpu_support import enable_cpu_training
 
 _STEP = {"value": 0}
 

@@ -2,7 +2,7 @@
 converged (docs/generation.md, "Per-token halting"; the paper's first future direction).
 
 Remote code: imports torch only, exported next to modeling_grt.py, which imports it. The
-rules and their checks are the training model's (grt_titan/model/halting.py, whose
+rules and their checks are the training model's (grt_titan/model/halting/rules.py, whose
 `forward_with_halting` evaluation path computes the same depths and logits; the functions marked
 "Copied from" are its own, character for character).
 

@@ -41,7 +41,7 @@ from .exit_grt import EXIT_KV_CACHE_STRATEGIES, ExitGate, exit_readout
 from .layers_grt import GRTGate, GRTSourceAnchor, GRTStepAdapters, InitialStateTable, deviation_step
 from .routing_grt import ROUTER_INFERENCE, ROUTER_UPDATES, MoRRouter
 
-# SCSE's three parts, which go together (grt_titan/model/scse.py).
+# SCSE's three parts, which go together (grt_titan/model/methods/scse.py).
 SCSE_CHOICES = {"injection": "deviation", "update": "deviation", "initial_state": "anchor"}
 
 

@@ -27,7 +27,7 @@ whose copies of the functions below tests/hf/test_hf_copies.py keeps equal);
 tests/hf/test_hf_halting.py holds the two to the same depths and logits.
 
 The learned rule is this module's alone: its probe (`HaltingProbe`) is fitted to a trained,
-frozen model (grt_titan/model/halting_probe.py) and passed with the call, as CALM's
+frozen model (grt_titan/model/halting/probe.py) and passed with the call, as CALM's
 learned early-exit classifier is fitted (Schuster et al. 2022, arXiv 2207.07061): its target at
 step s is whether the readout's argmax at s is the last step's and stays so through every
 later step (`consistency_targets`). The exported model's rules are the five above.

@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .args import GRTModelArgs
-from .blocks import BlockStack
-from .flops import routed_core_flops
-from .part import Bad, JobSettings, Part, tensor_parallel_problems
+from ..args import GRTModelArgs
+from ..blocks import BlockStack
+from ..flops import routed_core_flops
+from ..part import Bad, JobSettings, Part, tensor_parallel_problems
 
 
 class RoutedStep(nn.Module):

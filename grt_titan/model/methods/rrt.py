@@ -21,8 +21,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .args import GRTModelArgs
-from .part import Bad, JobSettings, Part, tensor_parallel_problems
+from ..args import GRTModelArgs
+from ..part import Bad, JobSettings, Part, tensor_parallel_problems
 
 
 class BlockAdapter(NamedTuple):

@@ -110,7 +110,7 @@ GRT = Method(
     config="grt",
 )
 # Not a row of the GRT paper's table 1: Source-Centered State Evolution (arXiv 2607.27656,
-# grt_titan/model/scse.py), compared on equal terms. Its paper's core is llama-style (bias-free,
+# grt_titan/model/methods/scse.py), compared on equal terms. Its paper's core is llama-style (bias-free,
 # zero-preserving), which its TOMLs set; its depth is sampled uniformly from 1..R, as there.
 SCSE = Method(
     "SCSE",
@@ -188,4 +188,4 @@ def paper_method(stem: str) -> Method:
     for row in TABLE_1:
         if row.config is not None and stem.endswith("_" + row.config) and not stem.startswith("ladder_"):
             return row
-    raise KeyError(f"{stem!r} is no TOML of train_configs/paper/ (grt_titan/model/methods.py)")
+    raise KeyError(f"{stem!r} is no TOML of train_configs/paper/ (grt_titan/model/methods/table.py)")

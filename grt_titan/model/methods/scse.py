@@ -29,14 +29,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import methods
-from .args import GRTModelArgs
-from .init import trunc_normal_
-from .part import Bad, Part
+from ..args import GRTModelArgs
+from ..blocks.init import trunc_normal_
+from ..part import Bad, Part
+from . import table
 
 SCSE_CHOICES = {"injection": "deviation", "update": "deviation", "initial_state": "anchor"}
-# SCSE's own settings (its row's in grt_titan/model/methods.py), set only with its parts.
-SCSE_FIELDS = tuple(methods.SCSE.settings)
+# SCSE's own settings (its row's in grt_titan/model/methods/table.py), set only with its parts.
+SCSE_FIELDS = tuple(table.SCSE.settings)
 
 
 class SourceAnchor(nn.Module):

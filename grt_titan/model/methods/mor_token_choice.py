@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .args import GRTModelArgs
-from .flops import routed_core_flops
-from .part import Bad, JobSettings, Part, tensor_parallel_problems
-from .routing import check_routed
+from ..args import GRTModelArgs
+from ..flops import routed_core_flops
+from ..part import Bad, JobSettings, Part, tensor_parallel_problems
+from .mor import check_routed
 
 
 class TokenChoiceRouter(nn.Module):

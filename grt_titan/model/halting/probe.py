@@ -1,4 +1,4 @@
-"""Fitting the learned halting rule's probe (grt_titan/model/halting.py, `HaltingProbe`) to a
+"""Fitting the learned halting rule's probe (grt_titan/model/halting/rules.py, `HaltingProbe`) to a
 trained model, which stays frozen: on the model's own readouts, no answer needed. The target at
 step s is whether the readout's argmax at s is the one the last step gives and stays it
 (`consistency_targets`), CALM's consistency oracle (Schuster et al. 2022, arXiv 2207.07061);
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .halting import LEARNED_RULE, HaltingProbe, consistency_targets
+from .rules import LEARNED_RULE, HaltingProbe, consistency_targets
 
 
 @torch.no_grad()

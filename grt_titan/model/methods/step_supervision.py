@@ -19,10 +19,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .args import GRTModelArgs
-from .flops import readout_flops_per_token
-from .output import TrainingOutput
-from .part import Bad, Part
+from ..args import GRTModelArgs
+from ..flops import readout_flops_per_token
+from ..part import Bad, Part, TrainingOutput
 
 
 def step_supervised_readout(model: nn.Module, states: list[torch.Tensor], step_labels: torch.Tensor | None):

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .init import trunc_normal_
-from .llama_blocks import check_causal_sdpa
+from .llama import check_causal_sdpa
 from .sdpa import ScaledDotProductAttentionWrapper
 
 

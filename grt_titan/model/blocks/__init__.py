@@ -3,9 +3,9 @@
 `gpt2`: the paper's nanoGPT block (pre-LayerNorm, biased linears, GELU MLP 4d); positions
 are added to the embeddings by the model, so the block ignores `freqs_cis`.
 `llama`: our copy of torchtitan 0.2.2's llama3 TransformerBlock (RMSNorm, SwiGLU, RoPE, GQA;
-grt_titan/model/llama_blocks.py).
+grt_titan/model/blocks/llama.py).
 `qwen3`: our copy of torchtitan 0.2.2's qwen3 TransformerBlock (llama's plus q/k RMSNorm per
-head and an explicit head width; grt_titan/model/qwen3_blocks.py); its RoPE table is qwen3's
+head and an explicit head width; grt_titan/model/blocks/qwen3.py); its RoPE table is qwen3's
 cos/sin cache, not llama's complex `freqs_cis` (the model precomputes the table of its style:
 `rope_table`).
 All keep torchtitan 0.2.2's parameter names (`attention.wq`, `feed_forward.w1`,
@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .adapters import BlockAdapter, lora_delta
-from .args import GRTModelArgs
+from ..args import GRTModelArgs
+from ..methods.rrt import BlockAdapter, lora_delta
 from .init import trunc_normal_
-from .llama_blocks import LlamaBlock, LlamaBlockArgs, LlamaFeedForward, RoPEScalingArgs, precompute_freqs_cis
-from .qwen3_blocks import Qwen3Block, Qwen3BlockArgs, precompute_rope_cache
+from .llama import LlamaBlock, LlamaBlockArgs, LlamaFeedForward, RoPEScalingArgs, precompute_freqs_cis
+from .qwen3 import Qwen3Block, Qwen3BlockArgs, precompute_rope_cache
 from .sdpa import ScaledDotProductAttentionWrapper
 
 

@@ -24,11 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .args import GRTModelArgs
-from .flops import block_flops
-from .init import trunc_normal_
-from .output import TrainingOutput
-from .part import Bad, JobSettings, Part, tensor_parallel_problems
+from ..args import GRTModelArgs
+from ..blocks.init import trunc_normal_
+from ..flops import block_flops
+from ..part import Bad, JobSettings, Part, TrainingOutput, tensor_parallel_problems
 
 
 class ExitGate(nn.Linear):

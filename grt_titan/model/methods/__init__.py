@@ -1,0 +1,16 @@
+"""The comparison methods, one module each, beside the GRT they are compared with
+(docs/methods.md): each module holds its parts (`Part` subclasses: its modules, rules, start-up
+checks and FLOPs terms) and the math they run.
+
+    table.py             the paper's methods as named sets of parts: table 1 and figure 5's ladder
+    mor.py               Mixture-of-Recursions, expert choice (a router per step)
+    mor_token_choice.py  Mixture-of-Recursions, token choice (each token its depth)
+    ouro.py              Ouro's exit distribution (per-step readouts, a learned exit)
+    rrt.py               Relaxed Recursive Transformers' per-step LoRA adapters
+    poisson.py           the heavy-tail Poisson row: its random initial state and depth law
+    scse.py              Source-Centered State Evolution (injection, update, anchor)
+    step_supervision.py  per-step targets (every step read out toward its own target)
+
+A method is one module here, one row in table.py and its TOML (docs/methods.md, "Adding a
+method"); grt_titan/model/parts.py lists every part in the order its rules are checked.
+"""
