@@ -96,8 +96,8 @@ def row_overrides(row: str, data: Path, vocab: Path) -> list[str]:
 
 def flops_per_token(overrides: list[str], preset: Path = PRESET) -> tuple[int, float]:
     """(parameters, training FLOPs per token) of `preset` with `overrides`, on the meta device."""
-    from grt_titan.checkpoint_io import load_model_args
     from grt_titan.model.model import build_meta_model
+    from grt_titan.run_reader import load_model_args
 
     args, config = load_model_args(preset, overrides, training_schedule=True)
     return args.get_nparams_and_flops(build_meta_model(args), config.training.seq_len)
@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             pool.submit(train_and_score, row, steps[row], opts, vocab, data, test, train_records) for row in opts.rows
         ]
         results = [f.result() for f in futures]
-    from grt_titan.checkpoint_io import load_model_args
     from grt_titan.data.tasks import parse_depths
+    from grt_titan.run_reader import load_model_args
 
     recurrences = load_model_args(PRESET, row_overrides("grt", data, vocab))[0].num_recurrences
     text = summary(results, parse_depths(opts.test_depths), recurrences)

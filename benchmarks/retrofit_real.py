@@ -140,7 +140,7 @@ def dense_source(source: Path, retrofitted: Path, out: Path) -> Path:
     the source's architecture (`source_args`) as its flavor and no depth curriculum."""
     import dataclasses
 
-    from grt_titan.hf.stock import read_stock_config, source_args
+    from grt_titan.hf.stock_folders import read_stock_config, source_args
 
     out.mkdir(parents=True, exist_ok=True)
     args = source_args(read_stock_config(source))
@@ -197,7 +197,7 @@ def arm_commands(name: str, source: Path, out: Path, opts) -> tuple[Path, list[s
         retrofitted = retrofit(source, out / "every-depth", "every-depth", [], opts.recurrences)
         return dense_source(source, retrofitted, out / "source") / "train.toml", ["--grt.depth_curriculum_steps", "0"]
     if name == "drop-middle":
-        from grt_titan.hf.stock import n_dense_layers, read_stock_config, source_args
+        from grt_titan.hf.stock_folders import n_dense_layers, read_stock_config, source_args
 
         layers = n_dense_layers(source_args(read_stock_config(source)))
         p = max(1, layers // 8)
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         toml, extra = arm_commands(name, source, out, opts)
         results[name] = train(toml, out / "runs" / name, opts, *extra)
         print(f"{name}: {opts.steps} steps in {results[name]['seconds']:.0f} s", flush=True)
-    from grt_titan.hf.stock import read_stock_config, source_args
+    from grt_titan.hf.stock_folders import read_stock_config, source_args
 
     teacher = source_args(read_stock_config(source)).forward_flops_per_token(opts.seq_len)
     report(results, opts, teacher)

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = equal_flop_steps(costs, "grt", opts.steps, opts.rows)
     if opts.plan:
         return 0
-    from grt_titan.checkpoint_io import load_model_args
+    from grt_titan.run_reader import load_model_args
 
     opts.recurrences = load_model_args(CONFIGS / "scse_debug.toml")[0].num_recurrences
     results = [train_and_analyze(row, steps[row], opts) for row in opts.rows]

@@ -64,7 +64,7 @@ MERGED_MODULE = "builtins"
 
 class GRTConfigManager(ConfigManager):
     """torchtitan's ConfigManager without its per-field source lookups: used by
-    `grt_titan.train`, the teacher, checkpoint_io.parse_job_config and the tests.
+    `grt_titan.train`, the teacher, checkpoints.job_files.parse_job_config and the tests.
 
     torchtitan merges `[job] custom_config_module`'s JobConfig into its own with
     `make_dataclass`, once per parse; the new classes (MergedJobConfig, MergedTraining, ...)
@@ -87,7 +87,7 @@ class GRTConfigManager(ConfigManager):
 class RecordedConfigManager(GRTConfigManager):
     """GRTConfigManager reading a 0.2.2 run record's resolved `job_config` where it would read
     the TOML (`_maybe_load_toml`, the one method replaced): the values the run started with,
-    its command-line overrides included (grt_titan.checkpoint_io.parse_job_config)."""
+    its command-line overrides included (grt_titan.checkpoints.job_files.parse_job_config)."""
 
     def __init__(self, values: dict):
         super().__init__()

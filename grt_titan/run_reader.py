@@ -35,14 +35,13 @@ GRTModelArgs by the 0.2.2 spec) never run here: a reader reads a trained model, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import difflib
 import re
 import typing
 from pathlib import Path
 from types import NoneType, SimpleNamespace, UnionType
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import tomllib
 
@@ -308,26 +307,14 @@ def record_sections(record: dict[str, Any], folder: Path) -> dict[str, Any]:
 # ---- the model args ---------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _no_job_hooks() -> Iterator[None]:
-    """`update_from_config` without the job's start-up checks and forwards per step, which
-    torchtitan 0.2.2's spec installs on GRTModelArgs: they judge a job about to start (its
-    world size, its folder), not a trained model."""
-    saved = GRTModelArgs.job_config_check, GRTModelArgs.job_forwards_per_step
-    GRTModelArgs.job_config_check = GRTModelArgs.job_forwards_per_step = None
-    try:
-        yield
-    finally:
-        GRTModelArgs.job_config_check, GRTModelArgs.job_forwards_per_step = saved
-
-
 def apply_grt(args: GRTModelArgs, grt: GRTSection, seq_len: int, flavor: str, source: str) -> GRTModelArgs:
     """`args` with the `[grt]` overrides `grt` and `[training] seq_len` applied and validated
-    by GRTModelArgs' own `update_from_config` (the hosts' route)."""
+    by GRTModelArgs' own `update_from_config` (the hosts' route, without what a host adds of
+    a job about to start: its start-up checks judge its world size and folder, not a trained
+    model)."""
     job = SimpleNamespace(grt=grt, training=SimpleNamespace(seq_len=seq_len), model=SimpleNamespace(flavor=flavor))
     try:
-        with _no_job_hooks():
-            args.update_from_config(job)
+        args.update_from_config(job)
     except ValueError as e:
         raise CheckpointError(f"{source}: {e}") from e
     return args

@@ -26,8 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from grt_titan.runtime.atomic_dir import atomic_write_text
 from grt_titan.model.args import GRTModelArgs
+from grt_titan.runtime.atomic_dir import atomic_write_text
 
 RECORD_NAME = "grt_run.json"
 RECORD_FORMAT = "grt_run"

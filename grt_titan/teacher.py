@@ -2,11 +2,11 @@
 and sharded like the student, frozen; and what the start-up checks ask of it.
 
 Why a module of its own, above components/: the teacher is read with the package's readers
-(checkpoint_io for a torchtitan checkpoint and its TOML, the import-hf readers of grt_titan/hf/
+(grt_titan/checkpoints/ for a torchtitan checkpoint and its TOML, the import-hf readers of grt_titan/hf/
 for a Hugging Face folder) and sharded with the student's plans (infra/), which the trainer in
-components/ may not import (docs/architecture.md, "Layer order"). `grt_titan.train` installs
-`build_teacher` as `GRTTrainer.build_teacher` before it builds the trainer, as `grt_titan.spec`
-installs the start-up checks on the args; config_checks calls `teacher_problems`.
+components/ may not import (docs/architecture.md, "Layer order"). The train spec names
+`build_teacher` as its `build_teacher_fn` (grt_titan/spec.py), which `GRTTrainer` calls;
+config_checks calls `distill_problems`.
 
 The teacher is never part of the student's state: not in `model_parts`, so neither the
 checkpointer nor the optimizer sees it. Every start (a resume too) reads it from its source,
@@ -29,22 +29,22 @@ from torchtitan.protocols.model_converter import build_model_converters
 from torchtitan.tools import utils as tt_utils
 from torchtitan.tools.logging import logger
 
-from grt_titan.checkpoint_io import (
-    METADATA_FILE,
-    CheckpointError,
-    latest_step_folder,
-    load_checkpoint,
-    load_model_args,
-    native_state_from_hf,
-    read_hf_weights,
-)
+from grt_titan.checkpoints.folders import METADATA_FILE, latest_step_folder
+from grt_titan.checkpoints.hf_weights import read_hf_weights
+from grt_titan.checkpoints.load import load_checkpoint, native_state_from_hf
+from grt_titan.components.plain_trainer import plain_trainer_runs
+from grt_titan.data.checks import tokenizer_path
 from grt_titan.hf.config_map import model_args_from_hf_config
-from grt_titan.hf.stock import dense_args_from_stock_config, is_stock_config, read_stock_folder
+from grt_titan.hf.stock_folders import dense_args_from_stock_config, is_stock_config, read_stock_folder
+from grt_titan.infra.float8_checks import float8_problems
+from grt_titan.infra.parallel_checks import data_parallel_shard
 from grt_titan.infra.parallelize import parallelize_teacher
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.model import build_meta_model
 from grt_titan.model.state_dict_adapter import optional_native_keys
-from grt_titan.sections import DistillConfig
+from grt_titan.run_reader import CheckpointError, load_model_args
+from grt_titan.runtime.fake_backend import is_fake_backend
+from grt_titan.sections import FLOAT8_CONVERTER, DistillConfig
 from grt_titan.tokenizer import export_tokenizer, load_tokenizer, resolve_tokenizer_source
 
 # Text both tokenizers encode at start-up: equal ids (and vocabulary size) = one tokenizer.
@@ -235,6 +235,31 @@ def teacher_problems(
                 f"{device_bytes / gib:.1f} GiB a rank has; allowed: more data-parallel shards "
                 "([parallelism] data_parallel_shard_degree) or tensor_parallel_degree, or a smaller teacher"
             )
+    return problems
+
+
+def distill_problems(job_config, student: GRTModelArgs) -> list[str]:
+    """`[distill]` at start-up: the teacher's source, vocabulary, tokenizer, TP split and memory
+    (`teacher_problems`), float8 on its linears, and a trainer that builds it; nothing without
+    a teacher. torchtitan 0.2.2's alone (0.3 refuses `[distill]`)."""
+    distill = getattr(job_config, "distill", None)
+    if distill is None or not distill.teacher:
+        return []
+    # A fake-backend dry run stands for another machine: its memory is not this one's.
+    device_bytes = None if is_fake_backend(job_config) else device_memory_bytes()
+    try:
+        tokenizer = load_tokenizer(tokenizer_path(job_config))
+    except (FileNotFoundError, ValueError):
+        return []  # the student's tokenizer is missing: vocab_problems (data/checks.py) says so
+    problems = teacher_problems(job_config, student, data_parallel_shard(job_config), device_bytes, tokenizer)
+    if not problems and FLOAT8_CONVERTER in job_config.model.converters:  # the teacher's linears convert too
+        teacher = teacher_args(teacher_source(distill))
+        problems += [f"[distill] teacher: {problem}" for problem in float8_problems(job_config, teacher)]
+    if plain_trainer_runs():  # a trainer without a teacher
+        problems.append(
+            "[distill] teacher is set, but this trainer has no teacher (torchtitan's own -m torchtitan.train); "
+            "allowed: python -m grt_titan.train, or no [distill] teacher"
+        )
     return problems
 
 

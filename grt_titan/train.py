@@ -103,12 +103,8 @@ def main(argv: list[str] | None = None, trainer_class: type | None = None) -> No
     import torchtitan
     from torchtitan.tools.logging import init_logger, logger
 
-    import grt_titan.spec  # noqa: F401  registers the `grt` train spec
-    from grt_titan.components.trainer import GRTTrainer
+    import grt_titan.spec  # noqa: F401  registers the `grt` train spec (the teacher's builder too)
     from grt_titan.job_config import GRTConfigManager
-    from grt_titan.teacher import build_teacher
-
-    GRTTrainer.build_teacher = build_teacher  # the [distill] teacher (components/ may not read hf/)
 
     init_logger()
     quiet_other_ranks()

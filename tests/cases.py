@@ -202,7 +202,7 @@ def static_table(rows: list[Path]) -> str:
     """Table 1's architecture columns of each row's TOML at paper scale, no training: ours
     (from the model args and a meta-device build) beside the paper's parameter count."""
     from grt_titan.analysis.table import layout, stored_parameters
-    from grt_titan.checkpoint_io import load_model_args
+    from grt_titan.run_reader import load_model_args
 
     lines = [
         "| row | method | layout | unique layers | block applications | GFLOPs/token fwd (S=1024) "

@@ -416,7 +416,7 @@ def stand_in_teacher_args(path: Path, tmp: Path) -> list[str]:
     if teaches_its_retrofit(path):
         import tomli
 
-        from grt_titan.hf.stock import write_stock_folder
+        from grt_titan.hf.stock_folders import write_stock_folder
         from grt_titan.model.flavors import flavor_from_file
 
         folder = tmp / f"{path.stem}-teacher"
@@ -449,7 +449,7 @@ def dense_teacher_args(folder: Path, vocab_size: int | None = None) -> list[str]
     import dataclasses
     import json
 
-    from grt_titan.checkpoint_io import save_checkpoint
+    from grt_titan.checkpoints.load import save_checkpoint
     from grt_titan.model import grt_flavors
 
     args, config = grt_flavors["dense_debug"], STAND_IN_TEACHER_CONFIG
@@ -469,7 +469,7 @@ def no_initial_weights_args(path: Path) -> list[str]:
     """For a preset that starts from weights its user makes (a retrofit preset's `[checkpoint]
     initial_load_path`: `grt-titan retrofit`'s output), none: CI holds no such folder, and a
     start that would load a missing one stops, with checkpointing off too
-    (grt_titan.checkpoint_io.initial_load_problems). Empty for the other presets."""
+    (grt_titan.checkpoints.start_load.initial_load_problems). Empty for the other presets."""
     import tomli
 
     initial = tomli.loads(path.read_text()).get("checkpoint", {}).get("initial_load_path")

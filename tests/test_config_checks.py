@@ -9,6 +9,7 @@ entry point: tests/reliability/test_startup_errors.py.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 
@@ -264,6 +265,29 @@ def test_flavor_table_keeps_mapping_semantics():
     with pytest.raises(KeyError):  # UnknownFlavorError is a KeyError too
         table["tiny"]
     assert str(UnknownFlavorError("x")) == "x"
+
+
+def test_the_spec_hands_torchtitan_args_that_check_the_job(monkeypatch):
+    """The spec's flavors are JobModelArgs, a fresh copy per lookup: their update_from_config
+    takes the job's forwards per step and runs the start-up checks; GRTModelArgs' own does neither."""
+    from grt_titan.spec import JobModelArgs
+    from grt_titan.teacher import build_teacher
+
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    spec = get_train_spec("grt")
+    args = spec.model_args["debug"]
+    assert type(args) is JobModelArgs and args is not spec.model_args["debug"]
+    assert dataclasses.asdict(args) == dataclasses.asdict(grt_flavors["debug"])
+    batch = ["--training.global_batch_size", "8", "--training.local_batch_size", "2"]
+    args.update_from_config(parse_config(*batch))
+    assert args.forwards_per_step == 4
+    bad = parse_config(*batch, "--optimizer.lr", "-1")
+    with pytest.raises(ValueError, match=r"\[optimizer\] lr"):
+        spec.model_args["debug"].update_from_config(bad)
+    plain = grt_flavors["debug"].replace()
+    plain.update_from_config(bad)
+    assert plain.forwards_per_step == 1
+    assert spec.build_teacher_fn is build_teacher
 
 
 def test_global_batch_must_fit_the_data_parallel_degree(monkeypatch):
@@ -563,19 +587,19 @@ def test_initial_load_path_is_checked_only_when_it_would_be_loaded(tmp_path):
 
 def test_initial_load_without_checkpointing_is_refused_under_torchtitans_own_trainer(tmp_path, monkeypatch):
     """torchtitan's Trainer (-m torchtitan.train) skips initial_load_path with checkpointing off:
-    refused by name there; grt_titan.train's trainer (its teacher builder installed) loads it."""
-    from grt_titan.components.trainer import GRTTrainer
-    from grt_titan.config_checks import _plain_trainer_initial_load_problems
+    refused by name there; grt_titan.train's GRTTrainer loads it."""
+    from grt_titan.components.plain_trainer import (
+        plain_trainer_initial_load_problems as _plain_trainer_initial_load_problems,
+    )
+    from grt_titan.components.trainer import starting_grt_trainer
 
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     config = initial_load_config(tmp_path, tmp_path / "model")
-    monkeypatch.setattr(GRTTrainer, "build_teacher", None)
     (problem,) = _plain_trainer_initial_load_problems(config)
     assert problem.startswith(f"[checkpoint] initial_load_path = {str(tmp_path / 'model')!r} is not loaded by")
     assert "python -m grt_titan.train" in problem
-    monkeypatch.setattr(GRTTrainer, "build_teacher", object())
-    assert _plain_trainer_initial_load_problems(config) == []
-    monkeypatch.setattr(GRTTrainer, "build_teacher", None)
+    with starting_grt_trainer():  # as GRTTrainer.__init__ runs torchtitan's
+        assert _plain_trainer_initial_load_problems(config) == []
     assert _plain_trainer_initial_load_problems(initial_load_config(tmp_path, tmp_path, "--checkpoint.enable")) == []
 
 

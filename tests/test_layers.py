@@ -10,8 +10,8 @@
     torch, transformers, the standard library and its siblings.
 
 io is the one-process I/O that every reader of a trained GRT shares: run_reader (training
-TOMLs and run records, on either host), checkpoint_io (checkpoint folders, the latest complete
-step, resume inspection) and hf.config_map (args <-> an export's config.json), so that
+TOMLs and run records, on either host), the checkpoints package (checkpoint folders, the latest
+complete step, resume and initial-load inspection, HF weights, loading) and hf.config_map (args <-> an export's config.json), so that
 analysis reads an export without importing hf's commands.
 
 Every import counts, at module level or inside a function: an import moved into a
@@ -50,7 +50,16 @@ LEAVES = {
     "grt_titan.run_record",
     "grt_titan.tokenizer",
 }
-IO = {"grt_titan.checkpoint_io", "grt_titan.run_reader", "grt_titan.hf.config_map"}
+IO = {
+    "grt_titan.checkpoints",
+    "grt_titan.checkpoints.folders",
+    "grt_titan.checkpoints.hf_weights",
+    "grt_titan.checkpoints.job_files",
+    "grt_titan.checkpoints.load",
+    "grt_titan.checkpoints.start_load",
+    "grt_titan.run_reader",
+    "grt_titan.hf.config_map",
+}
 # The remote model: copied verbatim into every export, run where grt_titan is not installed.
 REMOTE = "grt_titan.hf.remote"
 ENTRY = {"grt_titan", "grt_titan.spec", "grt_titan.train", "grt_titan.cli"}
@@ -199,7 +208,7 @@ def test_a_circle_put_back_is_caught(source, target):
 
 
 # The model package is single-device: no parallelism, no torchtitan config parsing. Every
-# file of model/, none excepted (checkpoint I/O lives in grt_titan/checkpoint_io.py, the
+# file of model/, none excepted (checkpoint I/O lives in grt_titan/checkpoints/, the
 # DTensor side of the HF adapter in grt_titan/components/checkpoint.py).
 MODEL_FILES = sorted(str(p.relative_to(PACKAGE / "model")) for p in (PACKAGE / "model").rglob("*.py"))
 FORBIDDEN_IN_MODEL = ("torch.distributed", "torchao", "torchtitan.config.manager", "torchtitan.config.ConfigManager")

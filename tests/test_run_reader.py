@@ -50,17 +50,16 @@ def test_a_toml_reads_as_torchtitan_0_2_parses_it(path, overrides, training_sche
     """The same GRTModelArgs as 0.2.2's parse + `update_from_config` (the schedule keys
     nulled, as a trained model is read), and the same settings."""
     pytest.importorskip("torchtitan.components.ft")  # torchtitan 0.2.2
-    from grt_titan.checkpoint_io import parse_job_config
-    from grt_titan.run_reader import TRAINING_SCHEDULE_KEYS, _no_job_hooks, flavor_args
+    from grt_titan.checkpoints.job_files import parse_job_config
+    from grt_titan.run_reader import TRAINING_SCHEDULE_KEYS, flavor_args
 
     job_config = parse_job_config(path, overrides)
     if not training_schedule:
         job_config.grt = dataclasses.replace(job_config.grt, **dict.fromkeys(TRAINING_SCHEDULE_KEYS))
     expected = flavor_args(job_config.model.flavor, str(path))
-    # Without the job's start-up checks, which a process that imported grt_titan.spec runs here
-    # (they look for the job's data folders, which a fresh clone has not prepared).
-    with _no_job_hooks():
-        expected.update_from_config(job_config)
+    # GRTModelArgs' own update, without the spec's start-up checks (they look for the job's
+    # data folders, which a fresh clone has not prepared).
+    expected.update_from_config(job_config)
     args, view = load_model_args(path, overrides, training_schedule=training_schedule)
     assert args == expected
     for section, key in READ:
@@ -135,7 +134,7 @@ def test_a_torchtitan_0_3_record_is_read(tmp_path):
 def test_a_torchtitan_0_2_record_reads_as_its_parse(tmp_path):
     """The settings of a 0.2.2 record (its JobConfig) are those 0.2.2's parse of it gives."""
     pytest.importorskip("torchtitan.components.ft")
-    from grt_titan.checkpoint_io import parse_job_config
+    from grt_titan.checkpoints.job_files import parse_job_config
 
     from grt_test_helpers import parse_config
 
@@ -212,7 +211,8 @@ def test_the_readers_of_runs_import_nothing_of_torchtitan_0_2_alone():
     code = (
         "import sys\n"
         "import grt_titan.hf.export, grt_titan.hf.importer, grt_titan.analysis.cli, grt_titan.analysis.load\n"
-        "import grt_titan.analysis.table, grt_titan.checkpoint_io\n"
+        "import grt_titan.analysis.table, grt_titan.checkpoints.folders, grt_titan.checkpoints.hf_weights\n"
+        "import grt_titan.checkpoints.job_files, grt_titan.checkpoints.load, grt_titan.checkpoints.start_load\n"
         "from grt_titan.run_reader import load_model_args\n"
         f"load_model_args({str(DEBUG_TOML)!r}, ['--grt.num_recurrences', '3'])\n"
         f"print(sorted(m for m in sys.modules if m.startswith({ZERO_TWO_ONLY!r})))\n"

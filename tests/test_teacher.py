@@ -116,7 +116,7 @@ def test_checks_run_at_start_up(tmp_path):
 def dense_teacher():
     """(args, model, state) of a seeded dense_debug model in eval mode, torchtitan pointed at
     the CPU as grt_titan.train points it here."""
-    from grt_titan.checkpoint_io import load_model_args
+    from grt_titan.run_reader import load_model_args
     from grt_titan.runtime.cpu_support import enable_cpu_training
 
     from grt_test_helpers import build_model
@@ -151,9 +151,9 @@ def test_every_source_builds_the_teacher_it_holds(kind, dense_teacher, tmp_path)
     model's (float32)."""
     import torch
 
-    from grt_titan.checkpoint_io import save_checkpoint
+    from grt_titan.checkpoints.load import save_checkpoint
     from grt_titan.hf.convert import write_hf_folder
-    from grt_titan.hf.stock import write_stock_folder
+    from grt_titan.hf.stock_folders import write_stock_folder
 
     args, _, state = dense_teacher
     if kind == "checkpoint":
@@ -175,7 +175,7 @@ def test_the_students_float8_converter_converts_the_teacher(dense_teacher, tmp_p
     import torch
     from torchao.float8.float8_linear import Float8Linear
 
-    from grt_titan.checkpoint_io import save_checkpoint
+    from grt_titan.checkpoints.load import save_checkpoint
 
     save_checkpoint(tmp_path / "teacher" / "step-3", dense_teacher[2])
     source = ["--distill.teacher", str(tmp_path / "teacher"), "--distill.teacher_config", str(DENSE_TOML)]
@@ -206,7 +206,7 @@ def test_fsdp_times_tp_loads_the_tp_shards_then_shards_them(dense_teacher, tmp_p
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from torchtitan.distributed import ParallelDims
 
-    from grt_titan.hf.stock import write_stock_folder
+    from grt_titan.hf.stock_folders import write_stock_folder
     from grt_titan.infra.parallelize import apply_tp, shard_data_parallel
     from grt_titan.model.model import build_meta_model
     from grt_titan.teacher import build_teacher

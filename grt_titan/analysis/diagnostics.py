@@ -81,14 +81,14 @@ def anchor_response(recurrence: Recurrence, h_pre: torch.Tensor, freqs_cis, step
     """Per step s = 1..`steps`, the sum over tokens of ||T_s(a; e) - a|| / ||e|| (float64): the
     step s taken from the anchor a (`Recurrence.start`'s source: e = h_pre, or SCSE's h*),
     whatever the state. NaN for a routed recurrence (MoR), whose steps take no source."""
-    if recurrence.router is not None:
+    if recurrence.order.runs_steps:
         return torch.full((steps,), float("nan"), dtype=torch.float64)
     _, anchor = recurrence.start(h_pre, None)
     scale = h_pre.double().norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
     # Without per-step adapters (RRT) every step is the same function of its inputs: one call.
     sums = []
-    for index in range(steps if recurrence.has_step_adapters else 1):
-        step_index = torch.tensor(index, device=h_pre.device) if recurrence.has_step_adapters else None
+    for index in range(steps if recurrence.step_indexed else 1):
+        step_index = torch.tensor(index, device=h_pre.device) if recurrence.step_indexed else None
         moved = recurrence.step(anchor, anchor, freqs_cis, step_index=step_index)
         sums.append(((moved - anchor).double().norm(dim=-1) / scale).sum())
     return torch.stack(sums).expand(steps).cpu()

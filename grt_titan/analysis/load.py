@@ -1,6 +1,6 @@
 """Load a trained GRT into one process for analysis: checkpoint + config, or an HF export.
 
-Reading and checking weights is grt_titan.checkpoint_io's job (`load_checkpoint` reads
+Reading and checking weights is grt_titan.checkpoints' job (`load_checkpoint` reads
 DCP step folders, full or model-only, and `last_save_in_hf` safetensors;
 `native_state_from_hf` reads exported folders, grt_titan.hf.config_map their config.json);
 this module only picks the route.
@@ -14,13 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grt_titan.checkpoint_io import (
-    latest_step_folder,
-    load_checkpoint,
-    model_from_state,
-    native_state_from_hf,
-    read_hf_weights,
-)
+from grt_titan.checkpoints.folders import latest_step_folder
+from grt_titan.checkpoints.hf_weights import read_hf_weights
+from grt_titan.checkpoints.load import load_checkpoint, model_from_state, native_state_from_hf
 from grt_titan.hf.config_map import model_args_from_hf_config
 from grt_titan.model import GRTModel
 from grt_titan.model.args import GRTModelArgs

@@ -36,10 +36,10 @@ from typing import Any
 
 from grt_titan.analysis import live_groups
 from grt_titan.analysis.runs import Run, find_run_dirs, load_run
-from grt_titan.runtime.atomic_dir import atomic_write_text
 from grt_titan.model.args import CONFIGURABLE_FIELDS, GRTModelArgs
 from grt_titan.model.model import build_meta_model
 from grt_titan.run_record import RECORD_NAME
+from grt_titan.runtime.atomic_dir import atomic_write_text
 
 # Fields that differ between seeds of one row, not between rows.
 SEED_FIELDS = ("depth_seed",)

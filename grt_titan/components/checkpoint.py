@@ -35,7 +35,7 @@ from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import GarbageCollection
 
-from grt_titan.checkpoint_io import initial_load_applies, initial_load_line, initial_load_source
+from grt_titan.checkpoints.start_load import initial_load_applies, initial_load_line, initial_load_source
 from grt_titan.components.checksums import ChecksummedCheckpointing
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter

@@ -40,7 +40,7 @@ from torch.futures import Future
 from torchtitan.tools.logging import logger
 from torchtitan.tools.utils import GarbageCollection
 
-from grt_titan.checkpoint_io import METADATA_FILE, checkpoint_steps
+from grt_titan.checkpoints.folders import METADATA_FILE, checkpoint_steps
 
 CHECKSUM_FILE = "grt_checksums.json"
 CHECKSUM_FORMAT = "grt_titan.checkpoint_checksums"
@@ -214,7 +214,7 @@ class ChecksummedCheckpointing:
 
     def verified_step(self, step: int) -> int:
         """`step` (an explicit `load_step`) if it verifies, else raise; for -1 the newest
-        complete step (grt_titan.checkpoint_io.checkpoint_steps) that verifies, warning about
+        complete step (grt_titan.checkpoints.folders.checkpoint_steps) that verifies, warning about
         every newer one that does not."""
         if step != -1:
             problems = _all_problems(self._create_checkpoint_id(step))

@@ -50,12 +50,12 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools import utils as tt_utils
 from torchtitan.tools.logging import logger
 
-from grt_titan.runtime.fake_backend import NOTICE as FAKE_BACKEND_NOTICE
-from grt_titan.runtime.fake_backend import is_fake_backend
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.recurrence import DepthSampler, Recurrence, StepRecord, find_recurrence
 from grt_titan.model.step_stats import TRAINING_SUMS, step_row, summarize
 from grt_titan.run_record import build_run_record, write_run_record
+from grt_titan.runtime.fake_backend import NOTICE as FAKE_BACKEND_NOTICE
+from grt_titan.runtime.fake_backend import is_fake_backend
 from grt_titan.sections import GRTMetricsConfig
 
 

@@ -11,16 +11,21 @@ step of torchtitan's loop; it only
   grt_titan/runtime/fake_backend.py) the losses are not real and the rewind is off.
 - with `[distill] teacher`, runs the frozen teacher on each microbatch before the student
   and trains on the KD-weighted loss (`Distiller`, docs/distillation.md); the teacher is not
-  a model part, so it is never checkpointed and every start reads it from its source.
+  a model part, so it is never checkpointed and every start reads it from its source. Its
+  builder is the spec's `build_teacher_fn` (grt_titan/spec.py).
+
+torchtitan's own trainer runs none of these: the start-up checks, which run inside torchtitan's
+Trainer.__init__, ask `grt_trainer_is_starting` whether it is this one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, ClassVar
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 import torch
-from torch import nn
 from torchtitan.train import Trainer
 
 from grt_titan.components.checkpoint import GRTCheckpointManager, checkpoint_subfolder
@@ -35,18 +40,33 @@ def _not_the_checkpointing_line(record) -> bool:
     return not (isinstance(record.msg, str) and record.msg.startswith(CHECKPOINTING_LINE))
 
 
-class GRTTrainer(LossHistoryState, Trainer):
-    # The `[distill]` teacher's builder, (job_config, parallel_dims) -> frozen sharded module:
-    # grt_titan/teacher.py's `build_teacher`, installed by grt_titan.train before the trainer is
-    # built (it reads grt_titan/hf/ and shards with infra/, which components/ may not import).
-    build_teacher: ClassVar[Callable[[Any, Any], nn.Module] | None] = None
+_starting = ContextVar("grt_trainer_starting", default=False)
 
+
+@contextlib.contextmanager
+def starting_grt_trainer() -> Iterator[None]:
+    """Marks torchtitan's Trainer.__init__ as a GRTTrainer's while it runs."""
+    token = _starting.set(True)
+    try:
+        yield
+    finally:
+        _starting.reset(token)
+
+
+def grt_trainer_is_starting() -> bool:
+    """Whether the Trainer.__init__ running is a GRTTrainer's: the start-up checks refuse,
+    under torchtitan's own trainer, what only this one runs (a teacher, fault tolerance, an
+    initial load with checkpointing off)."""
+    return _starting.get()
+
+
+class GRTTrainer(LossHistoryState, Trainer):
     def __init__(self, job_config):
         # torchtitan builds its CheckpointManager inline; it is rebuilt as ours below with the
         # same arguments (the first one only started its purge thread, closed here). Its
         # "Checkpointing active" line is dropped: ours says it once, with our folder (a
         # fault-tolerant group's own replica_<id>), and two read as two checkpointers.
-        with rewriting_log(_not_the_checkpointing_line):
+        with rewriting_log(_not_the_checkpointing_line), starting_grt_trainer():
             super().__init__(job_config)
         plain = self.checkpointer
         plain.close()
@@ -79,9 +99,10 @@ class GRTTrainer(LossHistoryState, Trainer):
         config = getattr(job_config, "distill", None)
         if config is None or not config.teacher:
             return None
-        if GRTTrainer.build_teacher is None:
-            raise RuntimeError("[distill] teacher: no teacher builder; `python -m grt_titan.train` installs it")
-        teacher = GRTTrainer.build_teacher(job_config, self.parallel_dims)
+        build_teacher = getattr(self.train_spec, "build_teacher_fn", None)
+        if build_teacher is None:
+            raise RuntimeError(f"[distill] teacher: the train spec {job_config.model.name!r} has no teacher builder")
+        teacher = build_teacher(job_config, self.parallel_dims)
         distiller = Distiller(teacher, config, self.parallel_dims, self.device.type)
         self.metrics_processor.metric_sources.append(distiller)
         if job_config.validation.enable:

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from grt_titan.runtime.atomic_dir import atomic_directory
 from grt_titan.data import records
 from grt_titan.data import shards as sh
 from grt_titan.data.sources import collect_inputs, iter_documents
+from grt_titan.runtime.atomic_dir import atomic_directory
 
 PIECE_CHARS = 1 << 20
 """Documents longer than this many characters are cut into pieces of about this size."""

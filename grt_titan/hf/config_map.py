@@ -6,7 +6,7 @@ on an exported folder). The `[grt]` settings it carries as they are come from th
 (`HF_SETTINGS`, grt_titan/model/args.py); `HF_PARTS` are the recurrence parts modeling_grt.py
 implements.
 
-It sits in the one-process I/O layer with grt_titan/checkpoint_io.py (docs/architecture.md,
+It sits in the one-process I/O layer with grt_titan/checkpoints/ (docs/architecture.md,
 "Layer order"), below hf/ and analysis/, so that analyze reads an export without importing
 the export command. Plain data in, plain data out: no transformers import, no torch.distributed.
 """

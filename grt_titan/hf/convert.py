@@ -24,18 +24,13 @@ from typing import Any
 
 import torch
 
-from grt_titan.runtime.atomic_dir import atomic_directory
-from grt_titan.checkpoint_io import (
-    INDEX_FILE,
-    SINGLE_FILE,
-    CheckpointError,
-    check_hf_keys,
-    check_native_shapes,
-    model_from_state,
-    read_hf_weights,
-)
+from grt_titan.checkpoints.folders import INDEX_FILE, SINGLE_FILE
+from grt_titan.checkpoints.hf_weights import check_hf_keys, check_native_shapes, read_hf_weights
+from grt_titan.checkpoints.load import model_from_state
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, GRTStateDictAdapter
+from grt_titan.run_reader import CheckpointError
+from grt_titan.runtime.atomic_dir import atomic_directory
 
 from .config_map import HF_PARTS, hf_config_kwargs
 

@@ -11,7 +11,7 @@ HF-named safetensors that `[checkpoint] last_save_in_hf = true` writes. See docs
 
 `--format`: `auto` (default) writes a dense model (no core) as the stock transformers class
 of its block style (GPT2LMHeadModel / LlamaForCausalLM / Qwen3ForCausalLM,
-grt_titan/hf/stock.py) and a recurrent one as model_type "grt" (remote code); `stock` and
+grt_titan/hf/stock_folders.py) and a recurrent one as model_type "grt" (remote code); `stock` and
 `grt` force one (`stock` refuses a model without a stock form in one line). A dense model
 that `auto` cannot write as stock falls back to "grt" with a note on stderr.
 """
@@ -25,12 +25,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grt_titan.checkpoint_io import latest_step_folder, load_checkpoint
+from grt_titan.checkpoints.folders import latest_step_folder
+from grt_titan.checkpoints.load import load_checkpoint
 from grt_titan.run_reader import CheckpointError, OverridesParser, RunView, load_model_args
 from grt_titan.tokenizer import resolve_tokenizer_source
 
 from .convert import DEFAULT_MAX_SHARD_SIZE, ExportError, check_exportable, write_hf_folder
-from .stock import STOCK_CLASSES, check_stock_exportable, stock_export_problems, write_stock_folder
+from .stock_folders import STOCK_CLASSES, check_stock_exportable, stock_export_problems, write_stock_folder
 
 EXPORT_FORMATS = ("auto", "stock", "grt")
 

@@ -13,7 +13,7 @@ export -> import -> export gives the same weights.
 
 A stock GPT-2 / Llama / Qwen3 folder (config.json model_type "gpt2" / "llama" / "qwen3": what
 export-hf writes for a dense model, or a transformers model of that architecture) imports as the
-dense model (grt_titan/hf/stock.py, the one reader of stock folders, which the retrofit uses
+dense model (grt_titan/hf/stock_folders.py, the one reader of stock folders, which the retrofit uses
 too); settings grt_titan's blocks cannot compute are refused by name.
 """
 
@@ -24,14 +24,15 @@ import json
 import sys
 from pathlib import Path
 
-from grt_titan.runtime.atomic_dir import atomic_directory
-from grt_titan.checkpoint_io import model_from_state, native_state_from_hf, read_hf_weights, save_checkpoint
+from grt_titan.checkpoints.hf_weights import read_hf_weights
+from grt_titan.checkpoints.load import model_from_state, native_state_from_hf, save_checkpoint
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.run_reader import CheckpointError, OverridesParser, check_overrides_have_config, load_model_args
+from grt_titan.runtime.atomic_dir import atomic_directory
 
 from .config_map import model_args_from_hf_config
 from .convert import ExportError
-from .stock import dense_args_from_stock_config, is_stock_config, stock_to_native_state_dict
+from .stock_folders import dense_args_from_stock_config, is_stock_config, stock_to_native_state_dict
 
 # Fields that fix the weights' names and shapes: a --config must agree on them.
 # `vocab_multiple_of` is not one: the HF weights have vocab_size rows whatever the padding,

@@ -4,7 +4,7 @@
     grt-titan retrofit SRC --plan [--data NAME|PATH] [--tokens N] [--plan-json FILE]
 
 SRC is a local folder of a GPT-2, Llama (3.x) or Qwen3 model (config.json, model.safetensors
-or the shards of model.safetensors.index.json, tokenizer files), read by grt_titan/hf/stock.py
+or the shards of model.safetensors.index.json, tokenizer files), read by grt_titan/hf/stock_folders.py
 (the one reader of stock models: the architecture, the weights as flat per-layer tensors, and
 the refusals). Here: source layers 0..P-1 become the prelude, A..B-1 the weight-tied core, the
 last C the coda; the layers between are dropped (the default split maps every layer). Embeddings,
@@ -49,14 +49,17 @@ from typing import Any
 import tomllib
 import torch
 
-from grt_titan.runtime.atomic_dir import atomic_directory
-from grt_titan.checkpoint_io import RETROFIT_RECORD, CheckpointError, read_hf_weights, save_checkpoint
+from grt_titan.checkpoints.hf_weights import read_hf_weights
+from grt_titan.checkpoints.load import save_checkpoint
+from grt_titan.checkpoints.start_load import RETROFIT_RECORD
 from grt_titan.data.tasks import DEFAULT_SYMBOLS
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.model import GRTModel
 from grt_titan.model.state_dict_adapter import optional_native_keys
+from grt_titan.run_reader import CheckpointError
+from grt_titan.runtime.atomic_dir import atomic_directory
 
-from .stock import (
+from .stock_folders import (
     n_dense_layers,
     pad_vocab_rows,
     place_layers,
@@ -173,7 +176,7 @@ def plan_layers(num_layers: int, prelude: int | None, core: tuple[int, int] | No
 
 
 def retrofit_args(source: GRTModelArgs, plan: LayerPlan, **grt: Any) -> GRTModelArgs:
-    """The GRT's args: the source's architecture (`source`, grt_titan/hf/stock.py's reading of
+    """The GRT's args: the source's architecture (`source`, grt_titan/hf/stock_folders.py's reading of
     its config.json), the plan's layer counts and the `[grt]` settings `grt` (num_recurrences,
     ...). The gate's closed bias is not among them: it lives in the checkpoint's weights
     (`retrofit_init`), so the args build a GRT with the flavors' normal gate init."""
@@ -213,11 +216,11 @@ def retrofit_init(model: GRTModel, init: str = DEFAULT_INIT, gate_bias: float = 
     step, args = model.recurrence.step, model.model_args
     dim, depth = args.dim, args.num_recurrences
     with torch.no_grad():
-        if step.proj is not None:
+        if hasattr(step, "proj"):
             step.proj.weight.zero_()
             half = slice(dim, 2 * dim) if init == "every-depth" else slice(0, dim)
             step.proj.weight[:, half].copy_(torch.eye(dim))
-        if step.gate is not None:
+        if hasattr(step, "gate"):
             step.gate.w_out.weight.zero_()
             damped = init == "damped" and depth > 1
             bias = args.gate_temperature * math.log(depth - 1) if damped else -gate_bias

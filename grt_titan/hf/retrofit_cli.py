@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grt_titan.checkpoint_io import CheckpointError
+from grt_titan.run_reader import CheckpointError
 
 from .retrofit import (
     DEFAULT_INIT,
@@ -25,7 +25,7 @@ from .retrofit import (
     write_retrofit,
 )
 from .retrofit_plan import DEFAULT_TOKENS, run_plan
-from .stock import n_dense_layers, read_stock_config, source_args
+from .stock_folders import n_dense_layers, read_stock_config, source_args
 
 
 def _core_range(text: str) -> tuple[int, int]:

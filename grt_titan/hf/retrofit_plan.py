@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from .retrofit import DEFAULT_INIT, LayerPlan, RetrofitError, default_split, plan_layers, retrofit_model
-from .stock import n_dense_layers, read_stock_config, source_args
+from .stock_folders import n_dense_layers, read_stock_config, source_args
 
 Split = tuple[int, tuple[int, int], int]  # (P, (A, B), C), as --prelude / --core / --coda
 DEFAULT_TOKENS = 4096

@@ -3,17 +3,17 @@
 A copy of torchtitan 0.2.2's state-dict adapters, torchtitan/models/llama3/model/
 state_dict_adapter.py (`Llama3StateDictAdapter`) and torchtitan/models/qwen3/model/
 state_dict_adapter.py (`Qwen3StateDictAdapter`): their `from_hf_map`, `to_hf` and `from_hf`,
-which grt_titan/hf/stock.py uses to read and write stock `LlamaForCausalLM` /
+which grt_titan/hf/stock_folders.py uses to read and write stock `LlamaForCausalLM` /
 `Qwen3ForCausalLM` folders. A copy because torchtitan 0.3 removed those modules and renamed
 its parameters, while the GRT keeps 0.2.2's parameter names (grt_titan/model/blocks/llama.py,
-qwen3_blocks.py), so the import, export and retrofit of stock folders do not depend on the
+qwen3.py), so the import, export and retrofit of stock folders do not depend on the
 host torchtitan.
 
 Plain classes, without torchtitan's `StateDictAdapter` base (no HF assets, no safetensors
 index). Left out, as the GRT's blocks are dense and plain tensors: Qwen3's MoE keys (grouped
 experts, router) and their DTensor handling, and Qwen3's `enable_weight_tying` (always off for
-the GRT's stock weights: grt_titan/hf/stock.py drops or checks a tied LM head itself). Two
-deliberate differences, on inputs grt_titan/hf/stock.py never passes (it checks every key
+the GRT's stock weights: grt_titan/hf/stock_folders.py drops or checks a tied LM head itself). Two
+deliberate differences, on inputs grt_titan/hf/stock_folders.py never passes (it checks every key
 against the model first): `to_hf` raises KeyError on a key outside the map for both models
 (torchtitan's Qwen3 adapter skipped it), and `from_hf` drops keys that map to None (rotary
 `inv_freq`) for both (torchtitan's Qwen3 adapter failed on them).

@@ -96,7 +96,7 @@ def parallelize_grt(model: GRTModel, parallel_dims: ParallelDims, job_config) ->
     grt_config = getattr(job_config, "grt", None)
     recurrence_checkpoint = getattr(grt_config, "recurrence_checkpoint", "block")
     core_reshard = getattr(grt_config, "core_reshard_after_forward", False)
-    # Rules of grt_titan/config_checks.py, checked with the key named at start-up.
+    # Rules checked with the key named at start-up (parallel_checks.py, config_checks' field types).
     assert job_config.training.seq_len % parallel_dims.seq_len_divisor == 0, "checked at start-up"
     assert not parallel_dims.cp_enabled, "checked at start-up"
     assert recurrence_checkpoint in get_args(RecurrenceCheckpoint), "checked at start-up"
@@ -359,10 +359,10 @@ def apply_tp(
             {
                 name: SequenceParallel(use_local_output=True)
                 for name in ("proj", "gate.state_norm", "gate.anchor_norm", "gate.w_in", "gate.w_out")
-                if getattr(step, name.split(".")[0]) is not None  # parts a method leaves out are None
+                if hasattr(step, name.split(".")[0])  # a part a method leaves out has no module
             },
         )
-    if model.recurrence is not None and model.recurrence.anchor is not None:
+    if model.recurrence is not None and hasattr(model.recurrence, "anchor"):
         apply_scse_tp(model.recurrence, tp_mesh)
     if model.exit_gate is not None:
         # Ouro's exit gate reads the sequence-sharded output of `norm`: replicated weights on

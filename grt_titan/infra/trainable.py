@@ -20,6 +20,8 @@ from fnmatch import fnmatchcase
 
 from torch import nn
 
+from grt_titan.model.model import build_meta_model
+
 ALL = "*"
 KEY = "[training] trainable"
 CORE = "recurrence.step.core."
@@ -76,6 +78,13 @@ def trainable_problems(model: nn.Module, entries: list[str]) -> list[str]:
             why = f"no parameter's name matches it (names look like {examples})"
         problems.append(f"{KEY} entry {entry!r} matches nothing: {why}; allowed: fnmatch patterns or {_help()}")
     return problems
+
+
+def job_trainable_problems(job_config, args) -> list[str]:
+    """`[training] trainable` checked at start-up, on the flavor's model built on the meta
+    device (the real one is built after the checks); [] for the default."""
+    entries = configured_entries(job_config)
+    return [] if entries is None else trainable_problems(build_meta_model(args), entries)
 
 
 def _first(names: list[str], prefix: str) -> str | None:

@@ -3,8 +3,12 @@
 from .args import GRTModelArgs
 from .flavors import grt_flavors
 from .model import GRTModel
-from .parts import PARTS  # installs the table of parts as GRTModelArgs.parts
+from .parts import PARTS
 from .recurrence import DepthSampler, Gate, Recurrence, RecurrenceOutput, RecurrenceStep
+
+# The table of parts, handed to the args here: they validate with it and name the active
+# parts, and as a leaf they cannot import the method modules that the table lists.
+GRTModelArgs.parts = PARTS
 
 __all__ = [
     "DepthSampler",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from torch import nn
 
@@ -279,7 +279,7 @@ class GRTModelArgs:
     attention_head_dim: int | None = None  # per-head width; None: dim // n_heads (qwen3: explicit)
     tie_word_embeddings: bool | None = None  # None: tied for gpt2 blocks, untied otherwise
     # llama RoPE scaling [factor, low_freq_factor, high_freq_factor, original_max_position_embeddings]
-    # (llama_blocks.RoPEScalingArgs); None: its default (8, 1, 4, 8192), torchtitan's; factor 1: none.
+    # (blocks/llama.py's RoPEScalingArgs); None: its default (8, 1, 4, 8192), torchtitan's; factor 1: none.
     rope_scaling: list[float] | None = None
 
     @property
@@ -338,7 +338,7 @@ class GRTModelArgs:
     @property
     def ffn_hidden_dim(self) -> int:
         """MLP hidden size: `ffn_dim` if set; else 4d for gpt2, for llama exactly as its
-        FeedForward (llama_blocks.LlamaFeedForward) computes it."""
+        FeedForward (blocks/llama.py's LlamaFeedForward) computes it."""
         if self.ffn_dim is not None:
             return self.ffn_dim
         if self.block_style == "gpt2":
@@ -478,17 +478,10 @@ class GRTModelArgs:
         """MoR: k_i = max(1, int(capacity_i * S)) per step, as the released code computes it."""
         return [max(1, int(c * seq_len)) for c in self.router_capacities]
 
-    # The whole-job start-up checks (grt_titan.config_checks.check_job_config), installed by
-    # grt_titan.spec at registration: torchtitan's Trainer calls update_from_config after the
-    # process group, tokenizer and dataloader exist and before the model is built, the one
-    # moment to report every problem of a job at once. Injected, so args import no checks.
-    job_config_check: ClassVar[Callable[[Any, "GRTModelArgs"], None] | None] = None
-    # The job's training forwards per optimizer step (grt_titan.config_checks.forwards_per_step),
-    # installed beside it: the depth curriculum counts steps, the depth sampler forwards.
-    job_forwards_per_step: ClassVar[Callable[[Any], int] | None] = None
-
     def update_from_config(self, job_config, **kwargs) -> None:
-        """Apply `[grt]` overrides and `training.seq_len`, validate, then run `job_config_check`."""
+        """Apply `[grt]` overrides and `training.seq_len`, then validate. What a host knows of
+        the whole job (forwards per step, the start-up checks) it adds itself: torchtitan
+        0.2.2's `JobModelArgs` (grt_titan/spec.py), 0.3's model config (torchtitan_0_3/model.py)."""
         grt = getattr(job_config, "grt", None)
         if grt is not None:
             for name in CONFIGURABLE_FIELDS:
@@ -497,11 +490,7 @@ class GRTModelArgs:
                     setattr(self, name, value)
         if self.block_style != "gpt2":  # RoPE table long enough (gpt2 positions are learned)
             self.max_seq_len = max(self.max_seq_len, job_config.training.seq_len)
-        if GRTModelArgs.job_forwards_per_step is not None:
-            self.forwards_per_step = GRTModelArgs.job_forwards_per_step(job_config)
         self.validate(where=f"flavor {job_config.model.flavor!r} with [grt] overrides")
-        if GRTModelArgs.job_config_check is not None:
-            GRTModelArgs.job_config_check(job_config, self)
 
     # ---- FLOPs: grt_titan/model/flops.py (eq. 1 plus each active part's term) -------------
 

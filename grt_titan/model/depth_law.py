@@ -5,7 +5,7 @@ of its args (grt_titan/model/recurrence.py).
 
     uniform             r ~ Uniform{r_min..R}                   (GRT)
     fixed               r = R                                   (ablations, RRT, Ouro, MoR)
-    poisson_lognormal   r = Poisson(tau) + 1, tau log-normal    (heavy-tail Poisson)
+    poisson_lognormal   r = Poisson(tau) + 1, tau log-normal    (heavy-tail Poisson: methods/poisson.py)
 
 The depth curriculum (`[grt] depth_curriculum_steps`, McLeish et al. 2025) ramps each law over
 the first N optimizer steps: uniform's maximum, fixed's depth and Poisson's mean rise from
@@ -20,8 +20,6 @@ from __future__ import annotations
 import math
 import random
 from typing import Callable
-
-import numpy as np
 
 from .part import Bad, Part
 
@@ -138,85 +136,6 @@ class FixedDepth(DepthLaw):
         return high
 
 
-class HeavyTailPoisson(DepthLaw):
-    """Huginn's law (Geiping et al. 2025); `depth_mean` sets E[r], default the uniform
-    sampler's (r_min + R) / 2, so both spend the same expected compute."""
-
-    choice = "poisson_lognormal"
-
-    def mean_depth(self, args) -> float:
-        return super().mean_depth(args) if args.depth_mean is None else args.depth_mean
-
-    def law(self, args) -> str:
-        return f"training depths r ~ Poisson(tau) + 1, tau log-normal, E[r] = {self.mean_depth(args):g}"
-
-    def draw(self, seed: int, low: int, high: int, mean: float) -> int:
-        return heavy_tail_depth(np.random.default_rng(seed), mean)
-
-    def expected(self, args, count: Callable[[float], float], affine_from: int) -> float:
-        """The law is unbounded; the count is affine from r = k on, so the exact sum over
-        P(r = j), j < k, plus that line at the mean of the rest (E[r] known)."""
-        k, mean = affine_from, self.mean_depth(args)
-        head = heavy_tail_depth_probabilities(mean, k)  # P(r = j), j = 1..k-1
-        counts = [count(j) for j in range(1, k + 2)]  # r = 1..k+1
-        slope = counts[k] - counts[k - 1]  # per step from r = k on
-        tail_mass = 1.0 - sum(head)
-        tail_mean_minus_k = mean - sum(j * p for j, p in enumerate(head, 1)) - k * tail_mass
-        return sum(f * p for f, p in zip(counts, head)) + tail_mass * counts[k - 1] + slope * tail_mean_minus_k
-
-    ramps = "the mean depth"
-
-    def scheduled(self, low: int, high: int, mean: float, fraction: float) -> tuple[int, int, float]:
-        """The mean rises from r_min to E[r] (`depth_mean`); the law stays unbounded."""
-        if fraction >= 1.0:
-            return low, high, mean
-        return low, high, low + (mean - low) * fraction
-
-    def check(self, args, bad: Bad) -> None:
-        super().check(args, bad)
-        if args.depth_mean is not None and args.depth_mean < 1:
-            raise bad("depth_mean", args.depth_mean, "must be >= 1 (the Poisson depth is at least 1)")
-        if args.depth_mean is not None and args.depth_sampling != self.choice:
-            raise bad("depth_mean", args.depth_mean, "is used by depth_sampling = 'poisson_lognormal' only")
-        if (
-            args.depth_curriculum_steps
-            and args.depth_sampling == self.choice
-            and self.mean_depth(args) < args.min_recurrences
-        ):
-            raise bad(
-                "depth_mean",
-                args.depth_mean,
-                f"the depth curriculum ramps the mean up from min_recurrences = {args.min_recurrences}; "
-                "allowed: >= min_recurrences",
-            )
-
-
-LAWS: tuple[DepthLaw, ...] = (UniformDepth(), FixedDepth(), HeavyTailPoisson())
-
-
-def heavy_tail_depth(rng: np.random.Generator, mean: float, sigma: float = 0.5) -> int:
-    """Geiping et al. 2025 (arXiv 2502.05171, sec. 3.3): r = Poisson(tau) + 1 with
-    tau ~ LogNormal(log(mean - 1) - sigma^2 / 2, sigma), so E[r] = mean, r >= 1, and the
-    tail is heavy (mean 5.5: P(r > 2 mean) ~ 7%)."""
-    rate_mean = mean - 1.0
-    if rate_mean <= 0:
-        return 1
-    rate = rng.lognormal(math.log(rate_mean) - sigma * sigma / 2, sigma)
-    return int(rng.poisson(rate)) + 1
-
-
-def heavy_tail_depth_probabilities(mean: float, below: int, sigma: float = 0.5) -> list[float]:
-    """P(r = j) for j = 1..below-1 of `heavy_tail_depth`'s r (the FLOP expectation needs the
-    head of the distribution only: `HeavyTailPoisson.expected`).
-
-    P(r = j) = E_tau[Poisson(j - 1; tau)], the mean over the log-normal tau by 80-point
-    Gauss-Hermite quadrature in log tau (the integrand is smooth: exact to ~1e-12).
-    """
-    rate_mean = mean - 1.0
-    if rate_mean <= 0:  # r = 1 always
-        return [1.0 if j == 1 else 0.0 for j in range(1, below)]
-    nodes, weights = np.polynomial.hermite.hermgauss(80)
-    log_rate = math.log(rate_mean) - sigma * sigma / 2 + sigma * math.sqrt(2.0) * nodes
-    rate = np.exp(log_rate)
-    weights = weights / math.sqrt(math.pi)
-    return [float(np.sum(weights * np.exp(-rate + (j - 1) * log_rate - math.lgamma(j)))) for j in range(1, below)]
+# The depth laws of the GRT and the fixed-depth baselines; heavy-tail Poisson's law is its
+# method's (grt_titan/model/methods/poisson.py). The table of parts lists all three.
+LAWS: tuple[DepthLaw, ...] = (UniformDepth(), FixedDepth())

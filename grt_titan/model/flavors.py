@@ -92,7 +92,7 @@ grt_flavors: dict[str, GRTModelArgs] = {
     "dense_small": _dense(layers=12, dim=768, n_heads=12),
     "dense_medium": _dense(layers=24, dim=1024, n_heads=16),
     "dense_large": _dense(layers=36, dim=1280, n_heads=20),
-    # llama-style blocks (our copy of torchtitan 0.2.2's, llama_blocks.py), for real multi-node scale.
+    # llama-style blocks (our copy of torchtitan 0.2.2's, model/blocks/llama.py), for real multi-node scale.
     "llama_1b": GRTModelArgs(
         block_style="llama",
         n_prelude_layers=4,

@@ -33,7 +33,7 @@ from .blocks.init import trunc_normal_
 from .halting.rules import LEARNED_RULE, HaltingProbe, halting_of_call, halting_recurrence, learned_halting_of_call
 from .methods.ouro import exit_forward
 from .methods.step_supervision import step_supervised_readout
-from .part import TrainingOutput, build_module
+from .part import TrainingOutput, slot
 from .recurrence import Recurrence
 
 
@@ -61,7 +61,7 @@ class GRTModel(nn.Module):
         self.norm = norm_cls(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.padded_vocab_size, bias=False)
         # The objective's module: Ouro's exit gate on each step's readout (objective = "exit_distribution").
-        self.exit_gate = build_module(args, "objective")
+        self.exit_gate = slot(args, "readout").build(args)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -184,7 +184,7 @@ class GRTModel(nn.Module):
                 f"halting = {halting!r} is not supported with {own[0]}: that model chooses each token's "
                 "steps itself; allowed: halting = None"
             )
-        if plan.rule == "gate" and self.recurrence.step.gate is None:
+        if plan.rule == "gate" and not hasattr(self.recurrence.step, "gate"):
             raise ValueError(
                 f"halting = 'gate' needs the gate (update = 'gate'); this model's update is {args.update!r}"
             )
@@ -205,7 +205,7 @@ class GRTModel(nn.Module):
         return self.norm(self.coda(h, self.freqs_cis))
 
     def exit_readout(self, h_pre: torch.Tensor, num_recurrences: int | None) -> torch.Tensor | TrainingOutput:
-        """Ouro: every step's state read out and weighed by the exit gate (exit_distribution.py).
+        """Ouro: every step's state read out and weighed by the exit gate (methods/ouro.py).
         Eval with exit_threshold = 1 never comes here: the last step is the plain forward."""
         states = self.recurrence(h_pre, self.freqs_cis, num_recurrences, all_states=True).step_states
         if not states:  # r = 0: the prelude-only readout, no step to exit at

@@ -1,14 +1,21 @@
 """What a part of the recurrence is to the rest of the package: its rules, its start-up
-problems and its FLOPs term, written beside its math in its own module (docs/methods.md).
+problems, its FLOPs term and what it does in its slot of the loop, written beside its math in
+its own module (docs/methods.md).
 
 A part is one choice of one `[grt]` key (`Part.key` = `Part.choice`): W_proj (injection =
-"proj"), the gate (update = "gate"), the random initial state, each depth law, RRT's adapters,
-Ouro's exit distribution, MoR's two routers. Its module subclasses `Part` and overrides only
-what the part has; grt_titan/model/parts.py lists every part in one table, which
-`GRTModelArgs.validate`, the start-up checks (grt_titan/config_checks.py) and the FLOP count
-(grt_titan/model/flops.py) iterate over, and which the recurrence asks for the module of
-each of its slots (`build_module`). Choices without a part (injection = "none", update =
-"overwrite", ...) are the plain loop: no module, no rule, no cost.
+"proj"), the gate (update = "gate"), each depth law, and the comparison methods' parts in
+grt_titan/model/methods/. Its module subclasses `Part` and overrides only what the part has;
+grt_titan/model/parts.py lists every part in one table, which `GRTModelArgs.validate`, the
+start-up checks (grt_titan/config_checks.py) and the FLOP count (grt_titan/model/flops.py)
+iterate over.
+
+The recurrence (grt_titan/model/recurrence.py) has slots, each filled by the part of one key
+(`SLOTS`), and calls each slot's hooks: `core_input` (the injection), `update`, `step_adapters`,
+`initial_state` and `source`, `build_step` and `run_steps` (the order of the steps). The base
+`Part` is the plain loop's choice of every key (`PLAIN`: injection "none", update "overwrite",
+initial_state "prelude", no adapters, every token through every step): no module, no rule, no
+cost. A part with a module names it (`module_name`): the owner holds it under that name, which
+is its checkpoint keys (recurrence.step.proj.*, recurrence.anchor.*).
 
 And what a part's training readout returns (`TrainingOutput`).
 
@@ -18,9 +25,12 @@ A leaf (no grt_titan import): `GRTModelArgs` reads the table as `GRTModelArgs.pa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from torch import nn
 
 # bad(field, value, allowed) -> the ValueError that names the field (GRTModelArgs.validate).
 Bad = Callable[[str, Any, str], ValueError]
@@ -65,6 +75,7 @@ class Part:
     key: str = ""  # the GRTModelArgs field that selects the part
     choice: Any = None  # the value of that field that does
     per_step: bool = False  # holds a module per step up to R: no depth above R (GRTModelArgs.extrapolates)
+    per_step_what: str = ""  # what it holds per step, for the messages ("adapter")
     reads_every_step: bool = False  # every step is read out through coda, norm and head (Ouro)
     float8_skip: tuple[str, ...] = ()  # names (prefixes) of its linears that float8 leaves alone
 
@@ -90,6 +101,62 @@ class Part:
     def build(self, args) -> Any:
         """The module of the active part (an nn.Module), None for a part without one."""
         return None
+
+    # ---- Its slot in the loop (grt_titan/model/recurrence.py); the base is the plain loop ----
+
+    module_name: str | None = None  # the owner's attribute that holds `build`'s module
+
+    def attach(self, owner: "nn.Module", args) -> None:
+        """Build the part's module into `owner` (the step or the loop) under `module_name`."""
+        module = self.build(args)
+        if module is not None:
+            owner.add_module(self.module_name, module)
+
+    def init_weights(self, owner: "nn.Module") -> None:
+        """Initialise the module `attach` gave `owner` (its own `init_weights`)."""
+        if self.module_name is not None:
+            getattr(owner, self.module_name).init_weights()
+
+    def core_input(self, step: "nn.Module", state: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """injection: the core's input from the (noisy) state and the source (eq. 2)."""
+        return state
+
+    def update(
+        self,
+        step: "nn.Module",
+        state: torch.Tensor,
+        source: torch.Tensor,
+        core_input: torch.Tensor,
+        proposal: torch.Tensor,
+        gate_noise: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """update: (the new state, the gate g or None) from the core's output (eq. 4)."""
+        return proposal, None
+
+    def step_adapters(self, step: "nn.Module", step_index: torch.Tensor | None) -> Any:
+        """step_adapter: the changes to the core's weights at step `step_index` (None: none)."""
+        return None
+
+    def initial_state(self, loop: "nn.Module", h_pre: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """initial_state: h_0. A distinct tensor, not h_pre itself: a compiled step guards on
+        its inputs aliasing, and step 1 would otherwise compile a second graph."""
+        return h_pre.clone()
+
+    def source(self, loop: "nn.Module", h_pre: torch.Tensor) -> torch.Tensor:
+        """initial_state: what the steps read where the equations say h_pre."""
+        return h_pre
+
+    # The order of the steps: every token through each step (the plain loop), or a part that
+    # runs the steps itself on the tokens it picks.
+    runs_steps: bool = False
+
+    def build_step(self, args) -> "nn.Module | None":
+        """The step module of a part that runs the steps (None: the plain `RecurrenceStep`)."""
+        return None
+
+    def run_steps(self, loop: "nn.Module", h: torch.Tensor, freqs_cis, depth: int, grad_from: int, observer):
+        """(h_r, the auxiliary loss or None) of `depth` steps run by the part (`runs_steps`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run the steps")
 
     def step_params(self, args) -> int:
         """Matmul weights one recurrence step applies besides the core's blocks (eq. 1 counts
@@ -118,7 +185,21 @@ def tensor_parallel_problems(job: JobSettings, message: str) -> list[str]:
     return [message.format(tp=tp)] if tp > 1 else []
 
 
-def build_module(args, key: str) -> Any:
-    """The module of the active part of `key` (the recurrence's slots), None if it has none."""
-    part = args.part(key)
-    return None if part is None else part.build(args)
+# The plain loop's part of every key: what a slot holds when no part of the table is active.
+PLAIN = Part()
+
+# The slots of the loop and the `[grt]` key whose part fills each; the recurrence asks for
+# slots, not keys, so it names no method.
+SLOTS = {
+    "injection": "injection",  # the core's input from h and the source (eq. 2)
+    "update": "update",  # the new state from h and the core's output (eq. 4)
+    "adapters": "step_adapter",  # per-step changes to the core's weights
+    "start": "initial_state",  # h_0 and the source the steps read
+    "order": "router",  # which tokens each step updates
+    "readout": "objective",  # how the steps are read out in training
+}
+
+
+def slot(args, name: str) -> Part:
+    """The part that fills slot `name` (`SLOTS`) in `args`: the active part of its key, else PLAIN."""
+    return args.part(SLOTS[name]) or PLAIN

@@ -6,23 +6,13 @@
         g       = sigmoid(f_g([LN(h) ; LN(h_pre)]) / tau + eps_g)      (eq. 5)
         h       = g * h + (1 - g) * o                                  (eq. 4)
 
-Each line is a named part (`GRTModelArgs`: injection, update, initial_state, depth_sampling,
-step_adapter), so the paper's baselines and its figure-5 ablation rungs are choices of parts
-of this one loop (docs/architecture.md, "Methods as parts"):
-
-    injection = none       h_tilde = h + eps_x                  (no W_proj)
-    update = overwrite     h       = o                          (no gate)
-    initial_state = random h_0     = TruncNormal(0, s^2)        (heavy-tail Poisson)
-    step_adapter = lora    core_t  = core + the step's LoRA     (RRT)
-    SCSE (scse.py)         h_tilde = h - h*,  h = h + m s (o - h_tilde)  (injection, update =
-                           deviation; initial_state = anchor: h*, h_0 from h_pre)
-
-The steps read a source where the equations say h_pre: h_pre itself, or SCSE's anchor h*
-(`Recurrence.start`), computed once per forward outside the step.
-
-The parts of GRT itself (W_proj, the gate, the random initial state) are `Part`s here, beside
-their math, with their rules and FLOPs terms; the step and the loop hold each slot's module as
-the table of parts builds it (grt_titan/model/parts.py, docs/methods.md).
+Each line is a slot that a part fills (grt_titan/model/part.py, `SLOTS`): the injection (eq. 2),
+the update (eqs. 4-5), the core's per-step adapters, the start (h_0 and the source the steps
+read where the equations say h_pre) and the order of the steps (every token through each step,
+or a part that picks the tokens). The GRT's own parts, W_proj and the gate, are here beside their
+math; the parts of the methods it is compared with are in grt_titan/model/methods/, and the table
+of parts (grt_titan/model/parts.py) says which part fills which slot (docs/methods.md). With no
+part active a slot is the plain loop's: h_tilde = h + eps_x, h = o, h_0 = h_pre.
 
 `RecurrenceStep` is one iteration with no randomness inside: the noise is drawn by the
 eager loop in `Recurrence` and passed in, so a step is a pure function of its inputs.
@@ -43,8 +33,7 @@ from .args import GRTModelArgs
 from .blocks import BlockStack
 from .blocks.init import trunc_normal_
 from .depth_law import curriculum_fraction
-from .methods.mor import RoutedStep
-from .part import Bad, JobSettings, Part, build_module, tensor_parallel_problems
+from .part import Bad, Part, slot
 
 
 class DepthSampler(nn.Module):
@@ -145,10 +134,16 @@ class ProjInjection(Part):
     """injection = "proj": the step's input is W_proj [h + eps_x ; h_pre] (eq. 2), a bias-free
     Linear(2d -> d); Huginn's adapter Linear(2d -> d) on [state ; prelude output] is the same map."""
 
-    key, choice = "injection", "proj"
+    key, choice, module_name = "injection", "proj", "proj"
 
     def build(self, args: GRTModelArgs) -> nn.Linear:
         return nn.Linear(2 * args.dim, args.dim, bias=False)
+
+    def init_weights(self, owner: nn.Module) -> None:
+        trunc_normal_(owner.proj.weight, std=0.02)
+
+    def core_input(self, step: nn.Module, state: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        return step.proj(torch.cat([state, source], dim=-1))
 
     def describe(self, args: GRTModelArgs) -> str:
         return "each step's input is W_proj [h + noise ; h_pre] (eq. 2)"
@@ -160,7 +155,7 @@ class ProjInjection(Part):
 class GateUpdate(Part):
     """update = "gate": h <- g h + (1 - g) o (eq. 4) with the `Gate` above."""
 
-    key, choice = "update", "gate"
+    key, choice, module_name = "update", "gate", "gate"
 
     def describe(self, args: GRTModelArgs) -> str:
         return "each step writes h <- g h + (1 - g) o through the learned elementwise gate (eq. 4)"
@@ -177,6 +172,10 @@ class GateUpdate(Part):
 
     def build(self, args: GRTModelArgs) -> Gate:
         return Gate(args)
+
+    def update(self, step, state, source, core_input, proposal, gate_noise):
+        g = step.gate(state, source, gate_noise)
+        return g * state + (1 - g) * proposal, g
 
     def step_params(self, args: GRTModelArgs) -> int:
         hidden = args.gate_hidden_dim or args.dim  # f_g: 2d x d_gate, d_gate x d
@@ -197,35 +196,34 @@ class StepRecord:
 
 @dataclass
 class RecurrenceOutput:
-    """What `Recurrence.forward` returns, on every path (plain loop, routed, per-step readout),
+    """What `Recurrence.forward` returns, on every path (plain loop, steps run by a part, per-step readout),
     so that the model reads fields instead of testing types. A dataclass: FSDP2 finds the
     tensors of its fields for its pre-backward hooks (the recurrence is one FSDP unit)."""
 
     state: torch.Tensor  # h_r, the state after the last step (h_0 for r = 0)
-    # h_1..h_r, only when asked (Ouro's per-step readouts); None otherwise.
+    # h_1..h_r, only when asked (per-step readouts); None otherwise.
     step_states: list[torch.Tensor] | None = None
-    # MoR's router auxiliary loss, a sum over tokens; None without a router, in eval mode, or at weight 0.
+    # The auxiliary loss of a part that runs the steps, a sum over tokens; None without one, in
+    # eval mode, or at weight 0.
     aux_loss_sum: torch.Tensor | None = None
 
 
 class RecurrenceStep(nn.Module):
     """One recurrence step: injection, shared core, update. No RNG inside.
 
-    Parts that a method does not use are absent (None), not zeroed: their parameters are
-    neither stored nor counted.
+    Each slot is its part's hooks (`Part.core_input`, `Part.step_adapters`, `Part.update`) and
+    the part's module, held under the part's name (`recurrence.step.proj`, `.gate`, ...): a slot
+    that no method fills holds nothing, so its parameters are neither stored nor counted.
     """
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
-        # The slots of the step, each the module of its key's part (grt_titan/model/parts.py):
-        # W_proj (injection = "proj"), the gate (update = "gate"), RRT's adapters (step_adapter = "lora").
-        self.proj = build_module(args, "injection")
+        self.injection, self.update, self.step_adapter = (
+            slot(args, name) for name in ("injection", "update", "adapters")
+        )
         self.core = BlockStack(args, args.n_core_layers, first_layer_id=args.n_prelude_layers)
-        # The update slot: the gate (a module g(h, h_pre, noise)), or SCSE's deviation step.
-        update = build_module(args, "update")
-        self.deviation = update if args.update == "deviation" else None
-        self.gate = None if self.deviation is not None else update
-        self.adapters = build_module(args, "step_adapter")
+        for part in (self.injection, self.update, self.step_adapter):
+            part.attach(self, args)
 
     def forward(
         self,
@@ -237,65 +235,19 @@ class RecurrenceStep(nn.Module):
         return_parts: bool = False,
         step_index: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """`h_pre`: the source (the prelude output, or SCSE's anchor h*). `step_index` (0-dim
-        int64 tensor, 0-based): selects the step's adapters (RRT)."""
+        """`h_pre`: the source the steps read. `step_index` (0-dim int64 tensor, 0-based):
+        selects the step's adapters."""
         noisy = h if state_noise is None else h + state_noise
-        if self.deviation is not None:
-            core_input = noisy - h_pre  # SCSE: the deviation from the anchor
-        elif self.proj is None:
-            core_input = noisy
-        else:
-            core_input = self.proj(torch.cat([noisy, h_pre], dim=-1))
-        adapters = None if self.adapters is None else self.adapters.at_step(step_index)
-        proposal = self.core(core_input, freqs_cis, adapters)
-        if self.deviation is not None:
-            g, new_h = None, self.deviation(h, core_input, proposal)
-        elif self.gate is None:
-            g, new_h = None, proposal
-        else:
-            g = self.gate(h, h_pre, gate_noise)
-            new_h = g * h + (1 - g) * proposal
+        core_input = self.injection.core_input(self, noisy, h_pre)
+        proposal = self.core(core_input, freqs_cis, self.step_adapter.step_adapters(self, step_index))
+        new_h, g = self.update.update(self, h, h_pre, core_input, proposal, gate_noise)
         # g and the proposal are kept for backward anyway; returning them costs nothing.
         return (new_h, g, proposal) if return_parts else new_h
 
     def init_weights(self) -> None:
-        if self.proj is not None:
-            trunc_normal_(self.proj.weight, std=0.02)
         self.core.init_weights()
-        if self.gate is not None:
-            self.gate.init_weights()
-        if self.adapters is not None:
-            self.adapters.init_weights()
-
-
-def eval_initial_state(seed: int, max_seq_len: int, dim: int, std: float) -> torch.Tensor:
-    """The eval-mode random initial state [max_seq_len, dim]: row s is position s's, the same
-    for every sequence and every call (one CPU draw seeded by `seed`, always of the full
-    length: a draw's prefix depends on its length)."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    state = torch.empty(max_seq_len, dim)
-    return nn.init.trunc_normal_(state, std=std, a=-3 * std, b=3 * std, generator=generator)
-
-
-class RandomInitialState(Part):
-    """initial_state = "random": h_0 ~ TruncNormal(0, initial_state_std^2) (`Recurrence.initial_state`)."""
-
-    key, choice = "initial_state", "random"
-
-    def describe(self, args: GRTModelArgs) -> str:
-        return f"initial state h_0 ~ TruncNormal(0, {args.initial_state_std:g}^2), not the prelude's output"
-
-    def check(self, args: GRTModelArgs, bad: Bad) -> None:
-        if args.initial_state_std <= 0:
-            raise bad("initial_state_std", args.initial_state_std, "must be > 0")
-
-    def job_problems(self, job: JobSettings, args: GRTModelArgs) -> list[str]:
-        return tensor_parallel_problems(
-            job,
-            "[grt] initial_state = 'random' does not support [parallelism] tensor_parallel_degree = {tp}: "
-            "the eval-mode state is drawn per position of the whole sequence, which tensor parallelism "
-            "shards; allowed: tensor_parallel_degree = 1 (FSDP/HSDP)",
-        )
+        for part in (self.injection, self.update, self.step_adapter):
+            part.init_weights(self)
 
 
 class Recurrence(nn.Module):
@@ -307,10 +259,14 @@ class Recurrence(nn.Module):
 
     def __init__(self, args: GRTModelArgs):
         super().__init__()
-        # MoR (router = expert_choice, grt_titan/model/methods/mor.py): a router per step picks
-        # the tokens that step updates; token_choice (token_choice.py): each token its depth.
-        self.step = RecurrenceStep(args) if args.part("router") is None else RoutedStep(args)
-        self.router = build_module(args, "router")
+        # The order of the steps: every token through each step, or a part that picks the
+        # tokens each step updates and runs the steps itself, with a step of its own.
+        self.order = slot(args, "order")
+        self.step = self.order.build_step(args) or RecurrenceStep(args)
+        # h_0 and the source the steps read: the prelude output, or a part's.
+        self.start_part = slot(args, "start")
+        for part in (self.order, self.start_part):
+            part.attach(self, args)
         self.depth_sampler = DepthSampler(args)
         self.state_noise_std = args.state_noise_std
         self.gate_noise_std = args.gate_noise_std
@@ -325,15 +281,10 @@ class Recurrence(nn.Module):
         # an uninterrupted one would, and every rank (DP or TP shard) draws its own noise.
         self.noise_seed = args.depth_seed
         self.noise_rank: int | None = None
-        self.random_initial_state = isinstance(args.part("initial_state"), RandomInitialState)
-        # The initial state's module, SCSE's anchor (recurrence.anchor.*: h_0 and the steps'
-        # source); None for every other row (the random state has no module).
-        self.anchor = build_module(args, "initial_state")
-        self.initial_state_std = args.initial_state_std
-        self.has_step_adapters = args.part("step_adapter") is not None  # RRT: one adapter set per step
+        # One adapter set per step up to R: the step's index is an input, and no depth above R.
+        self.step_adapter = slot(args, "adapters")
+        self.step_indexed = self.step_adapter.per_step
         self.max_recurrences = args.num_recurrences
-        self.max_seq_len = args.max_seq_len
-        self._eval_state_table: torch.Tensor | None = None  # cache of eval_initial_state
 
     def resolve_depth(self, num_recurrences: int | None) -> int:
         if num_recurrences is None:
@@ -345,10 +296,11 @@ class Recurrence(nn.Module):
                 f"num_recurrences = {num_recurrences} is invalid; use r >= 0 "
                 "(0 = prelude only, r < R early exit, r > R extrapolation)"
             )
-        if self.has_step_adapters and num_recurrences > self.max_recurrences:
+        if self.step_indexed and num_recurrences > self.max_recurrences:
+            part = self.step_adapter
             raise ValueError(
-                f"num_recurrences = {num_recurrences} is invalid with step_adapter = 'lora': "
-                f"there is one adapter per step up to R = {self.max_recurrences}"
+                f"num_recurrences = {num_recurrences} is invalid with {part.key} = {part.choice!r}: "
+                f"there is one {part.per_step_what} per step up to R = {self.max_recurrences}"
             )
         return num_recurrences
 
@@ -366,29 +318,10 @@ class Recurrence(nn.Module):
             return torch.randn_like(like) * std
         return torch.randn(like.shape, generator=generator, device=like.device, dtype=like.dtype) * std
 
-    def initial_state(self, h_pre: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        """h_0: the prelude output, or a fresh TruncNormal(0, s^2) cut at 3 s per training
-        forward (Huginn's "like-init"). In eval mode the random state is one fixed draw per
-        position (`eval_initial_state`), so eval forwards are deterministic and a cached
-        decode step sees the state a full forward gives its position."""
-        if self.anchor is not None:
-            return self.anchor.initial_state(h_pre)
-        if not self.random_initial_state:
-            # A distinct tensor, not h_pre itself: a compiled step guards on its inputs
-            # aliasing, and step 1 would otherwise compile a second graph.
-            return h_pre.clone()
-        if not self.training:
-            table = self._eval_state_table
-            if table is None or table.device != h_pre.device or table.dtype != h_pre.dtype:
-                table = eval_initial_state(self.noise_seed, self.max_seq_len, h_pre.shape[-1], self.initial_state_std)
-                self._eval_state_table = table = table.to(device=h_pre.device, dtype=h_pre.dtype)
-            return table[: h_pre.shape[-2]].expand_as(h_pre).clone()
-        std = self.initial_state_std
-        return nn.init.trunc_normal_(torch.empty_like(h_pre), std=std, a=-3 * std, b=3 * std, generator=generator)
-
     def start(self, h_pre: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h_0, the source the steps read): the source is h_pre, or SCSE's anchor h*."""
-        return self.initial_state(h_pre, generator), h_pre if self.anchor is None else self.anchor(h_pre)
+        """(h_0, the source the steps read), from the start slot's part: the prelude output
+        (h_0 a copy of it) unless a method starts elsewhere."""
+        return self.start_part.initial_state(self, h_pre, generator), self.start_part.source(self, h_pre)
 
     def forward(
         self,
@@ -398,12 +331,12 @@ class Recurrence(nn.Module):
         all_states: bool = False,
     ) -> RecurrenceOutput:
         """The state after r steps; with `all_states`, also the states after steps 1..r
-        (Ouro's per-step readouts; returned, not an argument to fill: FSDP's hooks copy the
-        containers a module is called with). With a router (MoR), its auxiliary loss."""
+        (per-step readouts; returned, not an argument to fill: FSDP's hooks copy the
+        containers a module is called with). With a part that runs the steps, its auxiliary loss."""
         depth = self.resolve_depth(num_recurrences)
-        if self.router is not None:
+        if self.order.runs_steps:
             # A distinct tensor, not h_pre itself: a compiled step guards on input aliasing.
-            return self._routed_forward(h_pre.clone(), freqs_cis, depth)
+            return self._forward_by_order(h_pre.clone(), freqs_cis, depth)
         generator = self._noise_generator(h_pre)
         h, source = self.start(h_pre, generator)
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
@@ -414,8 +347,8 @@ class Recurrence(nn.Module):
                 self._noise(h, self.state_noise_std, generator),
                 self._noise(h, self.gate_noise_std, generator),
             )
-            # RRT's adapters are chosen by a tensor index: one compiled graph for every step.
-            step_index = torch.tensor(index, dtype=torch.int64, device=h.device) if self.has_step_adapters else None
+            # Per-step adapters are chosen by a tensor index: one compiled graph for every step.
+            step_index = torch.tensor(index, dtype=torch.int64, device=h.device) if self.step_indexed else None
             tracked = grad_enabled and index >= first_tracked
             if h.requires_grad != tracked:
                 # A random h_0, a state from untracked steps, or h_pre entering an untracked step:
@@ -434,13 +367,13 @@ class Recurrence(nn.Module):
             h = new_h
         return RecurrenceOutput(h, step_states=states)
 
-    def _routed_forward(self, h: torch.Tensor, freqs_cis: torch.Tensor | None, depth: int) -> RecurrenceOutput:
-        """MoR: `depth` routed steps (no noise, no W_proj, no gate); see routing.py. MoR's
-        objective is the final state's CE (validated), so no per-step states."""
+    def _forward_by_order(self, h: torch.Tensor, freqs_cis: torch.Tensor | None, depth: int) -> RecurrenceOutput:
+        """`depth` steps run by the order slot's part, which picks the tokens each step updates
+        (no noise; its objective is the final state's CE, validated, so no per-step states)."""
         observer = self.observer
         first_tracked = 0 if self.backprop_recurrences is None else depth - self.backprop_recurrences
-        h, aux_loss_sum = self.router(
-            self.step,
+        h, aux_loss_sum = self.order.run_steps(
+            self,
             h,
             freqs_cis,
             depth,
@@ -451,10 +384,8 @@ class Recurrence(nn.Module):
 
     def init_weights(self) -> None:
         self.step.init_weights()
-        if self.anchor is not None:
-            self.anchor.init_weights()
-        if self.router is not None:
-            self.router.init_weights()
+        for part in (self.start_part, self.order):
+            part.init_weights(self)
         self.depth_sampler.reset()
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from types import SimpleNamespace
 
-from grt_titan.checkpoint_io import initial_load_problems
+from grt_titan.checkpoints.start_load import initial_load_problems
 from grt_titan.config_checks import config_field_problems, raise_problems, shared_problems
 from grt_titan.field_checks import field_problems
 from grt_titan.model import GRTModelArgs

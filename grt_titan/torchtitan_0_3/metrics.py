@@ -20,9 +20,9 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 
 from grt_titan.components.metrics import GRTMetricsMixin, depth_line
+from grt_titan.model.args import GRTModelArgs
 from grt_titan.runtime.fake_backend import NOTICE as FAKE_BACKEND_NOTICE
 from grt_titan.runtime.fake_backend import is_fake_backend
-from grt_titan.model.args import GRTModelArgs
 from grt_titan.sections import GRTMetricsConfig
 
 

@@ -57,7 +57,7 @@ def test_exact_match_is_what_a_greedy_decode_loop_gives(words):
 def test_the_learned_rules_probe_learns_from_the_positions_that_predict_each_completion(monkeypatch):
     """fit_probe hands the fit each batch's inputs (the ids less the last) and, True, exactly the
     positions whose next token is a completion token, at the fit's default depth (the eval depth:
-    tests/model/test_halting_probe.py)."""
+    tests/model/halting/test_halting_probe.py)."""
     from grt_titan.model import halting_probe
 
     model = build_model("task_debug", 1, vocab_size=64, num_recurrences=3).eval()
@@ -281,7 +281,7 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
 
 
 def test_overrides_without_a_config_are_refused(tmp_path, capsys):
-    """analyze, eval-task and import-hf share the refusal (checkpoint_io.check_overrides_have_config)."""
+    """analyze, eval-task and import-hf share the refusal (run_reader.check_overrides_have_config)."""
     from grt_titan.cli import main as cli
 
     for argv in (

@@ -13,7 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from grt_titan.checkpoint_io import initial_load_line
+from grt_titan.checkpoints.start_load import initial_load_line
 from grt_titan.components.checkpoint import GRTCheckpointManager
 from grt_titan.components.checksums import (
     CHECKSUM_FILE,

@@ -310,7 +310,8 @@ def test_distillation_trains_logs_and_resumes_exactly(run_torchrun, tmp_path):
 
     from torch.distributed.checkpoint import FileSystemReader
 
-    from grt_titan.checkpoint_io import RESUME_STATES, save_checkpoint
+    from grt_titan.checkpoints.folders import RESUME_STATES
+    from grt_titan.checkpoints.load import save_checkpoint
     from grt_titan.model import grt_flavors
     from grt_titan.model.model import build_meta_model
 

@@ -36,7 +36,8 @@ def debug_config():
 def debug_checkpoint(debug_config, tmp_path_factory):
     """A torchtitan-layout DCP step folder of the `debug` flavor (full GPT-2 vocabulary),
     as a full save: model FQNs at the top level plus train_state."""
-    from grt_titan.checkpoint_io import load_model_args, save_checkpoint
+    from grt_titan.checkpoints.load import save_checkpoint
+    from grt_titan.run_reader import load_model_args
 
     args, _ = load_model_args(debug_config)
     model = seeded_model(args, seed=1)

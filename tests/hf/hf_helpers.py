@@ -63,7 +63,7 @@ def perturb(model: GRTModel, spread: float = 0.05) -> GRTModel:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * spread)
-        if model.recurrence is not None and model.recurrence.step.gate is not None:
+        if model.recurrence is not None and hasattr(model.recurrence.step, "gate"):
             # Gate bias from +4 (g ~ 0.98) to ~0: steps then change the state a lot.
             model.recurrence.step.gate.w_out.bias.fill_(0.0)
     return model.eval()

@@ -106,7 +106,7 @@ def test_torchtitan_hf_save_and_load_paths(style, native_models, exported, tmp_p
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-    from grt_titan.checkpoint_io import load_checkpoint
+    from grt_titan.checkpoints.load import load_checkpoint
     from grt_titan.components.checkpoint import ShardedGRTStateDictAdapter
 
     model = native_models[style]

@@ -78,10 +78,10 @@ def test_the_remote_code_marks_its_copies():
     """The copies this test guards (a marker lost in an edit fails here, not silently)."""
     assert {path for _, _, path, _, _ in COPIES} >= {
         "grt_titan.model.recurrence.Gate.forward",
-        "grt_titan.model.recurrence.eval_initial_state",
-        "grt_titan.model.adapters.lora_delta",
-        "grt_titan.model.exit_distribution.ExitGate.forward",
-        "grt_titan.model.exit_distribution.q_exit_steps",
+        "grt_titan.model.methods.poisson.eval_initial_state",
+        "grt_titan.model.methods.rrt.lora_delta",
+        "grt_titan.model.methods.ouro.ExitGate.forward",
+        "grt_titan.model.methods.ouro.q_exit_steps",
     }
 
 

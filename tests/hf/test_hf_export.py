@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from grt_titan.checkpoint_io import load_checkpoint, save_checkpoint
+from grt_titan.checkpoints.load import load_checkpoint, save_checkpoint
 from grt_titan.cli import main as cli
 from grt_titan.hf.convert import REMOTE_CODE_FILES, REMOTE_DIR, SINGLE_FILE, write_hf_folder
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS
@@ -418,8 +418,8 @@ def test_validation_loss_read_from_the_runs_tensorboard_logs(debug_checkpoint, d
 
 def test_mixture_of_recursions_is_exported():
     """modeling_grt.py routes MoR (tests/hf/test_hf_mor.py): the export's check lets it through."""
-    from grt_titan.checkpoint_io import load_model_args
     from grt_titan.hf.convert import build_hf_config
+    from grt_titan.run_reader import load_model_args
 
     from grt_test_helpers import REPO
 
@@ -435,7 +435,7 @@ def test_a_run_trained_with_overrides_exports_with_them_or_its_record(tmp_path, 
     from the config its run record holds; the TOML alone describes another model. Keys that
     only shape training are not checked at export: a dense model's curriculum in its TOML,
     which a training command line turned off, exports (benchmarks/retrofit_real.py's source arm)."""
-    from grt_titan.checkpoint_io import CheckpointError, load_model_args
+    from grt_titan.run_reader import CheckpointError, load_model_args
 
     from grt_test_helpers import DEBUG_TOML, step_losses, torchrun
 

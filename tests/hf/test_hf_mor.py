@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from grt_titan.checkpoint_io import load_checkpoint
+from grt_titan.checkpoints.load import load_checkpoint
 from grt_titan.cli import main as cli
 from grt_titan.hf.config_map import model_args_from_hf_config
 from grt_titan.hf.convert import write_hf_folder

@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_hf_parts import debug_twin
 
-from grt_titan.checkpoint_io import load_checkpoint, model_from_state
+from grt_titan.checkpoints.load import load_checkpoint, model_from_state
 from grt_titan.cli import main as cli
 from grt_titan.hf.config_map import model_args_from_hf_config
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder

@@ -11,13 +11,14 @@ import pytest
 import tomllib
 import torch
 
-from grt_titan.checkpoint_io import load_checkpoint, load_model_args
+from grt_titan.checkpoints.load import load_checkpoint
 from grt_titan.cli import main as cli
 from grt_titan.hf.config_map import HF_PARTS, model_args_from_hf_config
 from grt_titan.hf.convert import SINGLE_FILE, ExportError, build_hf_config, write_hf_folder
 from grt_titan.hf.remote.configuration_grt import MOR_REQUIRED_PARTS, PART_SETTINGS, RECURRENCE_PARTS, GRTConfig
 from grt_titan.model import grt_flavors
 from grt_titan.model.methods.table import GRT, METHODS, MOR, MOR_TOKEN_CHOICE
+from grt_titan.run_reader import load_model_args
 
 from grt_test_helpers import build_model
 from hf_helpers import (
@@ -199,7 +200,7 @@ def test_rrt_refuses_depths_without_adapters():
 
 def test_random_initial_state_is_grt_titans_table_bit_for_bit():
     from grt_titan.hf.remote.modeling_grt import eval_initial_state as hf_table
-    from grt_titan.model.recurrence import eval_initial_state
+    from grt_titan.model.methods.poisson import eval_initial_state
 
     assert torch.equal(hf_table(7, 64, 32, 0.3), eval_initial_state(7, 64, 32, 0.3))
 

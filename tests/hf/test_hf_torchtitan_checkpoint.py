@@ -6,7 +6,7 @@ import shutil
 import pytest
 from safetensors import safe_open
 
-from grt_titan.checkpoint_io import HF_ASSETS_KEY, INITIAL_LOAD_KEY
+from grt_titan.checkpoints.start_load import HF_ASSETS_KEY, INITIAL_LOAD_KEY
 from grt_titan.model import grt_flavors
 from grt_titan.model.state_dict_adapter import GRTStateDictAdapter
 

@@ -7,12 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grt_titan.checkpoint_io import load_checkpoint, load_model_args
+from grt_titan.checkpoints.load import load_checkpoint
 from grt_titan.cli import main as cli
 from grt_titan.hf.convert import SINGLE_FILE, write_hf_folder
 from grt_titan.hf.importer import import_hf
 from grt_titan.model import GRTModel
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, GRTStateDictAdapter
+from grt_titan.run_reader import load_model_args
 
 from hf_helpers import load_hf, seeded_model, sharded_state_dict, small_args
 

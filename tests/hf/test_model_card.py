@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from grt_titan.checkpoint_io import load_model_args
 from grt_titan.hf.model_card import render_model_card
+from grt_titan.run_reader import load_model_args
 
 from tests.cases import paper_configs
 

@@ -15,7 +15,7 @@ import pytest
 import tomllib
 import torch
 
-from grt_titan.checkpoint_io import load_checkpoint, load_model_args, model_from_state
+from grt_titan.checkpoints.load import load_checkpoint, model_from_state
 from grt_titan.hf.retrofit import (
     GATE_CLOSED_BIAS,
     RetrofitError,
@@ -26,6 +26,7 @@ from grt_titan.hf.retrofit import (
 )
 from grt_titan.hf.retrofit_cli import main
 from grt_titan.model.args import GRTModelArgs
+from grt_titan.run_reader import load_model_args
 
 from hf_helpers import load_hf  # (tests/hf/conftest.py imports it first: offline environment)
 from tests.data.data_helpers import CHATML, make_hf_tokenizer
@@ -306,7 +307,7 @@ def test_closed_gate_comes_from_the_checkpoint(sources, written):
     import torch.distributed.checkpoint as dcp
     from torchtitan.components.checkpoint import ModelWrapper
 
-    from grt_titan.checkpoint_io import single_process_dcp
+    from grt_titan.checkpoints.load import single_process_dcp
     from grt_titan.model import GRTModel
 
     assert "gate_bias_init" not in tomllib.loads((written / "train.toml").read_text())["grt"]

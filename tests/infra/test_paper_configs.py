@@ -5,9 +5,9 @@ distinct set of parts trains on 2 CPU ranks from its TOML at debug size."""
 import pytest
 import tomli
 
-from grt_titan.checkpoint_io import load_model_args
 from grt_titan.model.methods.table import LADDER, SCSE, TABLE_1, paper_method
 from grt_titan.model.model import build_meta_model
+from grt_titan.run_reader import load_model_args
 
 from grt_test_helpers import REPO, step_losses
 from tests.cases import PAPER_CONFIGS, cpu_scale_overrides, paper_configs

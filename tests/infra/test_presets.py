@@ -317,7 +317,7 @@ def test_qwen3_preset_is_what_retrofit_writes():
     the flavor file is its model_args.json, the TOML its train.toml but for the paths
     (repository-relative) and the layout (TP 2)."""
     from grt_titan.hf.retrofit import DEFAULT_RECURRENCES, plan_layers, retrofit_args, training_toml
-    from grt_titan.hf.stock import n_dense_layers, source_args
+    from grt_titan.hf.stock_folders import n_dense_layers, source_args
 
     config = _qwen3_0_6b_config()
     source = source_args(config)  # what `grt-titan retrofit` reads from config.json, weights aside

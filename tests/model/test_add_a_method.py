@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import grt_titan.model.args as args_module
-import grt_titan.spec  # noqa: F401  registers the spec
 from grt_titan.components.loss import grt_loss
 from grt_titan.model import GRTModelArgs, grt_flavors
-from grt_titan.model.methods import table as methods
 from grt_titan.model.args import CONFIGURABLE_FIELDS
+from grt_titan.model.methods import table as methods
 from grt_titan.sections import GRTSection
+from grt_titan.spec import JobModelArgs
 
 from grt_test_helpers import REPO, build_model, matmul_flops, parse_config
 
@@ -85,7 +85,7 @@ def test_the_toy_rules_and_start_up_problems_are_checked(toy):
         toy.replace(gate_noise_std=0.1).validate()
     config = parse_config("--grt.gate_noise_std", "0", "--parallelism.tensor_parallel_degree", "2")
     with pytest.raises(ValueError, match=re.escape("[grt] update = 'state_gate' does not support tensor_parallel")):
-        toy.update_from_config(config)
+        JobModelArgs.of(toy).update_from_config(config)  # as torchtitan's Trainer gets the flavor
 
 
 def test_the_grt_section_declares_the_configurable_fields():
@@ -99,3 +99,21 @@ def test_the_grt_section_declares_the_configurable_fields():
     for name in CONFIGURABLE_FIELDS:
         assert section[name] == args[name] | None, name
         assert getattr(GRTSection(), name) is None, name  # unset keeps the flavor's value
+
+
+def test_the_scse_diff_of_the_recipe_is_in_the_tree():
+    """docs/methods.md shows SCSE's row as a diff: each `+` line is in the file it names, so
+    the recipe's example cannot drift from the package."""
+    text = (REPO / "docs" / "methods.md").read_text()
+    diff = re.search(r"### SCSE's row, as a diff\n.*?```diff\n(.*?)```", text, re.S).group(1)
+    files: dict[str, list[str]] = {}
+    for line in diff.splitlines():
+        if line.startswith("+++ b/"):
+            current = files.setdefault(line[len("+++ b/") :], [])
+        elif line.startswith("+"):
+            current.append(line[1:])
+    assert len(files) >= 4 and all(files.values()), files
+    for path, lines in files.items():
+        source = (REPO / path).read_text().splitlines()
+        missing = [line for line in lines if not any(line in have for have in source)]
+        assert not missing, f"{path}: {missing}"

@@ -1,4 +1,4 @@
-"""Our copies of torchtitan 0.2.2's blocks (grt_titan/model/blocks/llama.py, qwen3_blocks.py,
+"""Our copies of torchtitan 0.2.2's blocks (grt_titan/model/blocks/llama.py, qwen3.py,
 sdpa.py, init.py) against the originals, the independent computation: the same state-dict
 keys in the same order, the same draws at construction and in `init_weights` under one seed,
 the same RoPE tables, and bit-equal outputs and gradients in float32.

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from grt_titan.model import grt_flavors
-from grt_titan.model.depth_law import heavy_tail_depth
+from grt_titan.model.methods.poisson import heavy_tail_depth
 from grt_titan.model.recurrence import DepthSampler
 
 from grt_test_helpers import build_model, one_rank_dims, parse_config
@@ -112,7 +112,9 @@ def test_the_toml_counts_optimizer_steps(monkeypatch):
     config = parse_config(
         "--grt.depth_curriculum_steps", "5", "--training.global_batch_size", "8", "--training.local_batch_size", "2"
     )
-    args = grt_flavors["debug"].replace()
+    from grt_titan.spec import JobModelArgs  # the 0.2.2 host's args, which take the job's forwards per step
+
+    args = JobModelArgs.of(grt_flavors["debug"])
     args.update_from_config(config)
     assert (args.depth_curriculum_steps, args.forwards_per_step) == (5, 4)
     sampler = DepthSampler(args)

@@ -150,7 +150,7 @@ def test_poisson_initial_state_is_random_and_a_function_of_the_forward_index():
         for _ in range(index + 1):  # forwards 0..index, as training draws them
             recurrence.depth_sampler.sample()
         torch.manual_seed(global_seed)
-        return recurrence.initial_state(h_pre, recurrence._noise_generator(h_pre))
+        return recurrence.start(h_pre, recurrence._noise_generator(h_pre))[0]
 
     first = state_of_forward(3, global_seed=0)
     assert first.std() > 0.01  # random, not the prelude output (zeros here)

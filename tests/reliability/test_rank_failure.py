@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from torchtitan.components.checkpoint import CheckpointManager
 
-from grt_titan.checkpoint_io import latest_complete_step, latest_step_folder
+from grt_titan.checkpoints.folders import latest_complete_step, latest_step_folder
 
 from reliability_helpers import (
     NOISE_OFF,

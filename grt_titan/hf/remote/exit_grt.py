@@ -32,13 +32,13 @@ class ExitGate(nn.Linear):
     def __init__(self, config: PretrainedConfig):
         super().__init__(config.hidden_size, 1)
 
-    # Copied from grt_titan.model.exit_distribution.ExitGate.forward
+    # Copied from grt_titan.model.methods.ouro.ExitGate.forward
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Gate logits z [..., S] (float32) of hidden [..., S, d]; lambda = sigmoid(z)."""
         return super().forward(hidden).squeeze(-1).float()
 
 
-# Copied from grt_titan.model.exit_distribution.q_exit_steps
+# Copied from grt_titan.model.methods.ouro.q_exit_steps
 def q_exit_steps(gate_logits: torch.Tensor, threshold: float) -> torch.Tensor:
     """0-based exit step per token: the first t with CDF(t) = 1 - prod_{j<=t}(1 - lambda_j)
     >= threshold, else the last step (always the last for threshold 1)."""

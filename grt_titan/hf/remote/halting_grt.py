@@ -62,7 +62,7 @@ class Halting:
     max_depth: int
 
 
-# Copied from grt_titan.model.halting.halting_of_call
+# Copied from grt_titan.model.halting.rules.halting_of_call
 def halting_of_call(halting, halting_threshold, min_recurrences, max_depth: int) -> Halting | None:
     """The call's `Halting`, or None for a fixed depth; ValueError naming the argument."""
     if halting is None:
@@ -93,7 +93,7 @@ def halting_of_call(halting, halting_threshold, min_recurrences, max_depth: int)
     return Halting(halting, float(halting_threshold), min_depth, max_depth)
 
 
-# Copied from grt_titan.model.halting.halting_measure
+# Copied from grt_titan.model.halting.rules.halting_measure
 def halting_measure(rule: str, h: torch.Tensor, previous: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
     """The state rule's measure `[B, T]` after a step (fp32): below the threshold halts."""
     if rule == "state":
@@ -102,7 +102,7 @@ def halting_measure(rule: str, h: torch.Tensor, previous: torch.Tensor, gate: to
     return 1.0 - gate.float().mean(dim=-1)  # "gate"
 
 
-# Copied from grt_titan.model.halting.readout_measure
+# Copied from grt_titan.model.halting.rules.readout_measure
 def readout_measure(rule: str, logits: torch.Tensor, memory):
     """(the readout rule's measure `[B, T]` after step s, the memory step s + 1 compares with)
     from step s's next-token logits `[B, T, V]`; `memory` None at step 1 (p_0 uniform)."""
@@ -123,7 +123,7 @@ def readout_measure(rule: str, logits: torch.Tensor, memory):
     return (entropy - previous).abs(), entropy
 
 
-# Copied from grt_titan.model.halting.halts
+# Copied from grt_titan.model.halting.rules.halts
 def halts(rule: str, measure: torch.Tensor, threshold: float) -> torch.Tensor:
     """Where the rule halts `[B, T]`: argmax counts unchanged steps up to the threshold; the
     other rules' measures fall below it."""

@@ -190,7 +190,7 @@ class GRTGate(nn.Module):
         return torch.sigmoid(logits)
 
 
-# Copied from grt_titan.model.adapters.lora_delta
+# Copied from grt_titan.model.methods.rrt.lora_delta
 def lora_delta(x: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
     a, b = factors
     return (x @ a.t().to(x.dtype)) @ (b.t().to(x.dtype) * scale)
@@ -237,7 +237,7 @@ class GRTStepAdapters(nn.Module):
         return lora
 
 
-# Copied from grt_titan.model.recurrence.eval_initial_state with torch.empty(max_seq_len, dim)->torch.empty(max_seq_len, dim, dtype=torch.float32)
+# Copied from grt_titan.model.methods.poisson.eval_initial_state with torch.empty(max_seq_len, dim)->torch.empty(max_seq_len, dim, dtype=torch.float32)
 def eval_initial_state(seed: int, max_seq_len: int, dim: int, std: float) -> torch.Tensor:
     """The eval-mode random initial state [max_seq_len, dim]: row s is position s's, the same
     for every sequence and every call (one CPU draw seeded by `seed`, always of the full
@@ -258,18 +258,18 @@ class GRTSourceAnchor(nn.Module):
         self.anchor_scale = config.anchor_scale
         self.initial_deviation_scale = config.initial_deviation_scale
 
-    # Copied from grt_titan.model.scse.SourceAnchor.forward
+    # Copied from grt_titan.model.methods.scse.SourceAnchor.forward
     def forward(self, h_pre: torch.Tensor) -> torch.Tensor:
         """The anchor h*."""
         return h_pre + self.anchor_scale * self.anchor_proj(h_pre)
 
-    # Copied from grt_titan.model.scse.SourceAnchor.initial_state
+    # Copied from grt_titan.model.methods.scse.SourceAnchor.initial_state
     def initial_state(self, h_pre: torch.Tensor) -> torch.Tensor:
         """h_0."""
         return h_pre + self.initial_deviation_scale * self.init_delta_proj(h_pre)
 
 
-# Copied from grt_titan.model.scse.deviation_step
+# Copied from grt_titan.model.methods.scse.deviation_step
 def deviation_step(h, delta, proposal, step_size: float, mask_eps: float) -> torch.Tensor:
     """h + m_b s (proposal - Delta), m_b = 1{||Delta^(b)||_F^2 > eps} per sequence b."""
     wide = delta.to(torch.promote_types(delta.dtype, torch.float32))  # bf16 sums in fp32

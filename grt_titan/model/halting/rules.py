@@ -118,7 +118,7 @@ def learned_halting_of_call(probe, halting_threshold, min_recurrences, max_depth
     if not isinstance(probe, HaltingProbe):
         raise ValueError(
             f"halting = {LEARNED_RULE!r} needs probe = a HaltingProbe fitted to this model "
-            f"(grt_titan.model.halting_probe.fit_halting_probe), got {type(probe).__name__}"
+            f"(grt_titan.model.halting.probe.fit_halting_probe), got {type(probe).__name__}"
         )
     if probe.dim != dim:
         raise ValueError(f"probe reads states of dim {probe.dim}; this model's dim is {dim}: fit one to this model")
@@ -214,7 +214,7 @@ def halting_recurrence(
     with kv.active(blocks):
         index = 0
         while index < halting.max_depth and bool(kv.running.any()):
-            step_index = torch.tensor(index, device=h.device) if recurrence.has_step_adapters else None
+            step_index = torch.tensor(index, device=h.device) if recurrence.step_indexed else None
             new_h, gate, _ = step(h, source, freqs_cis, None, None, return_parts=True, step_index=step_index)
             new_h = torch.where(kv.running[..., None], new_h, h)
             depths += kv.running

@@ -209,7 +209,21 @@ def check_routed(args: GRTModelArgs, bad: Bad) -> None:
         )
 
 
-class ExpertChoice(Part):
+class RoutedOrder(Part):
+    """What both routers are to the loop: they fill its order slot, hold their module as
+    `recurrence.router` and run the steps themselves over `RoutedStep`s, on the tokens they pick."""
+
+    module_name = "router"
+    runs_steps = True
+
+    def build_step(self, args: GRTModelArgs) -> RoutedStep:
+        return RoutedStep(args)
+
+    def run_steps(self, loop: nn.Module, h: torch.Tensor, freqs_cis, depth: int, grad_from: int, observer):
+        return loop.router(loop.step, h, freqs_cis, depth, grad_from=grad_from, observer=observer)
+
+
+class ExpertChoice(RoutedOrder):
     """router = "expert_choice": the `ExpertChoiceRouter` above over `RoutedStep`s."""
 
     key, choice = "router", "expert_choice"

@@ -34,8 +34,8 @@ from torch import nn
 
 from ..args import GRTModelArgs
 from ..flops import routed_core_flops
-from ..part import Bad, JobSettings, Part, tensor_parallel_problems
-from .mor import check_routed
+from ..part import Bad, JobSettings, tensor_parallel_problems
+from .mor import RoutedOrder, check_routed
 
 
 class TokenChoiceRouter(nn.Module):
@@ -131,7 +131,7 @@ class TokenChoiceRouter(nn.Module):
         return h, aux
 
 
-class TokenChoice(Part):
+class TokenChoice(RoutedOrder):
     """router = "token_choice": the `TokenChoiceRouter` above over routing.RoutedStep; its own
     loss weights, none of expert choice's fields."""
 

@@ -84,8 +84,8 @@ class StepAdapters(nn.Module):
 class LoraAdapters(Part):
     """step_adapter = "lora" (RRT): the `StepAdapters` above, a fixed depth R, GPT-2 blocks."""
 
-    key, choice = "step_adapter", "lora"
-    per_step = True
+    key, choice, module_name = "step_adapter", "lora", "adapters"
+    per_step, per_step_what = True, "adapter"
 
     def check(self, args: GRTModelArgs, bad: Bad) -> None:
         if args.lora_rank < 1:
@@ -108,6 +108,9 @@ class LoraAdapters(Part):
 
     def build(self, args: GRTModelArgs) -> StepAdapters:
         return StepAdapters(args)
+
+    def step_adapters(self, step: nn.Module, step_index: torch.Tensor | None):
+        return step.adapters.at_step(step_index)
 
     def describe(self, args: GRTModelArgs) -> str:
         return (

@@ -81,6 +81,9 @@ class DeviationStep(nn.Module):
     def forward(self, h: torch.Tensor, delta: torch.Tensor, proposal: torch.Tensor) -> torch.Tensor:
         return deviation_step(h, delta, proposal, self.step_size, self.mask_eps)
 
+    def init_weights(self) -> None:
+        """Nothing to initialise (no parameters)."""
+
 
 def _check_together(args: GRTModelArgs, bad: Bad) -> None:
     """The three SCSE choices go together, and its fields are set only with them."""
@@ -108,6 +111,9 @@ class DeviationInjection(Part):
     def check(self, args: GRTModelArgs, bad: Bad) -> None:
         _check_together(args, bad)
 
+    def core_input(self, step: nn.Module, state: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        return state - source  # the steps' source is the anchor h*
+
     def describe(self, args: GRTModelArgs) -> str:
         return "each step's input is the deviation from the anchor, Delta = h - h* (SCSE)"
 
@@ -115,7 +121,7 @@ class DeviationInjection(Part):
 class DeviationUpdate(Part):
     """update = "deviation": h <- h + m_b s (core(Delta) - Delta) (SCSE)."""
 
-    key, choice = "update", "deviation"
+    key, choice, module_name = "update", "deviation", "deviation"
 
     def check(self, args: GRTModelArgs, bad: Bad) -> None:
         if args.deviation_step_size <= 0:
@@ -128,6 +134,9 @@ class DeviationUpdate(Part):
     def build(self, args: GRTModelArgs) -> DeviationStep:
         return DeviationStep(args)
 
+    def update(self, step, state, source, core_input, proposal, gate_noise):
+        return step.deviation(state, core_input, proposal), None
+
     def describe(self, args: GRTModelArgs) -> str:
         return (
             f"each step writes h <- h + m s (core(Delta) - Delta) with s = {args.deviation_step_size:g} and m = 0 "
@@ -139,7 +148,7 @@ class DeviationUpdate(Part):
 class AnchorInitialState(Part):
     """initial_state = "anchor": h* = e + a A e and h_0 = e + b B e (SCSE)."""
 
-    key, choice = "initial_state", "anchor"
+    key, choice, module_name = "initial_state", "anchor", "anchor"
 
     def check(self, args: GRTModelArgs, bad: Bad) -> None:
         for name in ("anchor_scale", "initial_deviation_scale"):
@@ -148,6 +157,12 @@ class AnchorInitialState(Part):
 
     def build(self, args: GRTModelArgs) -> SourceAnchor:
         return SourceAnchor(args)
+
+    def initial_state(self, loop: nn.Module, h_pre: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        return loop.anchor.initial_state(h_pre)
+
+    def source(self, loop: nn.Module, h_pre: torch.Tensor) -> torch.Tensor:
+        return loop.anchor(h_pre)
 
     def describe(self, args: GRTModelArgs) -> str:
         return (

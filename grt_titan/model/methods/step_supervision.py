@@ -10,7 +10,7 @@ where readout is the coda, the final norm and the LM head (`GRTModel.logits_from
 target_t the record's step-t target for t up to its depth, and the final answer after it,
 so a state that has arrived learns to stay. Tokens outside the completion have no target at
 any step. This is the intermediate-step supervision of the recurrent retrofit (arXiv
-2608.11233: loop t learns f^t(x)); Ouro's per-step readouts (exit_distribution.py) weigh
+2608.11233: loop t learns f^t(x)); Ouro's per-step readouts (methods/ouro.py) weigh
 one target by a learned exit distribution instead. Evaluation is the plain final readout.
 """
 

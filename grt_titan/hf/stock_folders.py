@@ -46,12 +46,14 @@ from typing import Any
 
 import torch
 
-from grt_titan.runtime.atomic_dir import atomic_directory
-from grt_titan.checkpoint_io import CheckpointError, model_from_state, read_hf_weights
+from grt_titan.checkpoints.hf_weights import read_hf_weights
+from grt_titan.checkpoints.load import model_from_state
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.blocks import llama_block_args
 from grt_titan.model.model import build_meta_model
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, VOCAB_ROW_KEYS, optional_native_keys
+from grt_titan.run_reader import CheckpointError
+from grt_titan.runtime.atomic_dir import atomic_directory
 
 from .config_map import model_args_dict
 from .convert import (

@@ -1,4 +1,4 @@
-"""Dense models as stock transformers folders (grt_titan/hf/stock.py; docs/hf_export.md,
+"""Dense models as stock transformers folders (grt_titan/hf/stock_folders.py; docs/hf_export.md,
 "Dense models: stock GPT-2, Llama and Qwen3 folders"): export loads as GPT2LMHeadModel /
 LlamaForCausalLM / Qwen3ForCausalLM with no trust_remote_code and computes the torchtitan
 model's logits; import reads the folder (or one transformers wrote itself) back exactly; what
@@ -9,17 +9,12 @@ import json
 import pytest
 import torch
 
-from grt_titan.checkpoint_io import (
-    load_checkpoint,
-    load_model_args,
-    model_from_state,
-    read_hf_weights,
-    save_checkpoint,
-)
+from grt_titan.checkpoints.hf_weights import read_hf_weights
+from grt_titan.checkpoints.load import load_checkpoint, model_from_state, save_checkpoint
 from grt_titan.cli import main as cli
 from grt_titan.hf.export import resolve_format
 from grt_titan.hf.importer import import_hf
-from grt_titan.hf.stock import (
+from grt_titan.hf.stock_folders import (
     STOCK_CLASSES,
     StockFormatError,
     dense_args_from_stock_config,
@@ -31,6 +26,7 @@ from grt_titan.hf.stock import (
     write_stock_folder,
 )
 from grt_titan.model import grt_flavors
+from grt_titan.run_reader import load_model_args
 
 from hf_helpers import ATOL, REPO, SMALL_VOCAB, prompt, seeded_model
 
