@@ -221,9 +221,11 @@ class RecurrenceStep(nn.Module):
         self.injection, self.update, self.step_adapter = (
             slot(args, name) for name in ("injection", "update", "adapters")
         )
+        # In the step's order: its modules' keys and their initialisation's draws follow it.
+        self.injection.attach(self, args)
         self.core = BlockStack(args, args.n_core_layers, first_layer_id=args.n_prelude_layers)
-        for part in (self.injection, self.update, self.step_adapter):
-            part.attach(self, args)
+        self.update.attach(self, args)
+        self.step_adapter.attach(self, args)
 
     def forward(
         self,
@@ -245,9 +247,10 @@ class RecurrenceStep(nn.Module):
         return (new_h, g, proposal) if return_parts else new_h
 
     def init_weights(self) -> None:
+        self.injection.init_weights(self)
         self.core.init_weights()
-        for part in (self.injection, self.update, self.step_adapter):
-            part.init_weights(self)
+        self.update.init_weights(self)
+        self.step_adapter.init_weights(self)
 
 
 class Recurrence(nn.Module):
@@ -263,11 +266,11 @@ class Recurrence(nn.Module):
         # tokens each step updates and runs the steps itself, with a step of its own.
         self.order = slot(args, "order")
         self.step = self.order.build_step(args) or RecurrenceStep(args)
+        self.order.attach(self, args)
+        self.depth_sampler = DepthSampler(args)
         # h_0 and the source the steps read: the prelude output, or a part's.
         self.start_part = slot(args, "start")
-        for part in (self.order, self.start_part):
-            part.attach(self, args)
-        self.depth_sampler = DepthSampler(args)
+        self.start_part.attach(self, args)
         self.state_noise_std = args.state_noise_std
         self.gate_noise_std = args.gate_noise_std
         self.eval_recurrences = args.eval_depth

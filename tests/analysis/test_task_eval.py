@@ -58,7 +58,7 @@ def test_the_learned_rules_probe_learns_from_the_positions_that_predict_each_com
     """fit_probe hands the fit each batch's inputs (the ids less the last) and, True, exactly the
     positions whose next token is a completion token, at the fit's default depth (the eval depth:
     tests/model/halting/test_halting_probe.py)."""
-    from grt_titan.model import halting_probe
+    from grt_titan.model.halting import probe as halting_probe
 
     model = build_model("task_debug", 1, vocab_size=64, num_recurrences=3).eval()
     encoded = [([1, 2, 3, 4, 5], 2), ([6, 7, 8, 9, 10], 1), ([1, 2, 3], 1)]
