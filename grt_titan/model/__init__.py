@@ -3,7 +3,7 @@
 from .args import GRTModelArgs
 from .flavors import grt_flavors
 from .model import GRTModel
-from .parts import PARTS
+from .part_table import PARTS
 from .recurrence import DepthSampler, Gate, Recurrence, RecurrenceOutput, RecurrenceStep
 
 # The table of parts, handed to the args here: they validate with it and name the active

@@ -5,7 +5,7 @@ its own module (docs/methods.md).
 A part is one choice of one `[grt]` key (`Part.key` = `Part.choice`): W_proj (injection =
 "proj"), the gate (update = "gate"), each depth law, and the comparison methods' parts in
 grt_titan/model/methods/. Its module subclasses `Part` and overrides only what the part has;
-grt_titan/model/parts.py lists every part in one table, which `GRTModelArgs.validate`, the
+grt_titan/model/part_table.py lists every part in one table, which `GRTModelArgs.validate`, the
 start-up checks (grt_titan/config_checks.py) and the FLOP count (grt_titan/model/flops.py)
 iterate over.
 

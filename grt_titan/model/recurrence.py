@@ -11,7 +11,7 @@ the update (eqs. 4-5), the core's per-step adapters, the start (h_0 and the sour
 read where the equations say h_pre) and the order of the steps (every token through each step,
 or a part that picks the tokens). The GRT's own parts, W_proj and the gate, are here beside their
 math; the parts of the methods it is compared with are in grt_titan/model/methods/, and the table
-of parts (grt_titan/model/parts.py) says which part fills which slot (docs/methods.md). With no
+of parts (grt_titan/model/part_table.py) says which part fills which slot (docs/methods.md). With no
 part active a slot is the plain loop's: h_tilde = h + eps_x, h = o, h_0 = h_pre.
 
 `RecurrenceStep` is one iteration with no randomness inside: the noise is drawn by the

@@ -219,11 +219,11 @@ def twins(parts) -> dict[tuple[str, str], str]:
 
 
 def test_every_training_part_has_its_remote_twin():
-    """grt_titan/model/parts.py and the remote parts_grt.py list the same parts, by key, choice
+    """grt_titan/model/part_table.py and the remote parts_grt.py list the same parts, by key, choice
     and name, in the same order, but those with a reason above: a new part without its HF twin
     (or its refusal) fails here."""
     from grt_titan.hf.remote import parts_grt
-    from grt_titan.model.parts import PARTS
+    from grt_titan.model.part_table import PARTS
 
     exported = [p for p in PARTS if p.key not in TRAINING_ONLY_KEYS and (p.key, p.choice) not in NOT_EXPORTED]
     assert list(twins(parts_grt.PARTS).items()) == list(twins(exported).items())

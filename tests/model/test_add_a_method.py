@@ -42,7 +42,7 @@ TOY = methods.Method("GRT (state gate)", {"update": "state_gate", "gate_noise_st
 def toy(monkeypatch) -> GRTModelArgs:
     """The three lines a real method adds to the package, made for this test only: its choice
     in the key's Literal (grt_titan/model/args.py), its part in the table of parts
-    (grt_titan/model/parts.py), its row in the table of methods (grt_titan/model/methods/table.py)."""
+    (grt_titan/model/part_table.py), its row in the table of methods (grt_titan/model/methods/table.py)."""
     monkeypatch.setattr(args_module, "Update", Literal["gate", "overwrite", "state_gate"])
     monkeypatch.setattr(GRTModelArgs, "parts", (*GRTModelArgs.parts, StateGateUpdate()))
     monkeypatch.setattr(methods, "TABLE_1", (*methods.TABLE_1, TOY))

@@ -1,5 +1,5 @@
 """The recurrence's parts in the GRT's transformers model, one class per part: the remote twins
-of grt_titan's `Part`s (grt_titan/model/parts.py; tests/hf/test_hf_parts.py checks that every
+of grt_titan's `Part`s (grt_titan/model/part_table.py; tests/hf/test_hf_parts.py checks that every
 row of the table of methods has the same parts here as in training).
 
 A part is one choice of one config field (`key` = `choice`): W_proj (injection = "proj"), the
@@ -397,7 +397,7 @@ class ExpertChoice(RemotePart):
             raise TypeError("a Mixture-of-Recursions model (router = 'expert_choice') needs a MoRCache, got a GRTCache")
 
 
-# Every part, in the order of grt_titan/model/parts.py (their rules are checked in it).
+# Every part, in the order of grt_titan/model/part_table.py (their rules are checked in it).
 PARTS: tuple[RemotePart, ...] = (
     ProjInjection(),  # injection = "proj" (GRT, Poisson)
     GateUpdate(),  # update = "gate" (GRT)

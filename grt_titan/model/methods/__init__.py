@@ -12,5 +12,5 @@ checks and FLOPs terms) and the math they run.
     step_supervision.py  per-step targets (every step read out toward its own target)
 
 A method is one module here, one row in table.py and its TOML (docs/methods.md, "Adding a
-method"); grt_titan/model/parts.py lists every part in the order its rules are checked.
+method"); grt_titan/model/part_table.py lists every part in the order its rules are checked.
 """
