@@ -588,19 +588,17 @@ def test_initial_load_path_is_checked_only_when_it_would_be_loaded(tmp_path):
 def test_initial_load_without_checkpointing_is_refused_under_torchtitans_own_trainer(tmp_path, monkeypatch):
     """torchtitan's Trainer (-m torchtitan.train) skips initial_load_path with checkpointing off:
     refused by name there; grt_titan.train's GRTTrainer loads it."""
-    from grt_titan.components.plain_trainer import (
-        plain_trainer_initial_load_problems as _plain_trainer_initial_load_problems,
-    )
+    from grt_titan.components.plain_trainer import plain_trainer_initial_load_problems
     from grt_titan.components.trainer import starting_grt_trainer
 
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     config = initial_load_config(tmp_path, tmp_path / "model")
-    (problem,) = _plain_trainer_initial_load_problems(config)
+    (problem,) = plain_trainer_initial_load_problems(config)
     assert problem.startswith(f"[checkpoint] initial_load_path = {str(tmp_path / 'model')!r} is not loaded by")
     assert "python -m grt_titan.train" in problem
     with starting_grt_trainer():  # as GRTTrainer.__init__ runs torchtitan's
-        assert _plain_trainer_initial_load_problems(config) == []
-    assert _plain_trainer_initial_load_problems(initial_load_config(tmp_path, tmp_path, "--checkpoint.enable")) == []
+        assert plain_trainer_initial_load_problems(config) == []
+    assert plain_trainer_initial_load_problems(initial_load_config(tmp_path, tmp_path, "--checkpoint.enable")) == []
 
 
 OURO = [

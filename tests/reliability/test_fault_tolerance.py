@@ -364,17 +364,15 @@ def test_torchtitans_own_trainer_refuses_fault_tolerance(monkeypatch):
     """-m torchtitan.train ignores [fault_tolerance]: refused by name; grt_titan.train runs it."""
     import torch
 
-    from grt_titan.components.plain_trainer import (
-        plain_trainer_fault_tolerance_problems as _plain_trainer_fault_tolerance_problems,
-    )
+    from grt_titan.components.plain_trainer import plain_trainer_fault_tolerance_problems
     from grt_titan.components.trainer import starting_grt_trainer
 
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     config = parse_config("--fault_tolerance.enable", "--fault_tolerance.group_size", "2")
-    (problem,) = _plain_trainer_fault_tolerance_problems(config)
+    (problem,) = plain_trainer_fault_tolerance_problems(config)
     assert problem.startswith("[fault_tolerance] enable = true is ignored by torchtitan's own -m torchtitan.train")
     with starting_grt_trainer():  # as GRTTrainer.__init__ runs torchtitan's
-        assert _plain_trainer_fault_tolerance_problems(config) == []
+        assert plain_trainer_fault_tolerance_problems(config) == []
 
 
 def test_a_trainer_class_that_does_not_join_the_quorum_is_refused():
