@@ -6,8 +6,8 @@ and help text; the `[grt]` section of both hosts, `CONFIGURABLE_FIELDS` and the 
 are derived from it (grt_titan/model/settings.py).
 
 Each part's rules and FLOPs term live in its method module (grt_titan/model/part.py,
-docs/methods.md); the args iterate over the table of parts, `GRTModelArgs.parts`, which
-importing grt_titan.model installs (grt_titan/model/part_table.py). The FLOP count (paper eq. 1
+docs/methods.md); the args iterate over the table of parts (grt_titan/model/part_table.py),
+`GRTModelArgs.parts`, which grt_titan/model/__init__.py hands them. The FLOP count (paper eq. 1
 and the parts' terms) is grt_titan/model/flops.py's; the args delegate to it.
 """
 
@@ -299,7 +299,7 @@ class GRTModelArgs:
             return {}
         return {name: getattr(self, name) for name, default in GRT_PARTS.items() if getattr(self, name) != default}
 
-    # The table of parts (grt_titan/model/part_table.py installs it when grt_titan.model is imported).
+    # The table of parts (grt_titan/model/part_table.py), handed over by grt_titan/model/__init__.py.
     parts: ClassVar[tuple[Part, ...]] = ()
 
     @property
@@ -383,7 +383,9 @@ class GRTModelArgs:
             return ValueError(f"{where}: {field} = {value!r} is invalid; {allowed}")
 
         if not self.parts:
-            raise RuntimeError("GRTModelArgs.parts is empty: import grt_titan.model (grt_titan/model/part_table.py)")
+            raise RuntimeError(
+                "GRTModelArgs.parts is empty: import grt_titan.model (its __init__.py hands over the table of parts)"
+            )
         # Types and Literal choices first (TOML values are not type-checked by torchtitan),
         # NaN/inf floats too.
         problems = field_problems(self, f"{where}:")
