@@ -7,7 +7,8 @@ from .part_table import PARTS
 from .recurrence import DepthSampler, Gate, Recurrence, RecurrenceOutput, RecurrenceStep
 
 # The table of parts, handed to the args here: they validate with it and name the active
-# parts, and as a leaf they cannot import the method modules that the table lists.
+# parts, and cannot import it themselves (it lists the GRT's own parts, recurrence.py's, whose
+# module imports the args).
 GRTModelArgs.parts = PARTS
 
 __all__ = [

@@ -1,9 +1,10 @@
 """Configuration of the Gated Recurrent Transformer: its fields, the sizes derived from them,
 the `[grt]` overrides (`update_from_config`) and the checks common to every method.
 
-A field made with `setting` is a `[grt]` setting, declared here once: its name, type, default
-and help text; the `[grt]` section of both hosts, `CONFIGURABLE_FIELDS` and the HF config map
-are derived from it (grt_titan/model/settings.py).
+A field made with `setting` is a `[grt]` setting, declared once: its name, type, default and
+help text; the `[grt]` section of both hosts, `CONFIGURABLE_FIELDS` and the HF config map are
+derived from it (grt_titan/model/settings.py). The paper's settings and the parts' keys are
+declared here; each method's own settings in its module (`METHOD_SETTINGS`, the args' bases).
 
 Each part's rules and FLOPs term live in its method module (grt_titan/model/part.py,
 docs/methods.md); the args iterate over the table of parts (grt_titan/model/part_table.py),
@@ -22,41 +23,36 @@ from torch import nn
 from grt_titan.field_checks import field_problems
 
 from . import flops
-from .methods import table
+from .methods import MODULES, table
 from .part import Bad, Part
 from .settings import declared_settings, setting
 
 BlockStyle = Literal["gpt2", "llama", "qwen3"]
-DepthSampling = Literal["uniform", "fixed", "poisson_lognormal"]
 # The depth curriculum's ramp (grt_titan/model/depth_law.py): p, or 1 - sqrt(1 - p), at p = step / N.
 DepthCurriculumShape = Literal["linear", "1-sqrt"]
-# The named parts of one recurrence step (docs/architecture.md, "Methods as parts"): every
-# method of the paper's table 1 and every rung of its figure 5 is one choice of each.
-Injection = Literal[
-    "proj", "none", "deviation"
-]  # proj: W_proj [h (+ eps_x); h_pre] (eq. 2); none: h (+ eps_x); deviation: h - h* (SCSE)
-Update = Literal["gate", "overwrite", "deviation"]  # gate: eq. 4; overwrite: h <- core output; deviation: SCSE
-InitialState = Literal["prelude", "random", "anchor"]  # h_0 = h_pre, TruncNormal(0, initial_state_std), or SCSE's
-StepAdapter = Literal["none", "lora"]  # lora: one LoRA per (core block, step) on its linears (RRT)
-Objective = Literal["final", "exit_distribution"]  # CE at the last step, or Ouro's expected loss
-Router = Literal["none", "expert_choice", "token_choice"]  # MoR: which tokens each recursion step updates
-# MoR in eval mode: top_k (as trained; not causal) or threshold (causal; what generation uses).
-RouterInference = Literal["top_k", "threshold"]
-# MoR expert choice, a routed token's update with router weight g: delta, h + g (core(h) - h)
-# (the paper's H + g f(H)); block, h + g core(h) = (1 + g) h + g f(H) (the released code's
-# `x + g * Block(x)`, its Block holding the residual). docs/mor.md says which the
-# paper's rows use and why.
-RouterUpdate = Literal["delta", "block"]
+# The keys of the recurrence's parts (docs/methods.md, "The parts"): each allows the choices
+# that the rows of the table of methods make (grt_titan/model/methods/table.py), GRT's first,
+# so a method's row gives its key its new choice.
+DepthSampling = Literal[table.choices("depth_sampling")]  # uniform, fixed, poisson_lognormal
+Injection = Literal[table.choices("injection")]  # proj, none, deviation
+Update = Literal[table.choices("update")]  # gate, overwrite, deviation
+InitialState = Literal[table.choices("initial_state")]  # prelude, random, anchor
+StepAdapter = Literal[table.choices("step_adapter")]  # none, lora
+Objective = Literal[table.choices("objective")]  # final, exit_distribution
+Router = Literal[table.choices("router")]  # none, expert_choice, token_choice
 
 # The parts that make GRT itself (the other methods change some of them): its row's.
 GRT_PARTS: dict[str, Any] = {
     name: table.GRT.parts[name]
     for name in ("injection", "update", "initial_state", "step_adapter", "objective", "router")
 }
+# Each method's own settings, declared in its module: the args' bases, which `[grt]` lists
+# after the args' own settings (grt_titan/model/settings.py, `reading_order`).
+METHOD_SETTINGS = tuple(module.SETTINGS for module in MODULES)
 
 
 @dataclass
-class GRTModelArgs:
+class GRTModelArgs(*METHOD_SETTINGS):
     """Architecture of one GRT flavor: `n_prelude_layers + n_core_layers x R + n_coda_layers`.
 
     A dense model is the same args with `n_core_layers = 0` (no projection, no gate).
@@ -164,52 +160,16 @@ class GRTModelArgs:
         h_0 = e + b B e from the prelude output e.""",
         hf=True,
     )
-    initial_state_std: float = setting(0.02, "Std of the random initial state (default 0.02, cut at 3 std).", hf=True)
-    depth_mean: float | None = setting(
-        None,
-        """poisson_lognormal depth sampling: the mean training depth E[r]; default the uniform
-        sampler's (r_min + R) / 2, so both spend the same expected compute.""",
-    )
-    # SCSE (grt_titan/model/methods/scse.py): h* = e + a A e, h_0 = e + b B e, Delta <- Delta + m s G(Delta).
-    anchor_scale: float = setting(0.1, "SCSE: a, the anchor's scale in h* = e + a A e (default 0.1).", hf=True)
-    initial_deviation_scale: float = setting(
-        0.1,
-        "SCSE: b, the initial state's scale in h_0 = e + b B e (default 0.1).",
-        hf=True,
-    )
-    deviation_step_size: float = setting(
-        0.5,
-        "SCSE: s, the step's scale in Delta <- Delta + m s G(Delta) (default 0.5).",
-        hf=True,
-    )
-    deviation_mask_eps: float = setting(
-        1e-8,
-        """SCSE: epsilon of the zero-deviation mask m = 1{||Delta||_F^2 > epsilon}, per sequence
-        (default 1e-8).""",
-        hf=True,
-    )
     step_adapter: StepAdapter = setting(
         "none",
         """lora: one LoRA adapter per (core block, recurrence step) on every linear of the core
         (Relaxed Recursive Transformers); the depth is then fixed to R.""",
         hf=True,
     )
-    lora_rank: int = setting(64, "Rank of each per-step LoRA adapter (default 64).", hf=True)
-    lora_scale: float = setting(2.0, "Output scale alpha / rank of the LoRA adapters (default 2).", hf=True)
     objective: Objective = setting(
         "final",
         """final: cross-entropy at the last step; exit_distribution: Ouro's expected loss over a
         learned exit distribution minus exit_entropy_weight x its entropy.""",
-        hf=True,
-    )
-    exit_entropy_weight: float = setting(
-        0.05,
-        "Ouro: beta, the weight of the exit distribution's entropy (default 0.05).",
-    )
-    exit_threshold: float = setting(
-        1.0,
-        """Ouro inference: exit at the first step whose cumulative exit probability >= this
-        (default 1.0: run every step).""",
         hf=True,
     )
     step_supervision: bool = setting(
@@ -218,53 +178,10 @@ class GRTModelArgs:
         trains it toward the record's t-th step target (prompt/completion data with `steps`);
         steps past the last target keep the final answer. Default false.""",
     )
-    step_supervision_steps: int = setting(
-        0,
-        """With step_supervision: per-step supervision for the first N optimizer steps, then the
-        final answer alone for the rest of the run (the outcome-only annealing of arXiv 2608.11233);
-        0 (default): per-step supervision throughout (docs/tasks.md).""",
-    )
     router: Router = setting(
         "none",
         """expert_choice: Mixture-of-Recursions, a router per step picks the tokens it updates;
         token_choice: MoR's token choice, one router picks each token's number of steps.""",
-        hf=True,
-    )
-    router_capacity: list[float] | None = setting(
-        None,
-        """MoR: share of the tokens each step keeps, one float per step, non-increasing, in (0, 1]
-        (TOML `[1.0, 0.75, 0.5, 0.25]`, command line `--grt.router_capacity 1 0.75 0.5 0.25`);
-        default (R - i) / R.""",
-        hf=True,
-    )
-    router_scale: float = setting(
-        0.1,
-        "MoR: alpha; a selected token's update is scaled by sigmoid(router logit) x alpha (0.1).",
-        hf=True,
-    )
-    router_aux_weight: float = setting(0.001, "MoR: weight of the router's BCE auxiliary loss (0.001).")
-    router_balance_weight: float = setting(0.1, "MoR token choice: weight of the balancing loss R sum_j P_j f_j (0.1).")
-    router_z_loss_weight: float = setting(
-        0.0,
-        "MoR token choice: weight of the router z-loss, mean logsumexp(logits)^2 (0: off).",
-    )
-    router_inference: RouterInference = setting(
-        "top_k",
-        """MoR in eval mode (validation, `grt-titan analyze`): `top_k` (default) routes as in
-        training, top-k of the sequence per step, so validation loss matches the training rule
-        but is not causal; `threshold` sends a token on to step i while it was active at step
-        i-1 and sigmoid(router logit) > 0.5, causal (what generation uses; eager only: refused
-        with [compile] enable and validation on). Training always uses top_k
-        (docs/mor.md, "MoR inference").""",
-    )
-    # The default is the update of every run made before the option existed, so their records,
-    # checkpoints and exports load as trained; the MoR TOMLs of train_configs/paper/ set "block".
-    router_update: RouterUpdate = setting(
-        "delta",
-        """MoR expert choice: a routed token's update with router weight g. `delta` (default):
-        h + g (core(h) - h), the paper's H + g f(H); `block`: h + g core(h) = (1 + g) h + g f(h),
-        the released code's `x + g * Block(x)` (its Block holds the residual), which the MoR TOMLs
-        of train_configs/paper/ use (docs/mor.md, "Expert choice").""",
         hf=True,
     )
 
@@ -460,25 +377,6 @@ class GRTModelArgs:
                 raise bad(name, getattr(self, name), "must be >= 0")
         if self.backprop_recurrences is not None and self.backprop_recurrences < 1:
             raise bad("backprop_recurrences", self.backprop_recurrences, "must be >= 1 or unset")
-
-    @property
-    def token_choice_active_shares(self) -> tuple[float, ...]:
-        """MoR token choice: share of the tokens step i updates under balanced routing (each
-        depth 1..R chosen by S / R tokens), (R - i) / R: the FLOP convention."""
-        R = self.num_recurrences
-        return tuple((R - i) / R for i in range(R))
-
-    @property
-    def router_capacities(self) -> tuple[float, ...]:
-        """MoR: share of the sequence step i keeps; `router_capacity`, else (R - i) / R."""
-        R = self.num_recurrences
-        if self.router_capacity is None:
-            return tuple((R - i) / R for i in range(R))
-        return tuple(float(c) for c in self.router_capacity)
-
-    def router_tokens_kept(self, seq_len: int) -> list[int]:
-        """MoR: k_i = max(1, int(capacity_i * S)) per step, as the released code computes it."""
-        return [max(1, int(c * seq_len)) for c in self.router_capacities]
 
     def update_from_config(self, job_config, **kwargs) -> None:
         """Apply `[grt]` overrides and `training.seq_len`, then validate. What a host knows of

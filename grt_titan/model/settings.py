@@ -38,10 +38,22 @@ def setting(default: Any, help: str, **declared: Any) -> Any:
     return dataclasses.field(default=default, metadata={SETTING: Setting(inspect.cleandoc(help), **declared)})
 
 
+def reading_order(cls: type) -> list[dataclasses.Field]:
+    """The fields of the dataclass `cls`, its own first, then each base's in the order `cls`
+    lists its bases (GRTModelArgs: the paper's settings, then each method's,
+    grt_titan/model/methods/), where `dataclasses.fields` puts the bases' first."""
+    bases = [base for base in cls.__bases__ if dataclasses.is_dataclass(base)]
+    inherited = {f.name for base in bases for f in dataclasses.fields(base)}
+    ordered = [f for f in dataclasses.fields(cls) if f.name not in inherited]
+    for base in bases:
+        ordered += [f for f in reading_order(base) if f not in ordered]
+    return ordered
+
+
 def declared_settings(cls: type) -> list[tuple[dataclasses.Field, Setting]]:
     """The settings of the dataclass `cls` with their declarations, in `[grt]`'s order: the
-    fields' order, each `listed_after` one moved behind the setting it names."""
-    found = [(f, f.metadata[SETTING]) for f in dataclasses.fields(cls) if SETTING in f.metadata]
+    fields' reading order, each `listed_after` one moved behind the setting it names."""
+    found = [(f, f.metadata[SETTING]) for f in reading_order(cls) if SETTING in f.metadata]
     ordered = [entry for entry in found if entry[1].listed_after is None]
     for entry in found:
         if entry[1].listed_after is not None:
@@ -52,9 +64,9 @@ def declared_settings(cls: type) -> list[tuple[dataclasses.Field, Setting]]:
 
 def hf_config_keys(cls: type) -> dict[str, tuple[str, bool]]:
     """{field: (its config.json key, written for a dense model too)} of the settings of `cls`
-    that an export writes, in the fields' order."""
+    that an export writes, in the fields' reading order."""
     return {
         f.name: (f.name if s.hf is True else s.hf, s.hf_dense)
-        for f in dataclasses.fields(cls)
+        for f in reading_order(cls)
         if (s := f.metadata.get(SETTING)) is not None and s.hf
     }

@@ -1,6 +1,6 @@
-"""Adding a method the documented way (docs/methods.md): a module with its part's math, rules
-and FLOPs term (the page's own code, run here), an entry in the table of parts, a row in the
-table of methods and its `[grt]` choice. The toy method, GRT with a gate that reads the state
+"""Adding a method the documented way (docs/methods.md): a module with its part's math, rules,
+FLOPs term and settings (the page's own code, run here), its parts in the table of parts, a row
+in the table of methods, which gives its key the `[grt]` choice. The toy method, GRT with a gate that reads the state
 only, trains a step; and the `[grt]` section declares exactly the args' configurable fields."""
 
 import dataclasses
@@ -40,13 +40,26 @@ TOY = methods.Method("GRT (state gate)", {"update": "state_gate", "gate_noise_st
 
 @pytest.fixture
 def toy(monkeypatch) -> GRTModelArgs:
-    """The three lines a real method adds to the package, made for this test only: its choice
-    in the key's Literal (grt_titan/model/args.py), its part in the table of parts
-    (grt_titan/model/part_table.py), its row in the table of methods (grt_titan/model/methods/table.py)."""
-    monkeypatch.setattr(args_module, "Update", Literal["gate", "overwrite", "state_gate"])
-    monkeypatch.setattr(GRTModelArgs, "parts", (*GRTModelArgs.parts, StateGateUpdate()))
+    """What listing the module in `MODULES` and its row in the table of methods do at import,
+    done for this test only: its `PARTS` join the table of parts (grt_titan/model/part_table.py),
+    its row joins the table of methods, and the key's choices are derived again from the rows
+    (grt_titan/model/args.py). Its `SETTINGS` declare nothing (test_settings.py adds a setting)."""
+    assert MODULE["SETTINGS"] is MODULE["StateGateSettings"] and not dataclasses.fields(MODULE["SETTINGS"])
+    monkeypatch.setattr(GRTModelArgs, "parts", (*GRTModelArgs.parts, *MODULE["PARTS"]))
     monkeypatch.setattr(methods, "TABLE_1", (*methods.TABLE_1, TOY))
+    monkeypatch.setattr(methods, "METHODS", (*methods.METHODS, TOY))
+    monkeypatch.setattr(args_module, "Update", Literal[methods.choices("update")])
     return grt_flavors["debug"].replace(**TOY.parts)
+
+
+def test_a_rows_choice_is_its_keys(monkeypatch):
+    """Each part key allows what the rows give it, GRT's first; a new row adds its choice."""
+    assert typing.get_args(args_module.Update) == methods.choices("update") == ("gate", "overwrite", "deviation")
+    assert methods.choices("router")[0] == "none" and "token_choice" in methods.choices("router")
+    with pytest.raises(ValueError, match=r"update = 'state_gate'.*allowed"):
+        grt_flavors["debug"].replace(update="state_gate").validate()
+    monkeypatch.setattr(methods, "METHODS", (*methods.METHODS, TOY))
+    assert methods.choices("update") == ("gate", "overwrite", "deviation", "state_gate")
 
 
 def test_a_toy_method_added_as_documented_trains_a_step(toy):
@@ -112,7 +125,13 @@ def test_the_scse_diff_of_the_recipe_is_in_the_tree():
             current = files.setdefault(line[len("+++ b/") :], [])
         elif line.startswith("+"):
             current.append(line[1:])
-    assert len(files) >= 4 and all(files.values()), files
+    # Outside its module, a method touches the list of modules, the table of methods and its TOMLs.
+    assert set(files) == {
+        "grt_titan/model/methods/__init__.py",
+        "grt_titan/model/methods/table.py",
+        "train_configs/paper/small_scse.toml",
+    }, files
+    assert all(files.values()), files
     for path, lines in files.items():
         source = (REPO / path).read_text().splitlines()
         missing = [line for line in lines if not any(line in have for have in source)]

@@ -7,7 +7,7 @@ import re
 import typing
 
 from grt_titan.hf import config_map
-from grt_titan.model.args import CONFIGURABLE_FIELDS, GRT_PARTS, GRTModelArgs
+from grt_titan.model.args import CONFIGURABLE_FIELDS, GRT_PARTS, METHOD_SETTINGS, GRTModelArgs
 from grt_titan.model.settings import declared_settings, hf_config_keys, setting
 from grt_titan.sections import GRTSection, settings_section
 
@@ -30,12 +30,33 @@ class WithToySetting(GRTModelArgs):
 
 def test_a_declared_setting_reaches_the_section_the_override_list_and_the_hf_map():
     names = [f.name for f, _ in declared_settings(WithToySetting)]
-    assert names == [*CONFIGURABLE_FIELDS, "toy_scale"]
+    assert names == ["toy_scale", *CONFIGURABLE_FIELDS]  # a class's own settings, then its bases'
     section = settings_section(WithToySetting)
     hints = typing.get_type_hints(section, include_extras=True)
     assert typing.get_args(hints["toy_scale"])[0] == float | None and section().toy_scale is None
     assert hints["toy_scale"].__metadata__[0].documentation == "Toy: the scale of a new part\n(default 0.5)."
     assert hf_config_keys(WithToySetting)["toy_scale"] == ("toy_scale_json", False)
+
+
+def test_the_args_list_their_own_settings_then_each_methods():
+    """`[grt]` (--help, run records) reads as the paper does: its settings, then each method's
+    from its module, in the order `GRTModelArgs` lists those bases."""
+    own = [f.name for f in dataclasses.fields(GRTModelArgs) if f.name in GRTModelArgs.__dict__["__annotations__"]]
+    methods = [f.name for base in METHOD_SETTINGS for f in dataclasses.fields(base)]
+    assert GRTModelArgs.__bases__ == METHOD_SETTINGS
+    assert set(methods) <= set(CONFIGURABLE_FIELDS) and set(methods).isdisjoint(own)
+    own_settings = [name for name in own if name in CONFIGURABLE_FIELDS]
+    assert list(CONFIGURABLE_FIELDS[len(own_settings) :]) == methods  # the own ones: listed_after may reorder
+    assert CONFIGURABLE_FIELDS[:2] == ("block_style", "num_recurrences")
+    assert {base.__module__.rsplit(".", 1)[1] for base in METHOD_SETTINGS} == {
+        "mor",
+        "mor_token_choice",
+        "ouro",
+        "rrt",
+        "poisson",
+        "scse",
+        "step_supervision",
+    }
 
 
 def test_listed_after_moves_a_setting_in_the_sections_order_only():

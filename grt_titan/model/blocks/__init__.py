@@ -16,17 +16,20 @@ lists apply unchanged and every checkpoint and export loads.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..args import GRTModelArgs
 from ..methods.rrt import BlockAdapter, lora_delta
 from .init import trunc_normal_
 from .llama import LlamaBlock, LlamaBlockArgs, LlamaFeedForward, RoPEScalingArgs, precompute_freqs_cis
 from .qwen3 import Qwen3Block, Qwen3BlockArgs, precompute_rope_cache
 from .sdpa import ScaledDotProductAttentionWrapper
+
+if TYPE_CHECKING:  # the args import the method modules, which import these blocks
+    from ..args import GRTModelArgs
 
 
 class GPT2Attention(nn.Module):

@@ -1,6 +1,6 @@
 """The comparison methods, one module each, beside the GRT they are compared with
 (docs/methods.md): each module holds its parts (`Part` subclasses: its modules, rules, start-up
-checks and FLOPs terms) and the math they run.
+checks and FLOPs terms), the math they run and its own `[grt]` settings.
 
     table.py             the paper's methods as named sets of parts: table 1 and figure 5's ladder
     mor.py               Mixture-of-Recursions, expert choice (a router per step)
@@ -11,6 +11,13 @@ checks and FLOPs terms) and the math they run.
     scse.py              Source-Centered State Evolution (injection, update, anchor)
     step_supervision.py  per-step targets (every step read out toward its own target)
 
-A method is one module here, one row in table.py and its TOML (docs/methods.md, "Adding a
-method"); grt_titan/model/part_table.py lists every part in the order its rules are checked.
+A method is one module here, listed in `MODULES`, a row in table.py and its TOML
+(docs/methods.md, "The recipe").
 """
+
+from . import mor, mor_token_choice, ouro, poisson, rrt, scse, step_supervision
+
+# Each module's `PARTS` joins the table of parts (grt_titan/model/part_table.py) and its
+# `SETTINGS` the args' bases (grt_titan/model/args.py), both in this order: the order their
+# rules are checked and `[grt]` lists their settings.
+MODULES = (poisson, scse, rrt, ouro, step_supervision, mor, mor_token_choice)

@@ -28,16 +28,80 @@ one graph for all steps.
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..args import GRTModelArgs
 from ..blocks import BlockStack
 from ..flops import routed_core_flops
 from ..part import Bad, JobSettings, Part, tensor_parallel_problems
+from ..settings import setting
+
+if TYPE_CHECKING:  # the args have this module's settings among their bases
+    from ..args import GRTModelArgs
+
+# MoR in eval mode: top_k (as trained; not causal) or threshold (causal; what generation uses).
+RouterInference = Literal["top_k", "threshold"]
+# MoR expert choice, a routed token's update with router weight g: delta, h + g (core(h) - h)
+# (the paper's H + g f(H)); block, h + g core(h) = (1 + g) h + g f(H) (the released code's
+# `x + g * Block(x)`, its Block holding the residual). docs/mor.md says which the
+# paper's rows use and why.
+RouterUpdate = Literal["delta", "block"]
+
+
+@dataclass
+class MoRSettings:
+    """Mixture-of-Recursions' `[grt]` settings, both routers' and expert choice's own. A base
+    class of `GRTModelArgs` (grt_titan/model/args.py), whose `num_recurrences` the
+    capacities read."""
+
+    router_capacity: list[float] | None = setting(
+        None,
+        """MoR: share of the tokens each step keeps, one float per step, non-increasing, in (0, 1]
+        (TOML `[1.0, 0.75, 0.5, 0.25]`, command line `--grt.router_capacity 1 0.75 0.5 0.25`);
+        default (R - i) / R.""",
+        hf=True,
+    )
+    router_scale: float = setting(
+        0.1,
+        "MoR: alpha; a selected token's update is scaled by sigmoid(router logit) x alpha (0.1).",
+        hf=True,
+    )
+    router_aux_weight: float = setting(0.001, "MoR: weight of the router's BCE auxiliary loss (0.001).")
+    router_inference: RouterInference = setting(
+        "top_k",
+        """MoR in eval mode (validation, `grt-titan analyze`): `top_k` (default) routes as in
+        training, top-k of the sequence per step, so validation loss matches the training rule
+        but is not causal; `threshold` sends a token on to step i while it was active at step
+        i-1 and sigmoid(router logit) > 0.5, causal (what generation uses; eager only: refused
+        with [compile] enable and validation on). Training always uses top_k
+        (docs/mor.md, "MoR inference").""",
+    )
+    # The default is the update of every run made before the option existed, so their records,
+    # checkpoints and exports load as trained; the MoR TOMLs of train_configs/paper/ set "block".
+    router_update: RouterUpdate = setting(
+        "delta",
+        """MoR expert choice: a routed token's update with router weight g. `delta` (default):
+        h + g (core(h) - h), the paper's H + g f(H); `block`: h + g core(h) = (1 + g) h + g f(h),
+        the released code's `x + g * Block(x)` (its Block holds the residual), which the MoR TOMLs
+        of train_configs/paper/ use (docs/mor.md, "Expert choice").""",
+        hf=True,
+    )
+
+    @property
+    def router_capacities(self) -> tuple[float, ...]:
+        """MoR: share of the sequence step i keeps; `router_capacity`, else (R - i) / R."""
+        R = self.num_recurrences
+        if self.router_capacity is None:
+            return tuple((R - i) / R for i in range(R))
+        return tuple(float(c) for c in self.router_capacity)
+
+    def router_tokens_kept(self, seq_len: int) -> list[int]:
+        """MoR: k_i = max(1, int(capacity_i * S)) per step, as the released code computes it."""
+        return [max(1, int(c * seq_len)) for c in self.router_capacities]
 
 
 class RoutedStep(nn.Module):
@@ -306,3 +370,11 @@ class ExpertChoice(RoutedOrder):
         kept = args.router_tokens_kept(seq_len)[:depth]
         routers = [(m / seq_len) * 2 * args.dim for m in [seq_len] + kept[:-1]]
         return routed_core_flops(args, seq_len, kept, routers)
+
+
+# What the package reads of this method (grt_titan/model/methods/__init__.py, `MODULES`): its
+# parts, in the order their rules are checked, and its settings, a base class of the args.
+PARTS = (
+    ExpertChoice(),  # router = "expert_choice"
+)
+SETTINGS = MoRSettings

@@ -26,16 +26,39 @@ the token dimension is marked dynamic, so torch.compile builds one graph for eve
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..args import GRTModelArgs
 from ..flops import routed_core_flops
 from ..part import Bad, JobSettings, tensor_parallel_problems
+from ..settings import setting
 from .mor import RoutedOrder, check_routed
+
+if TYPE_CHECKING:  # the args have this module's settings among their bases
+    from ..args import GRTModelArgs
+
+
+@dataclass
+class TokenChoiceSettings:
+    """MoR token choice's own `[grt]` settings. A base class of `GRTModelArgs`
+    (grt_titan/model/args.py), whose `num_recurrences` the shares read."""
+
+    router_balance_weight: float = setting(0.1, "MoR token choice: weight of the balancing loss R sum_j P_j f_j (0.1).")
+    router_z_loss_weight: float = setting(
+        0.0,
+        "MoR token choice: weight of the router z-loss, mean logsumexp(logits)^2 (0: off).",
+    )
+
+    @property
+    def token_choice_active_shares(self) -> tuple[float, ...]:
+        """MoR token choice: share of the tokens step i updates under balanced routing (each
+        depth 1..R chosen by S / R tokens), (R - i) / R: the FLOP convention."""
+        R = self.num_recurrences
+        return tuple((R - i) / R for i in range(R))
 
 
 class TokenChoiceRouter(nn.Module):
@@ -194,3 +217,11 @@ class TokenChoice(RoutedOrder):
     def extra_flops(self, args: GRTModelArgs, seq_len: int, depth: float, training: bool) -> float:
         """The router Linear(d, R) once on every token, before the steps (none at r = 0)."""
         return 2 * args.dim * args.num_recurrences if round(depth) > 0 else 0
+
+
+# What the package reads of this method (grt_titan/model/methods/__init__.py, `MODULES`): its
+# parts, in the order their rules are checked, and its settings, a base class of the args.
+PARTS = (
+    TokenChoice(),  # router = "token_choice"
+)
+SETTINGS = TokenChoiceSettings

@@ -20,14 +20,36 @@ instead of 0 * log 0. The loss itself is summed by grt_titan/components/loss.py 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..args import GRTModelArgs
 from ..blocks.init import trunc_normal_
 from ..flops import block_flops
 from ..part import Bad, JobSettings, Part, TrainingOutput, tensor_parallel_problems
+from ..settings import setting
+
+if TYPE_CHECKING:  # the args have this module's settings among their bases
+    from ..args import GRTModelArgs
+
+
+@dataclass
+class OuroSettings:
+    """Ouro's `[grt]` settings: a base class of `GRTModelArgs` (grt_titan/model/args.py)."""
+
+    exit_entropy_weight: float = setting(
+        0.05,
+        "Ouro: beta, the weight of the exit distribution's entropy (default 0.05).",
+    )
+    exit_threshold: float = setting(
+        1.0,
+        """Ouro inference: exit at the first step whose cumulative exit probability >= this
+        (default 1.0: run every step).""",
+        hf=True,
+    )
 
 
 class ExitGate(nn.Linear):
@@ -182,3 +204,11 @@ class ExitDistribution(Part):
         if training:
             extra += (r - 1) * 2 * args.dim * args.padded_vocab_size
         return extra
+
+
+# What the package reads of this method (grt_titan/model/methods/__init__.py, `MODULES`): its
+# parts, in the order their rules are checked, and its settings, a base class of the args.
+PARTS = (
+    ExitDistribution(),  # objective = "exit_distribution"
+)
+SETTINGS = OuroSettings

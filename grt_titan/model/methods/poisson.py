@@ -9,6 +9,7 @@ own (grt_titan/model/recurrence.py).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -17,6 +18,20 @@ from torch import nn
 
 from ..depth_law import DepthLaw
 from ..part import Bad, JobSettings, Part, tensor_parallel_problems
+from ..settings import setting
+
+
+@dataclass
+class PoissonSettings:
+    """The heavy-tail Poisson row's `[grt]` settings: a base class of `GRTModelArgs`
+    (grt_titan/model/args.py)."""
+
+    initial_state_std: float = setting(0.02, "Std of the random initial state (default 0.02, cut at 3 std).", hf=True)
+    depth_mean: float | None = setting(
+        None,
+        """poisson_lognormal depth sampling: the mean training depth E[r]; default the uniform
+        sampler's (r_min + R) / 2, so both spend the same expected compute.""",
+    )
 
 
 def eval_initial_state(seed: int, max_seq_len: int, dim: int, std: float) -> torch.Tensor:
@@ -161,3 +176,12 @@ def heavy_tail_depth_probabilities(mean: float, below: int, sigma: float = 0.5) 
     rate = np.exp(log_rate)
     weights = weights / math.sqrt(math.pi)
     return [float(np.sum(weights * np.exp(-rate + (j - 1) * log_rate - math.lgamma(j)))) for j in range(1, below)]
+
+
+# What the package reads of this method (grt_titan/model/methods/__init__.py, `MODULES`): its
+# parts, in the order their rules are checked, and its settings, a base class of the args.
+PARTS = (
+    RandomInitialState(),  # initial_state = "random"
+    HeavyTailPoisson(),  # depth_sampling = "poisson_lognormal"
+)
+SETTINGS = PoissonSettings

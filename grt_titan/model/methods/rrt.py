@@ -16,13 +16,26 @@ adapter starts as a no-op; A is Kaiming-uniform.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
 
-from ..args import GRTModelArgs
 from ..part import Bad, JobSettings, Part, tensor_parallel_problems
+from ..settings import setting
+
+if TYPE_CHECKING:  # the args have this module's settings among their bases
+    from ..args import GRTModelArgs
+
+
+@dataclass
+class RRTSettings:
+    """RRT's `[grt]` settings, its adapters' size: a base class of `GRTModelArgs`
+    (grt_titan/model/args.py)."""
+
+    lora_rank: int = setting(64, "Rank of each per-step LoRA adapter (default 64).", hf=True)
+    lora_scale: float = setting(2.0, "Output scale alpha / rank of the LoRA adapters (default 2).", hf=True)
 
 
 class BlockAdapter(NamedTuple):
@@ -123,3 +136,11 @@ class LoraAdapters(Part):
         two thin matmuls per linear)."""
         per_block = sum(fan_in + fan_out for fan_in, fan_out in _linear_shapes(args.dim).values())
         return args.n_core_layers * per_block * args.lora_rank
+
+
+# What the package reads of this method (grt_titan/model/methods/__init__.py, `MODULES`): its
+# parts, in the order their rules are checked, and its settings, a base class of the args.
+PARTS = (
+    LoraAdapters(),  # step_adapter = "lora"
+)
+SETTINGS = RRTSettings

@@ -26,17 +26,48 @@ zero at some positions and not at others.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from ..args import GRTModelArgs
 from ..blocks.init import trunc_normal_
 from ..part import Bad, Part
-from . import table
+from ..settings import setting
+
+if TYPE_CHECKING:  # the args have this module's settings among their bases
+    from ..args import GRTModelArgs
+
+
+@dataclass
+class SCSESettings:
+    """SCSE's `[grt]` settings: a base class of `GRTModelArgs` (grt_titan/model/args.py)."""
+
+    # h* = e + a A e, h_0 = e + b B e, Delta <- Delta + m s G(Delta).
+    anchor_scale: float = setting(0.1, "SCSE: a, the anchor's scale in h* = e + a A e (default 0.1).", hf=True)
+    initial_deviation_scale: float = setting(
+        0.1,
+        "SCSE: b, the initial state's scale in h_0 = e + b B e (default 0.1).",
+        hf=True,
+    )
+    deviation_step_size: float = setting(
+        0.5,
+        "SCSE: s, the step's scale in Delta <- Delta + m s G(Delta) (default 0.5).",
+        hf=True,
+    )
+    deviation_mask_eps: float = setting(
+        1e-8,
+        """SCSE: epsilon of the zero-deviation mask m = 1{||Delta||_F^2 > epsilon}, per sequence
+        (default 1e-8).""",
+        hf=True,
+    )
+
 
 SCSE_CHOICES = {"injection": "deviation", "update": "deviation", "initial_state": "anchor"}
-# SCSE's own settings (its row's in grt_titan/model/methods/table.py), set only with its parts.
-SCSE_FIELDS = tuple(table.SCSE.settings)
+# SCSE's own settings, set only with its parts.
+SCSE_FIELDS = tuple(f.name for f in dataclasses.fields(SCSESettings))
 
 
 class SourceAnchor(nn.Module):
@@ -93,7 +124,7 @@ def _check_together(args: GRTModelArgs, bad: Bad) -> None:
         together = ", ".join(f"{k} = {v!r}" for k, v in SCSE_CHOICES.items())
         raise bad(key, getattr(args, key), f"SCSE's parts go together: {together}")
     if not any(chosen.values()):
-        defaults = GRTModelArgs()
+        defaults = SCSESettings()
         for name in SCSE_FIELDS:
             if getattr(args, name) != getattr(defaults, name):
                 raise bad(
@@ -173,3 +204,13 @@ class AnchorInitialState(Part):
     def extra_flops(self, args: GRTModelArgs, seq_len: int, depth: float, training: bool) -> float:
         """A and B once per forward: 2 d^2 FLOPs each per token."""
         return 4.0 * args.dim * args.dim
+
+
+# What the package reads of this method (grt_titan/model/methods/__init__.py, `MODULES`): its
+# parts, in the order their rules are checked, and its settings, a base class of the args.
+PARTS = (
+    DeviationInjection(),  # injection = "deviation"
+    DeviationUpdate(),  # update = "deviation"
+    AnchorInitialState(),  # initial_state = "anchor"
+)
+SETTINGS = SCSESettings

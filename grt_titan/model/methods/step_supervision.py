@@ -16,12 +16,31 @@ one target by a learned exit distribution instead. Evaluation is the plain final
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from ..args import GRTModelArgs
 from ..flops import readout_flops_per_token
 from ..part import Bad, Part, TrainingOutput
+from ..settings import setting
+
+if TYPE_CHECKING:  # the args have this module's settings among their bases
+    from ..args import GRTModelArgs
+
+
+@dataclass
+class StepSupervisionSettings:
+    """Per-step supervision's `[grt]` settings besides its key: a base class of `GRTModelArgs`
+    (grt_titan/model/args.py)."""
+
+    step_supervision_steps: int = setting(
+        0,
+        """With step_supervision: per-step supervision for the first N optimizer steps, then the
+        final answer alone for the rest of the run (the outcome-only annealing of arXiv 2608.11233);
+        0 (default): per-step supervision throughout (docs/tasks.md).""",
+    )
 
 
 def step_supervised_readout(model: nn.Module, states: list[torch.Tensor], step_labels: torch.Tensor | None):
@@ -76,3 +95,11 @@ class StepSupervision(Part):
     def extra_flops(self, args: GRTModelArgs, seq_len: int, depth: float, training: bool) -> float:
         """Training reads steps 1..r-1 out as well: (r - 1) x (coda + LM head). Eval: none."""
         return max(depth - 1, 0) * readout_flops_per_token(args, seq_len) if training else 0.0
+
+
+# What the package reads of this method (grt_titan/model/methods/__init__.py, `MODULES`): its
+# parts, in the order their rules are checked, and its settings, a base class of the args.
+PARTS = (
+    StepSupervision(),  # step_supervision = true
+)
+SETTINGS = StepSupervisionSettings

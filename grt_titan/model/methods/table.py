@@ -166,6 +166,12 @@ LADDER: tuple[Method, ...] = (
 METHODS: tuple[Method, ...] = TABLE_1 + LADDER[1:-1]
 
 
+def choices(key: str) -> tuple[Any, ...]:
+    """The values the rows give `[grt]` key `key`, GRT's first, then in the rows' order: the
+    choices the key allows (grt_titan/model/args.py), so a new method's row adds its own."""
+    return tuple(dict.fromkeys(row.parts[key] for row in (GRT, *METHODS) if key in row.parts))
+
+
 def ladder_components(args: Any) -> list[str]:
     """The labels of the figure 5 components that `args` has, in the ladder's order."""
     return [label for label, bare in LADDER_COMPONENTS if any(getattr(args, k) != v for k, v in bare.items())]
