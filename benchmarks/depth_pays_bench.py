@@ -72,7 +72,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from depth_task_bench import equal_flop_steps, paper_grt  # noqa: E402
 
-from grt_titan.analysis.task_eval import halting_summary, halting_table  # noqa: E402
+from grt_titan.analysis.task_eval import HALTING_TOLERANCE, halting_loss_line, halting_summary, halting_table  # noqa: E402
 from grt_titan.components.loss import grt_loss  # noqa: E402
 from grt_titan.model.args import GRTModelArgs  # noqa: E402
 from grt_titan.model.halting.probe import fit_halting_probe  # noqa: E402
@@ -288,7 +288,7 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
             continue
         right = (logits[:, queries].argmax(-1).flatten() == answers).tolist()
         scored = list(zip(right, steps[:, queries].flatten().float().tolist()))
-        row = halting_summary(depths, scored, correct, rule, threshold)
+        row = halting_summary(depths, scored, correct, rule, threshold, tolerance=opts.halting_tolerance)
         row["every_token_mean_steps"] = steps.float().mean().item()  # the table's tokens too
         row["time_vs_fixed_R"] = elapsed / fixed_seconds
         if rule == LEARNED_RULE:
@@ -491,6 +491,8 @@ def halting_lines(halting: list[dict]) -> list[str]:
         fixed = ", ".join(f"r = {r}: {a:.3f}" for r, a in scored[0]["fixed_accuracy"].items())
         lines += ["Halting on a uniform mix of depths 1..R (at most R steps; steps of the query positions):", ""]
         lines += [halting_table(scored), "", f"Fixed depth on the same queries: {fixed}.", ""]
+        losses = [line for line in map(halting_loss_line, scored) if line]
+        lines += [*losses, ""] if losses else []
         every = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['every_token_mean_steps']:.2f}" for h in scored)
         lines += [f"Mean steps of every token (the table's too): {every}.", ""]
         fit = next((h["probe"] for h in scored if "probe" in h), None)  # the learned rule's, one per row
@@ -616,6 +618,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=300,
         help="steps fitting the learned halting rule's probe to each trained recurrent row (0: the rule is not scored)",
+    )
+    parser.add_argument(
+        "--halting-tolerance",
+        type=float,
+        default=HALTING_TOLERANCE,
+        help="accuracy a halting rule may lose against the most accurate fixed r and still count its steps as "
+        f"saved (default {HALTING_TOLERANCE:g}, eval-task's); beyond it a line says the rule lost answers",
     )
     parser.add_argument("--parallel", type=int, default=1, help="rows trained at once, one process and thread each")
     parser.add_argument("--seed", type=int, default=0)

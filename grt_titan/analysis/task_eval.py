@@ -206,11 +206,20 @@ def score_halting(model, encoded, rule: str, threshold: float, batch_size: int, 
     return scored
 
 
-def halting_summary(depths: list[int], scored, correct: list[dict], rule: str, threshold: float) -> dict:
+# How far below the most accurate fixed depth a halting rule may read and still count its steps
+# as a saving (`--halting-tolerance`): beyond it the rule lost answers, and says so.
+HALTING_TOLERANCE = 0.01
+
+
+def halting_summary(
+    depths: list[int], scored, correct: list[dict], rule: str, threshold: float, tolerance: float = HALTING_TOLERANCE
+) -> dict:
     """A halting rule's accuracy and mean steps, overall and by problem depth (`depths`, one per
     scored problem), and the steps it saves against the smallest fixed r >= 1 whose accuracy
     (`correct`: per problem, r -> right) is at least as high, and against the most accurate
-    fixed r (which a rule that beats every fixed depth is still measured against)."""
+    fixed r (which a rule that beats every fixed depth is still measured against). A rule more
+    than `tolerance` below that most accurate r saves nothing against it: it lost answers
+    (`lost_accuracy`, and `halting_loss_line` says so)."""
     by_depth = defaultdict(list)
     for depth, result in zip(depths, scored):
         by_depth[str(depth)].append(result)
@@ -219,6 +228,7 @@ def halting_summary(depths: list[int], scored, correct: list[dict], rule: str, t
     fixed = {r: sum(c[r] for c in correct) / len(correct) for r in correct[0] if r}
     equal = min((r for r, a in fixed.items() if a >= accuracy), default=None)
     best = min(fixed, key=lambda r: (-fixed[r], r))  # the smallest r of the highest accuracy
+    lost = fixed[best] - accuracy
     return {
         "rule": rule,
         "threshold": threshold,
@@ -232,8 +242,23 @@ def halting_summary(depths: list[int], scored, correct: list[dict], rule: str, t
         "fixed_r_as_accurate": equal,
         "steps_saved": None if equal is None else 1 - steps / equal,
         "most_accurate_fixed_r": best,
-        "steps_saved_vs_most_accurate": 1 - steps / best,
+        "steps_saved_vs_most_accurate": None if lost > tolerance else 1 - steps / best,
+        "lost_accuracy": lost if lost > tolerance else None,
+        "tolerance": tolerance,
     }
+
+
+def halting_loss_line(row: dict) -> str | None:
+    """The one line that says a rule lost answers (None if it did not): its accuracy against
+    the most accurate fixed depth's, beyond the tolerance, so its steps are no saving."""
+    if row.get("lost_accuracy") is None:
+        return None
+    best = row["most_accurate_fixed_r"]
+    return (
+        f"halting {row['rule']} {row['threshold']:g} lost answers: {row['accuracy']:.3f} against "
+        f"{row['fixed_accuracy'][str(best)]:.3f} at fixed r = {best}, {row['lost_accuracy']:.3f} below "
+        f"(tolerance {row['tolerance']:g}, --halting-tolerance); its {row['mean_steps']:.2f} steps are no saving"
+    )
 
 
 def halting_table(rows: list[dict]) -> str:
@@ -247,7 +272,11 @@ def halting_table(rows: list[dict]) -> str:
         saved = "-" if row["steps_saved"] is None else f"{row['steps_saved']:.0%}"
         equal = "none" if row["fixed_r_as_accurate"] is None else str(row["fixed_r_as_accurate"])
         best = row["most_accurate_fixed_r"]
-        versus = f"{best} ({row['fixed_accuracy'][str(best)]:.3f}): {row['steps_saved_vs_most_accurate']:.0%}"
+        versus = f"{best} ({row['fixed_accuracy'][str(best)]:.3f}): " + (
+            f"{row['steps_saved_vs_most_accurate']:.0%}"
+            if row.get("lost_accuracy") is None
+            else f"lost {row['lost_accuracy']:.3f}, no saving"
+        )
         lines.append(
             f"| {row['rule']} {row['threshold']:g} | {row['accuracy']:.3f} | {row['mean_steps']:.2f} | {depths} "
             f"| {equal} | {saved} | {versus} |"
@@ -420,6 +449,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--probe-steps", type=int, default=300, help="batches fitting the probe")
     p.add_argument(
+        "--halting-tolerance",
+        type=float,
+        default=HALTING_TOLERANCE,
+        help="accuracy a --halting rule may lose against the most accurate fixed r and still count its steps "
+        f"as saved (default {HALTING_TOLERANCE:g}); beyond it a line says the rule lost answers",
+    )
+    p.add_argument(
         "--wall-clock",
         type=int,
         default=0,
@@ -459,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if opts.probe_steps < 1:
             raise ValueError(f"--probe-steps {opts.probe_steps}; allowed: >= 1")
+        if not 0 <= opts.halting_tolerance <= 1:
+            raise ValueError(f"--halting-tolerance {opts.halting_tolerance}; allowed: an accuracy in [0, 1]")
         records = task_records(Path(opts.data))[: opts.limit]
         loaded = load_model(opts.model, opts.config, device=device, overrides=opts.overrides)
         args = loaded.args
@@ -488,11 +526,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"grt-titan eval-task: error: {e}", file=sys.stderr)
             return 2
         problem_depths = [record.meta["depth"] for record in records]
-        result["halting"] = [halting_summary(problem_depths, h, correct, *rule) for h, rule in zip(halted, rules)]
+        result["halting"] = [
+            halting_summary(problem_depths, h, correct, *rule, tolerance=opts.halting_tolerance)
+            for h, rule in zip(halted, rules)
+        ]
         for row in result["halting"]:
             if row["rule"] == LEARNED_RULE:
                 row["probe"] = fit
         print("\n" + halting_table(result["halting"]))
+        for line in filter(None, map(halting_loss_line, result["halting"])):
+            print(line)
     if opts.wall_clock:
         timed = encoded[: opts.wall_clock]
         fixed = [r for r in depths if r is None or 1 <= r <= args.num_recurrences]

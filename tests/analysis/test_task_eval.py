@@ -112,11 +112,37 @@ def test_halting_scores_and_steps_are_a_halting_decode_loops(words):
     by_r = {r: sum(c[r] for c in correct) / len(correct) for r in range(1, 5)}
     best = [r for r in range(1, 5) if by_r[r] == max(by_r.values())][0]
     assert row["most_accurate_fixed_r"] == best and row["fixed_accuracy"] == {str(r): a for r, a in by_r.items()}
-    assert row["steps_saved_vs_most_accurate"] == 1 - row["mean_steps"] / best
+    lost = by_r[best] - accuracy
+    assert row["lost_accuracy"] == (lost if lost > 0.01 else None)
+    assert row["steps_saved_vs_most_accurate"] == (None if lost > 0.01 else 1 - row["mean_steps"] / best)
     assert set(row["by_depth"]) == {"1", "2", "3"}
     assert "| state 0.05 |" in task_eval.halting_table([row])
     with pytest.raises(ValueError, match=r"--halting 'often:1'; allowed: RULE:THRESHOLD with RULE one of state"):
         task_eval.parse_halting("often:1")
+
+
+def test_a_rule_that_loses_answers_says_so_and_saves_nothing():
+    """Against the most accurate fixed depth, a rule more than the tolerance below it reports no
+    saving and one line naming its loss (the learned rule on the gate -4 models read 0.26 where
+    fixed r = 6 read 1.00, and was shown as a saving); within the tolerance it saves."""
+    correct = [{0: False, 1: d == 1, 2: d <= 2, 3: True} for d in (1, 2, 3, 3)]  # fixed r = 3 reads 1.00
+    depths = [1, 2, 3, 3]
+    lossy = task_eval.halting_summary(
+        depths, [(True, 1.0), (True, 2.0), (False, 1.0), (True, 3.0)], correct, "learned", 0.1
+    )
+    assert lossy["accuracy"] == 0.75 and lossy["lost_accuracy"] == 0.25
+    assert lossy["steps_saved_vs_most_accurate"] is None and lossy["fixed_r_as_accurate"] == 3
+    assert "| 3 (1.000): lost 0.250, no saving |" in task_eval.halting_table([lossy])
+    assert task_eval.halting_loss_line(lossy) == (
+        "halting learned 0.1 lost answers: 0.750 against 1.000 at fixed r = 3, 0.250 below "
+        "(tolerance 0.01, --halting-tolerance); its 1.75 steps are no saving"
+    )
+    exact = task_eval.halting_summary(depths, [(True, 1.0), (True, 2.0), (True, 3.0), (True, 3.0)], correct, "kl", 0.1)
+    assert exact["steps_saved_vs_most_accurate"] == 1 - 2.25 / 3 and task_eval.halting_loss_line(exact) is None
+    tolerant = task_eval.halting_summary(
+        depths, [(True, 1.0), (True, 2.0), (False, 1.0), (True, 3.0)], correct, "learned", 0.1, tolerance=0.3
+    )
+    assert tolerant["lost_accuracy"] is None and tolerant["steps_saved_vs_most_accurate"] == 1 - 1.75 / 3
 
 
 def test_wall_clock_decodes_with_the_cache_what_teacher_forcing_scores(words, tmp_path):

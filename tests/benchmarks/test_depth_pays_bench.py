@@ -231,3 +231,29 @@ def test_cached_decoding_answers_as_the_uncached_forwards_do(bench, tmp_path):
     lines = bench.cached_lines(rows, opts)
     assert lines[0].startswith("Cached decoding, batch 1, 2 sequences") and "| r = 3 | " in lines[4 + 2]
     assert lines[4 + 2].split(" | ")[5] == "1.00x"  # r = R against itself
+
+
+def test_a_halting_rule_that_loses_answers_is_named_under_the_table(bench):
+    """The benchmark's halting table says in one line which rule lost answers against the most
+    accurate fixed depth (eval-task's summary and line), and counts no saving for it."""
+    from grt_titan.analysis.task_eval import halting_summary
+
+    correct = [{1: d == 1, 2: True} for d in (1, 2, 2)]
+    rows = [
+        {
+            **halting_summary([1, 2, 2], [(True, 1.0), (False, 1.0), (True, 2.0)], correct, "learned", 0.1),
+            "every_token_mean_steps": 1.2,
+        },
+        {
+            **halting_summary([1, 2, 2], [(True, 1.0), (True, 2.0), (True, 2.0)], correct, "kl", 0.1),
+            "every_token_mean_steps": 1.8,
+        },
+    ]
+    lines = bench.halting_lines(rows)
+    named = [line for line in lines if "lost answers" in line]
+    assert named == [
+        "halting learned 0.1 lost answers: 0.667 against 1.000 at fixed r = 2, 0.333 below "
+        "(tolerance 0.01, --halting-tolerance); its 1.33 steps are no saving"
+    ]
+    assert any("| learned 0.1 |" in line and "lost 0.333, no saving" in line for line in lines)
+    assert any("| kl 0.1 |" in line and "2 (1.000): 17%" in line for line in lines)
