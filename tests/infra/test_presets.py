@@ -36,8 +36,10 @@ line (its source, parameters and layout) and that the KD term was logged, never 
 
 A preset equal to another but for what one of them adds (`STARTED_AS`: the Qwen3 retrofit and
 the same with its source as teacher; grt_large and the same in fault-tolerant replica groups,
-whose quorum needs a lighthouse the fake backend cannot stand in for; a test holds each pair
-equal) is started through the other one: one run starts both at their layout.
+whose quorum needs a lighthouse the fake backend cannot stand in for; grt_medium and grt_large
+and their isoParams twins, deeper parts at the same width, which one block per part makes the
+same job; a test holds each pair equal) is started through the other one: one run starts both
+at their layout.
 """
 
 import dataclasses
@@ -211,7 +213,14 @@ def stand_in_source_args(path: Path, tmp: Path) -> list[str]:
 # A preset started through its twin: the two TOMLs are equal but for what the twin adds
 # (test_qwen3_distill_preset_is_the_retrofit_preset_with_a_teacher; both run a microbatch of 1
 # here), so the twin's run starts this preset's student at this preset's layout, plus a teacher.
-STARTED_AS = {"retrofit_qwen3_0_6b": "retrofit_qwen3_0_6b_distill", "grt_large_ft": "grt_large"}
+STARTED_AS = {
+    "retrofit_qwen3_0_6b": "retrofit_qwen3_0_6b_distill",
+    "grt_large_ft": "grt_large",
+    # Table 5's isoParams twins differ from their scale in depth only, which the run's one block
+    # per part takes away: the same job.
+    "grt_medium_isoparams": "grt_medium",
+    "grt_large_isoparams": "grt_large",
+}
 
 
 @pytest.fixture(scope="module")
@@ -389,6 +398,26 @@ def test_fault_tolerant_large_preset_is_grt_large_in_replica_groups():
         toml["training"].pop("local_batch_size")
         toml["validation"].pop("local_batch_size")
     assert ft == large
+
+
+@pytest.mark.parametrize("scale", ["medium", "large"])
+def test_isoparams_presets_are_their_scale_with_deeper_parts(scale):
+    """grt_SCALE_isoparams is grt_SCALE but for its flavor, whose parts are deeper and nothing
+    else: at one block per part (ONE_BLOCK_PER_PART) the two are one job (STARTED_AS)."""
+    base, iso = (
+        tomli.loads((REPO / "train_configs" / f"{name}.toml").read_text())
+        for name in (f"grt_{scale}", f"grt_{scale}_isoparams")
+    )
+    assert (base["model"].pop("flavor"), iso["model"].pop("flavor")) == (scale, f"{scale}_isoparams")
+    for toml in (base, iso):
+        toml["job"].pop("description")
+        toml["job"].pop("dump_folder")
+    assert iso == base
+    flavors = get_train_spec("grt").model_args
+    depths = ("n_prelude_layers", "n_core_layers", "n_coda_layers")
+    one_block = dict.fromkeys(depths, 1)
+    assert flavors[f"{scale}_isoparams"].replace(**one_block) == flavors[scale].replace(**one_block)
+    assert ONE_BLOCK_PER_PART and f"grt_{scale}" not in FULL_DEPTH
 
 
 @pytest.mark.slow

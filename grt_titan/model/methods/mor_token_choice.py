@@ -161,7 +161,7 @@ class TokenChoice(RoutedOrder):
     key, choice = "router", "token_choice"
     per_step = True
     float8_skip = ("recurrence.router.",)  # Linear(d, R): R outputs
-    OWN_FIELDS = ("router_balance_weight", "router_z_loss_weight")
+    OWN_FIELDS = tuple(f.name for f in dataclasses.fields(TokenChoiceSettings))
     # Expert choice's fields, which token choice leaves unset, and why.
     EXPERT_CHOICE_FIELDS = (
         ("router_capacity", "each token chooses its own depth"),
