@@ -72,7 +72,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from depth_task_bench import equal_flop_steps, paper_grt  # noqa: E402
 
-from grt_titan.analysis.task_eval import HALTING_TOLERANCE, halting_loss_line, halting_summary, halting_table  # noqa: E402
+from grt_titan.analysis.task_eval import (  # noqa: E402
+    HALTING_TOLERANCE,
+    halting_label,
+    halting_loss_line,
+    halting_summary,
+    halting_table,
+)
 from grt_titan.components.loss import grt_loss  # noqa: E402
 from grt_titan.model.args import GRTModelArgs  # noqa: E402
 from grt_titan.model.halting.probe import fit_halting_probe  # noqa: E402
@@ -276,19 +282,24 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
     exits = [("ouro-exit", q) for q in OURO_EXIT] if model.exit_gate is not None else []
     probe, fit = learned_probe(model, opts) if opts.probe_steps else (None, None)
     learned = [(LEARNED_RULE, x) for x in LEARNED] if opts.probe_steps else []
-    for rule, threshold in [*HALTING, *exits, *learned]:
+    runs = [(rule, x, None) for rule, x in [*HALTING, *exits, *learned]]
+    if opts.hold_table:  # the queries halt, the table runs every step (Ouro's exit has no such mask)
+        runs += [(rule, x, "table") for rule, x in [*HALTING, *learned]]
+    for rule, threshold, held in runs:
+        may_halt = torch.arange(batch["tokens"].shape[1]) >= opts.symbols if held else None
         try:
             if probe is None and rule == LEARNED_RULE:
                 raise ValueError(fit)  # the model's reason
             start = time.perf_counter()
-            logits, steps = halted(model, batch["tokens"], rule, threshold, opts.recurrences, probe)
+            logits, steps = halted(model, batch["tokens"], rule, threshold, opts.recurrences, probe, may_halt)
             elapsed = time.perf_counter() - start
         except ValueError as refused:  # the model's own rule: MoR routes itself; `gate` needs a gate
-            rows.append({"rule": rule, "threshold": threshold, "refused": str(refused)})
+            rows.append({"rule": rule, "threshold": threshold, "held": held, "refused": str(refused)})
             continue
         right = (logits[:, queries].argmax(-1).flatten() == answers).tolist()
         scored = list(zip(right, steps[:, queries].flatten().float().tolist()))
         row = halting_summary(depths, scored, correct, rule, threshold, tolerance=opts.halting_tolerance)
+        row["held"] = held
         row["every_token_mean_steps"] = steps.float().mean().item()  # the table's tokens too
         row["time_vs_fixed_R"] = elapsed / fixed_seconds
         if rule == LEARNED_RULE:
@@ -321,12 +332,13 @@ def learned_probe(model: GRTModel, opts) -> tuple[HaltingProbe | None, dict | st
 
 
 @torch.no_grad()
-def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float]]) -> list[dict]:
+def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float, str | None]]) -> list[dict]:
     """Wall-clock per answer as a deployed model answers a stream of queries: the exported
     model (its remote code and KV cache, grt_titan/hf/remote/) prefills each sequence's table,
     then takes its queries one token at a time (batch 1), each answered by that decode step,
-    at each fixed r = 1..R and under each of `rules`: accuracy, mean steps of the query
-    tokens, and seconds per answer (the decode steps only; the first sequence untimed)."""
+    at each fixed r = 1..R and under each of `rules` (rule, threshold, "table" where the table
+    is prefilled at full depth: the rule at its threshold that never halts): accuracy, mean steps of the query tokens, and
+    seconds per answer (the decode steps only; the first sequence untimed)."""
     from grt_titan.analysis.task_eval import cached_model
     from grt_titan.hf.convert import write_hf_folder
     from grt_titan.hf.remote.modeling_grt import GRTCache
@@ -336,13 +348,19 @@ def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float]]) -> lis
         hf = cached_model(Path(folder) / "hf")
     batch = problems(opts, opts.cached_sequences + 1, torch.Generator().manual_seed(opts.seed + 3000))
     n, depths = opts.symbols, batch["depth"][1:].flatten().tolist()
-    runs = [(f"r = {r}", {"num_recurrences": r}) for r in range(1, opts.recurrences + 1)]
-    runs += [(f"{rule} {x:g}", {"halting": rule, "halting_threshold": x}) for rule, x in rules]
+    runs = [(f"r = {r}", {"num_recurrences": r}, None) for r in range(1, opts.recurrences + 1)]
+    for rule, x, held in rules:
+        row, call = {"rule": rule, "threshold": x, "held": held}, {"halting": rule, "halting_threshold": x}
+        # The table at full depth: its prefill under the same rule (one cache layout) never halting.
+        never = {"halting": rule, "halting_threshold": math.inf if rule == "argmax" else 0.0}
+        runs.append((halting_label(row), call, never if held else None))
 
-    def answer(tokens: torch.Tensor, call: dict) -> tuple[list[int], list[int], float]:
-        """One sequence: its table prefilled, then each query one decode step; (answers, steps, s)."""
+    def answer(tokens: torch.Tensor, call: dict, prefill: dict | None) -> tuple[list[int], list[int], float]:
+        """One sequence: its table prefilled (by `prefill`'s call, else `call`), then each query
+        one decode step; (answers, steps, s)."""
         cache = GRTCache(hf.config, "per_step")
-        hf(tokens[None, :n], past_key_values=cache, cache_slots=torch.arange(n), logits_to_keep=1, **call)
+        table = tokens[None, :n]
+        hf(table, past_key_values=cache, cache_slots=torch.arange(n), logits_to_keep=1, **(prefill or call))
         said, steps, start = [], [], time.perf_counter()
         for t in range(n, n + opts.queries):
             at = torch.tensor([t])
@@ -353,11 +371,11 @@ def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float]]) -> lis
         return said, steps, time.perf_counter() - start
 
     rows = []
-    for name, call in runs:
-        answer(batch["tokens"][0], call)  # a warm-up, untimed
+    for name, call, prefill in runs:
+        answer(batch["tokens"][0], call, prefill)  # a warm-up, untimed
         right, steps, seconds = [], [], 0.0
         for tokens, answers in zip(batch["tokens"][1:], batch["labels"][1:, n:]):
-            said, token_steps, elapsed = answer(tokens, call)
+            said, token_steps, elapsed = answer(tokens, call, prefill)
             right += [s == int(a) for s, a in zip(said, answers)]
             steps += token_steps
             seconds += elapsed
@@ -377,10 +395,12 @@ def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float]]) -> lis
     return rows
 
 
-def halted(model: GRTModel, tokens: torch.Tensor, rule: str, threshold: float, depth: int, probe=None):
-    """(logits, each token's steps) of a per-token halting rule, or of Ouro's Q-exit."""
+def halted(model: GRTModel, tokens: torch.Tensor, rule: str, threshold: float, depth: int, probe=None, may_halt=None):
+    """(logits, each token's steps) of a per-token halting rule (only the `may_halt` tokens
+    halting, where given), or of Ouro's Q-exit."""
     if rule != "ouro-exit":
-        return model.forward_with_halting(tokens, rule, threshold, probe=probe if rule == LEARNED_RULE else None)
+        probe = probe if rule == LEARNED_RULE else None
+        return model.forward_with_halting(tokens, rule, threshold, probe=probe, may_halt=may_halt)
     h_pre = model.prelude(model.embed(tokens), model.freqs_cis)
     return q_exit(model, model.recurrence(h_pre, model.freqs_cis, depth, all_states=True).step_states, threshold)
 
@@ -409,8 +429,8 @@ def run_row(row: str, steps: int, opts) -> dict:
     result["eval_r"] = model.model_args.num_recurrences if model.recurrence is not None else None
     if model.recurrence is not None and model.model_args.num_recurrences > 1 and opts.depth_given == "query":
         result["halting"] = evaluate_halting(model, opts)
-        rules = [(h["rule"], h["threshold"]) for h in result["halting"] if "refused" not in h]
-        rules = [(rule, x) for rule, x in rules if rule not in ("ouro-exit", LEARNED_RULE)]  # not exported rules
+        rules = [(h["rule"], h["threshold"], h.get("held")) for h in result["halting"] if "refused" not in h]
+        rules = [run for run in rules if run[0] not in ("ouro-exit", LEARNED_RULE)]  # not exported rules
         if opts.cached_sequences and rules:
             result["cached"] = cached_answers(model, opts, rules)
     done.write_text(json.dumps(result, indent=1))
@@ -484,7 +504,7 @@ def halting_lines(halting: list[dict]) -> list[str]:
     reasons: dict[str, list[str]] = {}  # one line per refusal, the rules it covers first
     for h in halting:
         if "refused" in h:
-            reasons.setdefault(h["refused"], []).append(f"{h['rule']} {h['threshold']:g}")
+            reasons.setdefault(h["refused"], []).append(halting_label(h))
     refused = [f"{', '.join(rules)}: {reason}" for reason, rules in reasons.items()]
     lines = []
     if scored:
@@ -493,11 +513,11 @@ def halting_lines(halting: list[dict]) -> list[str]:
         lines += [halting_table(scored), "", f"Fixed depth on the same queries: {fixed}.", ""]
         losses = [line for line in map(halting_loss_line, scored) if line]
         lines += [*losses, ""] if losses else []
-        every = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['every_token_mean_steps']:.2f}" for h in scored)
+        every = ", ".join(f"{halting_label(h)}: {h['every_token_mean_steps']:.2f}" for h in scored)
         lines += [f"Mean steps of every token (the table's too): {every}.", ""]
         fit = next((h["probe"] for h in scored if "probe" in h), None)  # the learned rule's, one per row
         if all("time_vs_fixed_R" in h for h in scored):  # results of before the timing have none
-            times = ", ".join(f"{h['rule']} {h['threshold']:g}: {h['time_vs_fixed_R']:.2f}x" for h in scored)
+            times = ", ".join(f"{halting_label(h)}: {h['time_vs_fixed_R']:.2f}x" for h in scored)
             fitted = f"; the learned rule's probe fitted in {fit['seconds']:.0f} s" if fit else ""
             lines += [f"Wall-clock of the halted forward over the fixed r = R forward's: {times}{fitted}.", ""]
         if fit:
@@ -618,6 +638,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=300,
         help="steps fitting the learned halting rule's probe to each trained recurrent row (0: the rule is not scored)",
+    )
+    parser.add_argument(
+        "--hold-table",
+        action="store_true",
+        help="also score each halting rule with only the queries halting, the table's tokens running all R steps "
+        "(prefilled at full depth in the cached decode): what the queries lose reading a table that halted early",
     )
     parser.add_argument(
         "--halting-tolerance",

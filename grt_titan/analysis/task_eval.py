@@ -248,6 +248,12 @@ def halting_summary(
     }
 
 
+def halting_label(row: dict) -> str:
+    """A halting row's name: its rule and threshold, and the tokens it held at full depth."""
+    held = f", {row['held']} at full depth" if row.get("held") else ""
+    return f"{row['rule']} {row['threshold']:g}{held}"
+
+
 def halting_loss_line(row: dict) -> str | None:
     """The one line that says a rule lost answers (None if it did not): its accuracy against
     the most accurate fixed depth's, beyond the tolerance, so its steps are no saving."""
@@ -255,7 +261,7 @@ def halting_loss_line(row: dict) -> str | None:
         return None
     best = row["most_accurate_fixed_r"]
     return (
-        f"halting {row['rule']} {row['threshold']:g} lost answers: {row['accuracy']:.3f} against "
+        f"halting {halting_label(row)} lost answers: {row['accuracy']:.3f} against "
         f"{row['fixed_accuracy'][str(best)]:.3f} at fixed r = {best}, {row['lost_accuracy']:.3f} below "
         f"(tolerance {row['tolerance']:g}, --halting-tolerance); its {row['mean_steps']:.2f} steps are no saving"
     )
@@ -278,7 +284,7 @@ def halting_table(rows: list[dict]) -> str:
             else f"lost {row['lost_accuracy']:.3f}, no saving"
         )
         lines.append(
-            f"| {row['rule']} {row['threshold']:g} | {row['accuracy']:.3f} | {row['mean_steps']:.2f} | {depths} "
+            f"| {halting_label(row)} | {row['accuracy']:.3f} | {row['mean_steps']:.2f} | {depths} "
             f"| {equal} | {saved} | {versus} |"
         )
     return "\n".join(lines)

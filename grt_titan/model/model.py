@@ -157,11 +157,14 @@ class GRTModel(nn.Module):
         min_recurrences: int | None = None,
         num_recurrences: int | None = None,
         probe: HaltingProbe | None = None,
+        may_halt: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, each token's depth `[B, S]`) of an eval forward in which each token halts by
         `halting`'s rule (halting.py; the exported model's `halting=...`, or "learned" with a
         `probe` fitted to this model), after at least `min_recurrences` (default 1) and at most
-        `num_recurrences` (default the eval depth) steps."""
+        `num_recurrences` (default the eval depth) steps. `may_halt` (bool `[B, S]` or `[S]`;
+        None: every token): the tokens the rule may halt, the others (a prompt that later
+        tokens read) running to the maximum depth."""
         if self.recurrence is None:
             raise ValueError(f"halting = {halting!r} given to a dense model (no core)")
         if self.training:  # before resolve_depth, which samples a depth in training
@@ -188,8 +191,17 @@ class GRTModel(nn.Module):
             raise ValueError(
                 f"halting = 'gate' needs the gate (update = 'gate'); this model's update is {args.update!r}"
             )
+        if may_halt is not None and (
+            may_halt.dtype != torch.bool or may_halt.shape not in (tokens.shape, tokens.shape[1:])
+        ):
+            raise ValueError(
+                f"may_halt: a bool tensor of the tokens' shape {tuple(tokens.shape)} or {tuple(tokens.shape[1:])}, "
+                f"got {may_halt.dtype} of shape {tuple(may_halt.shape)}"
+            )
         h = self.prelude(self.embed(tokens), self.freqs_cis)
-        h, depths, logits = halting_recurrence(self.recurrence, h, self.freqs_cis, plan, self, args.vocab_size, probe)
+        h, depths, logits = halting_recurrence(
+            self.recurrence, h, self.freqs_cis, plan, self, args.vocab_size, probe, may_halt
+        )
         return (self.logits_from_state(h) if logits is None else logits), depths
 
     def logits_from_state(self, h: torch.Tensor) -> torch.Tensor:

@@ -196,18 +196,29 @@ class HaltedTokensKeepTheirKV:
 
 
 def halting_recurrence(
-    recurrence, h_pre: torch.Tensor, freqs_cis, halting: Halting, readout=None, vocab_size=None, probe=None
+    recurrence,
+    h_pre: torch.Tensor,
+    freqs_cis,
+    halting: Halting,
+    readout=None,
+    vocab_size=None,
+    probe=None,
+    may_halt: torch.Tensor | None = None,
 ):
     """(the state, each token's depth `[B, T]`, each token's logits at the step it halted or
     None): the eval loop of `recurrence` (no noise) up to `halting.max_depth` steps, each token
     halting by its rule. A readout rule reads every step out through `readout` (a model whose
     `coda.layers` and `logits_from_state` give the logits; their first `vocab_size` columns are
     the vocabulary's); the state rules and the learned rule (its `probe` on each step's state)
-    return no logits."""
+    return no logits. `may_halt` (`[B, T]` bool, None: every token): the tokens the rule may
+    halt; the others run every step to the maximum depth, so that the tokens reading them see
+    their K/V of each step (a prompt prefilled at full depth, as Huginn's is)."""
     step = recurrence.step
     h, source = recurrence.start(h_pre, None)
     depths = torch.zeros(h.shape[:2], dtype=torch.long, device=h.device)
     kv = HaltedTokensKeepTheirKV(torch.ones(h.shape[:2], dtype=torch.bool, device=h.device))
+    if may_halt is not None:
+        may_halt = may_halt.to(device=h.device, dtype=torch.bool).expand(h.shape[:2])
     reads_out = halting.rule in READOUT_RULES
     blocks = list(step.core.layers.values()) + (list(readout.coda.layers.values()) if reads_out else [])
     logits, memory = None, None
@@ -227,7 +238,8 @@ def halting_recurrence(
             else:
                 measure = halting_measure(halting.rule, new_h, h, gate)
             if index + 1 >= halting.min_depth:
-                kv.running = kv.running & ~halts(halting.rule, measure, halting.threshold)
+                stop = halts(halting.rule, measure, halting.threshold)
+                kv.running = kv.running & ~(stop if may_halt is None else stop & may_halt)
             h = new_h
             index += 1
     return h, depths, logits
