@@ -274,7 +274,9 @@ def gate_heatmap_figure(prompts: Sequence[dict]) -> Figure:
 
 def task_accuracy_figure(result: dict) -> Figure:
     """`grt-titan eval-task`: exact-match accuracy by problem depth (rows) x recurrence r
-    (columns; beyond R marked), and the arrival step by depth (the ignition curve)."""
+    (columns; beyond R marked), and the arrival step by depth (the ignition curve); for records
+    whose depth the loops give (`at_loops`), where an answer is meant to be right at r = d only
+    and no arrival exists, each depth's accuracy at r = d beside r = 1's."""
     depths = list(result["accuracy"])
     columns = [str(r) for r in result["depths"]]
     matrix = [[result["accuracy"][d][c] for c in columns] for d in depths]
@@ -293,6 +295,9 @@ def task_accuracy_figure(result: dict) -> Figure:
     heat.set_ylabel("problem depth")
     heat.set_title("exact match")
     fig.colorbar(image, ax=heat, shrink=0.9)
+    if "at_loops" in result:
+        _loops_panel(arrival, result)
+        return fig
     for d in depths:
         steps = [a for a in result["arrival"][d] if a is not None]
         if steps:
@@ -302,6 +307,21 @@ def task_accuracy_figure(result: dict) -> Figure:
     arrival.set_ylabel("arrival step r (mean in orange)")
     arrival.set_title("arrival of the answer")
     return fig
+
+
+def _loops_panel(ax, result: dict) -> None:
+    """Each depth's accuracy read at r = d (the loops give the depth) and at r = 1."""
+    depths = [int(d) for d in result["at_loops"]]
+    ax.plot(depths, list(result["at_loops"].values()), "o-", color="C1", label="at r = d")
+    at_one = [result["accuracy"][str(d)].get("1") for d in depths]
+    if all(a is not None for a in at_one):
+        ax.plot(depths, at_one, "s--", color="C0", label="at r = 1")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xticks(depths)
+    ax.set_xlabel("problem depth")
+    ax.set_ylabel("exact match")
+    ax.set_title("the answer to depth d, read after d steps")
+    ax.legend(fontsize=8)
 
 
 def ladder_figure(

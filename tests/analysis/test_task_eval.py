@@ -216,6 +216,25 @@ def test_with_the_depth_given_by_the_loops_the_answer_to_depth_d_is_read_at_r_eq
     assert "at_loops" not in task_eval.summarize(named, correct, depths, args)
 
 
+def test_the_figure_of_loops_records_reads_each_depth_at_r_equal_d():
+    """With the depth given by the loops there is no arrival (the answer is meant to be right at
+    r = d only): the second panel is each depth's accuracy at r = d beside r = 1's."""
+    from grt_titan.plots import task_accuracy_figure
+
+    args = grt_flavors["task_debug"]
+    depths = [0, 1, 2, 3]
+    loops = [Record("p", " a", f"x:{k}", {"depth": d, "depth_given": "loops"}) for k, d in enumerate([1, 2, 3])]
+    correct = [dict(zip(depths, right)) for right in ([0, 1, 0, 0], [0, 0, 1, 1], [0, 1, 0, 1])]
+    result = task_eval.summarize(loops, correct, depths, args)
+    _, panel, *_ = task_accuracy_figure(result).axes
+    at_d, at_one = panel.lines
+    assert list(at_d.get_ydata()) == [1.0, 1.0, 1.0] and list(at_one.get_ydata()) == [1.0, 0.0, 1.0]
+    assert panel.get_title() == "the answer to depth d, read after d steps"
+    named = [Record(r.prompt, r.completion, r.where, {"depth": r.meta["depth"]}) for r in loops]
+    _, arrival, *_ = task_accuracy_figure(task_eval.summarize(named, correct, depths, args)).axes
+    assert arrival.get_title() == "arrival of the answer"
+
+
 def test_depths_a_model_can_run():
     grt = grt_flavors["task_debug"]
     assert task_eval.depths_to_score(grt, None) == list(range(17))  # 2R
