@@ -48,12 +48,7 @@ def ft_job(test):
 STEPS = 36  # room for group 1's restart while group 0 steps
 KILL_AFTER = 4  # group 1 is killed once it has logged this step
 ALONE_STEPS = 3  # group 0 commits this many steps alone before group 1 restarts
-# Seconds between steps: room to kill and restart mid-run. TORCHFT_TIMEOUT_SEC: what a
-# collective, should_commit or a checkpoint transfer waits for a peer (torchft's default 60 s).
-# Around the lighthouse restart the two groups can land in different quorums, and a step whose
-# peer moved on waits that out: the fixture took 30 s in some CI runs and 30 + ~50 s (or
-# + 100) in others. This job's operations take well under a second on CI's cores.
-PACE = {"FT_STEP_SLEEP": "0.3", "TORCHFT_TIMEOUT_SEC": "15"}
+PACE = {"FT_STEP_SLEEP": "0.3"}  # seconds between steps: room to kill and restart mid-run
 
 
 @pytest.fixture(scope="module")
