@@ -67,12 +67,6 @@ LONGEST_FIRST = {
     "reliability/test_initial_load.py": 17,
     "infra/test_compile.py": 17,
     "hf/test_retrofit.py": 15,
-    # The torchtitan 0.3 lane (.ci/run): its module of chained runs (0.2.2's and 0.3's, then
-    # the resumes across hosts) first, or it starts last and runs alone at the lane's end.
-    "torchtitan_0_3/test_train.py": 60,
-    "torchtitan_0_3/test_tasks_and_validation.py": 25,
-    "torchtitan_0_3/test_tensor_parallel.py": 21,
-    "torchtitan_0_3/test_reliability.py": 12,
 }
 
 
