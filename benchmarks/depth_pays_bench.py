@@ -45,7 +45,8 @@ starts every gated row's gate bias at B instead of the paper's +4. Accuracy by p
 from which it stays right); for the recurrent rows, each per-token halting rule of HALTING
 (and the `ouro` row's own trained exit, Ouro's Q-exit at OURO_EXIT), and the learned rule at
 LEARNED (its probe fitted to the frozen row for `--probe-steps`, grt_titan/model/halting/probe.py),
-on a uniform mix of depths against the fixed depths; and then, as a deployed model answers, the exported model with its KV
+on a uniform mix of depths against the fixed depths, the queries halting and the table they read
+at full depth (`--context-halts`: also with the table halting by the rule); and then, as a deployed model answers, the exported model with its KV
 cache taking each query as one decode step (batch 1) at each fixed r and under each rule the
 row takes: seconds per answer (`--cached-sequences`). Each row writes `--out/ROW/result.json`
 and its weights `model.pt`; a second run with the same --out scores the rows it trained
@@ -82,7 +83,7 @@ from grt_titan.analysis.task_eval import (  # noqa: E402
 from grt_titan.components.loss import grt_loss  # noqa: E402
 from grt_titan.model.args import GRTModelArgs  # noqa: E402
 from grt_titan.model.halting.probe import fit_halting_probe  # noqa: E402
-from grt_titan.model.halting.rules import LEARNED_RULE, HaltingProbe  # noqa: E402
+from grt_titan.model.halting.rules import LEARNED_RULE, HaltingProbe, never_halts  # noqa: E402
 from grt_titan.model.methods.ouro import q_exit  # noqa: E402
 from grt_titan.model.model import GRTModel  # noqa: E402
 
@@ -282,11 +283,12 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
     exits = [("ouro-exit", q) for q in OURO_EXIT] if model.exit_gate is not None else []
     probe, fit = learned_probe(model, opts) if opts.probe_steps else (None, None)
     learned = [(LEARNED_RULE, x) for x in LEARNED] if opts.probe_steps else []
-    runs = [(rule, x, None) for rule, x in [*HALTING, *exits, *learned]]
-    if opts.hold_table:  # the queries halt, the table runs every step (Ouro's exit has no such mask)
-        runs += [(rule, x, "table") for rule, x in [*HALTING, *learned]]
-    for rule, threshold, held in runs:
-        may_halt = torch.arange(batch["tokens"].shape[1]) >= opts.symbols if held else None
+    # The queries halt, the table they read runs every step; Ouro's exit has no such mask.
+    runs = [(rule, x, "full") for rule, x in [*HALTING, *learned]] + [(rule, x, "halts") for rule, x in exits]
+    if opts.context_halts:  # the table's tokens halting by the rule too: what the queries lose
+        runs += [(rule, x, "halts") for rule, x in [*HALTING, *learned]]
+    for rule, threshold, context in runs:
+        may_halt = torch.arange(batch["tokens"].shape[1]) >= opts.symbols if context == "full" else None
         try:
             if probe is None and rule == LEARNED_RULE:
                 raise ValueError(fit)  # the model's reason
@@ -294,12 +296,12 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
             logits, steps = halted(model, batch["tokens"], rule, threshold, opts.recurrences, probe, may_halt)
             elapsed = time.perf_counter() - start
         except ValueError as refused:  # the model's own rule: MoR routes itself; `gate` needs a gate
-            rows.append({"rule": rule, "threshold": threshold, "held": held, "refused": str(refused)})
+            rows.append({"rule": rule, "threshold": threshold, "context": context, "refused": str(refused)})
             continue
         right = (logits[:, queries].argmax(-1).flatten() == answers).tolist()
         scored = list(zip(right, steps[:, queries].flatten().float().tolist()))
         row = halting_summary(depths, scored, correct, rule, threshold, tolerance=opts.halting_tolerance)
-        row["held"] = held
+        row["context"] = context
         row["every_token_mean_steps"] = steps.float().mean().item()  # the table's tokens too
         row["time_vs_fixed_R"] = elapsed / fixed_seconds
         if rule == LEARNED_RULE:
@@ -332,12 +334,13 @@ def learned_probe(model: GRTModel, opts) -> tuple[HaltingProbe | None, dict | st
 
 
 @torch.no_grad()
-def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float, str | None]]) -> list[dict]:
+def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float, str]]) -> list[dict]:
     """Wall-clock per answer as a deployed model answers a stream of queries: the exported
     model (its remote code and KV cache, grt_titan/hf/remote/) prefills each sequence's table,
     then takes its queries one token at a time (batch 1), each answered by that decode step,
-    at each fixed r = 1..R and under each of `rules` (rule, threshold, "table" where the table
-    is prefilled at full depth: the rule at its threshold that never halts): accuracy, mean steps of the query tokens, and
+    at each fixed r = 1..R and under each of `rules` (rule, threshold, its context: "full" where
+    the table is prefilled at full depth, under the rule at its threshold that never halts,
+    `never_halts`; "halts": under the rule): accuracy, mean steps of the query tokens, and
     seconds per answer (the decode steps only; the first sequence untimed)."""
     from grt_titan.analysis.task_eval import cached_model
     from grt_titan.hf.convert import write_hf_folder
@@ -349,11 +352,11 @@ def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float, str | No
     batch = problems(opts, opts.cached_sequences + 1, torch.Generator().manual_seed(opts.seed + 3000))
     n, depths = opts.symbols, batch["depth"][1:].flatten().tolist()
     runs = [(f"r = {r}", {"num_recurrences": r}, None) for r in range(1, opts.recurrences + 1)]
-    for rule, x, held in rules:
-        row, call = {"rule": rule, "threshold": x, "held": held}, {"halting": rule, "halting_threshold": x}
+    for rule, x, context in rules:
+        row, call = {"rule": rule, "threshold": x, "context": context}, {"halting": rule, "halting_threshold": x}
         # The table at full depth: its prefill under the same rule (one cache layout) never halting.
-        never = {"halting": rule, "halting_threshold": math.inf if rule == "argmax" else 0.0}
-        runs.append((halting_label(row), call, never if held else None))
+        never = {"halting": rule, "halting_threshold": never_halts(rule)}
+        runs.append((halting_label(row), call, never if context == "full" else None))
 
     def answer(tokens: torch.Tensor, call: dict, prefill: dict | None) -> tuple[list[int], list[int], float]:
         """One sequence: its table prefilled (by `prefill`'s call, else `call`), then each query
@@ -429,7 +432,7 @@ def run_row(row: str, steps: int, opts) -> dict:
     result["eval_r"] = model.model_args.num_recurrences if model.recurrence is not None else None
     if model.recurrence is not None and model.model_args.num_recurrences > 1 and opts.depth_given == "query":
         result["halting"] = evaluate_halting(model, opts)
-        rules = [(h["rule"], h["threshold"], h.get("held")) for h in result["halting"] if "refused" not in h]
+        rules = [(h["rule"], h["threshold"], h["context"]) for h in result["halting"] if "refused" not in h]
         rules = [run for run in rules if run[0] not in ("ouro-exit", LEARNED_RULE)]  # not exported rules
         if opts.cached_sequences and rules:
             result["cached"] = cached_answers(model, opts, rules)
@@ -640,10 +643,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="steps fitting the learned halting rule's probe to each trained recurrent row (0: the rule is not scored)",
     )
     parser.add_argument(
-        "--hold-table",
+        "--context-halts",
         action="store_true",
-        help="also score each halting rule with only the queries halting, the table's tokens running all R steps "
-        "(prefilled at full depth in the cached decode): what the queries lose reading a table that halted early",
+        help="also score each halting rule with the table's tokens halting by it too (prefilled under the rule in "
+        "the cached decode), not only the queries: what the queries lose reading a table that halted early",
     )
     parser.add_argument(
         "--halting-tolerance",

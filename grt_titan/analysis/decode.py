@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from grt_titan.hf.remote.halting_grt import never_halts
 from grt_titan.hf.remote.modeling_grt import GRTCache
 
 
@@ -19,11 +20,14 @@ def sync(device: str) -> None:
 class Generator:
     """Greedy decoding with a GRTCache; eager (growing cache) or compiled (static cache).
 
-    `halting` (eager only): per-token halting's forward arguments for every call (`halting`,
-    `halting_threshold`, `min_recurrences`, ...; docs/generation.md): a token's exit is a
-    host-side decision after each step, which one compiled decode step cannot take; `depths`
-    then holds each call's recurrence_depths. `num_recurrences`: every call's depth (None:
-    the config's eval depth)."""
+    `halting` (eager only): per-token halting's forward arguments (`halting`,
+    `halting_threshold`, `min_recurrences`, ...; docs/generation.md) of the positions that
+    predict a token: the prompt's last and each decoded one. The context before them is
+    prefilled under the same rule at its never-halting threshold, every step deep, because the
+    tokens that halt read it (a context that halts early costs them the answer:
+    docs/results/depth_pays.md). A token's exit is a host-side decision after each step, which
+    one compiled decode step cannot take; `depths` then holds the recurrence_depths of each
+    call that halts. `num_recurrences`: every call's depth (None: the config's eval depth)."""
 
     def __init__(
         self,
@@ -64,13 +68,7 @@ class Generator:
             self.cache = GRTCache(self.model.config, self.strategy)
         sync(self.device)
         start = time.perf_counter()
-        out = self.model(
-            ids,
-            past_key_values=self.cache,
-            cache_slots=torch.arange(self.prompt, device=self.device),
-            logits_to_keep=1,
-            **self.call,
-        )
+        out = self.prefill(ids)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens = [token]
         self.depths = [out.recurrence_depths] if self.halting else []
@@ -91,3 +89,19 @@ class Generator:
             tokens.append(token)
         sync(self.device)
         return torch.cat(tokens, 1), time.perf_counter() - start
+
+    def prefill(self, ids: torch.Tensor):
+        """The prompt's forward into the cache; with halting, its context first at full depth."""
+        start = 0
+        if self.halting and self.prompt > 1:
+            start = self.prompt - 1
+            context = self.call | {"halting_threshold": never_halts(self.halting["halting"])}
+            slots = torch.arange(start, device=self.device)
+            self.model(ids[:, :start], past_key_values=self.cache, cache_slots=slots, logits_to_keep=1, **context)
+        return self.model(
+            ids[:, start:],
+            past_key_values=self.cache,
+            cache_slots=torch.arange(start, self.prompt, device=self.device),
+            logits_to_keep=1,
+            **self.call,
+        )

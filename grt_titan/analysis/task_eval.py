@@ -10,9 +10,11 @@ arrival step of a problem is the first r from which it is right at every deeper 
 its distribution by depth is the ignition curve (arXiv 2608.03263). A record of many answers
 (``turns``) is scored answer by answer, each after the reference answers before it (`answers`).
 
-`--halting RULE:THRESHOLD` scores the same completions with every token halting by a
-per-token rule (grt_titan/model/halting/rules.py, at most R steps): accuracy and the steps the
-completion's tokens ran, by problem depth, beside the smallest fixed r that is as accurate.
+`--halting RULE:THRESHOLD` scores the same completions with the positions that predict them
+halting by a per-token rule (grt_titan/model/halting/rules.py, at most R steps) and the context
+they read (every position before) at full depth, as a deployed model prefills it: accuracy and
+the steps the completion's tokens ran, by problem depth, beside the smallest fixed r that is as
+accurate. `--context-halts` also scores each rule with every token halting by it.
 `learned:THRESHOLD` is the learned rule: its probe is first fitted to the frozen model on the
 completions of `--probe-data` (grt_titan/model/halting/probe.py; no answer is read, the
 model's own readouts are the targets).
@@ -190,14 +192,22 @@ def learned_probe(model, fitting, opts) -> tuple[Any, dict]:
     return probe, fit
 
 
-def score_halting(model, encoded, rule: str, threshold: float, batch_size: int, probe=None) -> list[tuple[bool, float]]:
-    """Per record: whether the greedy completion is exact when every token halts by `rule`
-    (at most the eval depth; the learned rule reads `probe`), and the mean steps of the
-    positions that predict it."""
+def score_halting(
+    model, encoded, rule: str, threshold: float, batch_size: int, probe=None, context: str = "full"
+) -> list[tuple[bool, float]]:
+    """Per record: whether the greedy completion is exact when the positions that predict it
+    halt by `rule` (at most the eval depth; the learned rule reads `probe`) and the positions
+    before them run every step (`context` "full"; "halts": they halt by the rule too), and the
+    mean steps of the positions that predict it."""
     device = next(model.parameters()).device
     scored: list = [None] * len(encoded)
     for batch, ids in _batches(encoded, batch_size, device):
-        logits, steps = model.forward_with_halting(ids[:, :-1], rule, threshold, probe=probe)
+        may_halt = None
+        if context == "full":
+            may_halt = torch.zeros(ids[:, :-1].shape, dtype=torch.bool, device=device)
+            for row, i in enumerate(batch):
+                may_halt[row, answered(ids, encoded[i][1])] = True
+        logits, steps = model.forward_with_halting(ids[:, :-1], rule, threshold, probe=probe, may_halt=may_halt)
         predicted = logits.argmax(-1)
         for row, i in enumerate(batch):
             at = answered(ids, encoded[i][1])
@@ -249,9 +259,10 @@ def halting_summary(
 
 
 def halting_label(row: dict) -> str:
-    """A halting row's name: its rule and threshold, and the tokens it held at full depth."""
-    held = f", {row['held']} at full depth" if row.get("held") else ""
-    return f"{row['rule']} {row['threshold']:g}{held}"
+    """A halting row's name: its rule and threshold, and whether the context its answers read
+    halted by the rule too (by default it runs every step)."""
+    context = ", context halting too" if row.get("context") == "halts" else ""
+    return f"{row['rule']} {row['threshold']:g}{context}"
 
 
 def halting_loss_line(row: dict) -> str | None:
@@ -303,7 +314,8 @@ def cached_model(folder: str | Path, device: str = "cpu"):
 
 def wall_clock(hf_model, encoded, depths: list, rules: list[tuple[str, float]]) -> list[dict]:
     """Each record's greedy completion decoded with the KV cache, batch 1, at each fixed r of
-    `depths` and under each halting rule (at most the eval depth): accuracy, the mean steps of
+    `depths` and under each halting rule (at most the eval depth; the context before the
+    answering positions prefilled at full depth, `Generator`'s): accuracy, the mean steps of
     the positions that predict the completion (under a rule), and seconds per answer (one
     untimed decode first)."""
     from grt_titan.analysis.decode import Generator
@@ -455,6 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--probe-steps", type=int, default=300, help="batches fitting the probe")
     p.add_argument(
+        "--context-halts",
+        action="store_true",
+        help="also score each --halting rule with every token halting by it, the prompt's too (by default the "
+        "prompt before the answering positions runs every step): what the answers lose reading a context that "
+        "halted early",
+    )
+    p.add_argument(
         "--halting-tolerance",
         type=float,
         default=HALTING_TOLERANCE,
@@ -504,6 +523,12 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= opts.halting_tolerance <= 1:
             raise ValueError(f"--halting-tolerance {opts.halting_tolerance}; allowed: an accuracy in [0, 1]")
         records = task_records(Path(opts.data))[: opts.limit]
+        if rules and any(record.meta.get("depth_given") == "loops" for record in records):
+            raise ValueError(
+                f"--halting on {opts.data}: its records ask depth d by running r = d loops (depth_given = loops), "
+                "so a rule that chooses r answers another question; score halting on records whose query names "
+                "the depth (grt-titan task --depth-given query)"
+            )
         loaded = load_model(opts.model, opts.config, device=device, overrides=opts.overrides)
         args = loaded.args
         depths = depths_to_score(args, opts.max_depth)
@@ -524,17 +549,21 @@ def main(argv: list[str] | None = None) -> int:
     if rules:
         try:
             probe, fit = learned_probe(loaded.model, fitting, opts) if learned else (None, None)
+            contexts = ["full", "halts"] if opts.context_halts else ["full"]
+            runs = [(rule, x, context) for context in contexts for rule, x in rules]
             halted = [
-                score_halting(loaded.model, encoded, rule, x, opts.batch_size, probe if rule == LEARNED_RULE else None)
-                for rule, x in rules
+                score_halting(
+                    loaded.model, encoded, rule, x, opts.batch_size, probe if rule == LEARNED_RULE else None, context
+                )
+                for rule, x, context in runs
             ]
         except ValueError as e:  # a dense model, MoR, or a gate rule without the gate
             print(f"grt-titan eval-task: error: {e}", file=sys.stderr)
             return 2
         problem_depths = [record.meta["depth"] for record in records]
         result["halting"] = [
-            halting_summary(problem_depths, h, correct, *rule, tolerance=opts.halting_tolerance)
-            for h, rule in zip(halted, rules)
+            halting_summary(problem_depths, h, correct, rule, x, tolerance=opts.halting_tolerance) | {"context": c}
+            for h, (rule, x, c) in zip(halted, runs)
         ]
         for row in result["halting"]:
             if row["rule"] == LEARNED_RULE:

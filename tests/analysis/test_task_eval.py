@@ -78,10 +78,13 @@ def test_the_learned_rules_probe_learns_from_the_positions_that_predict_each_com
     assert torch.equal(again, short)  # the records again once every batch was used
 
 
-def test_halting_scores_and_steps_are_a_halting_decode_loops(words):
-    """`--halting`: exact match when each token halts by its rule equals a decode loop whose
-    every token is forward_with_halting's argmax; its steps are that forward's depths at the
-    completion positions; the saving is against the smallest fixed r as accurate, by hand."""
+@pytest.mark.parametrize("context", ["full", "halts"])
+def test_halting_scores_and_steps_are_a_halting_decode_loops(words, context):
+    """`--halting`: exact match when the positions that predict the completion halt by the
+    rule, the prompt before them at full depth (or halting too: `--context-halts`), equals a
+    decode loop whose every token is forward_with_halting's argmax with that context held
+    (`may_halt`); its steps are that forward's depths at the completion positions; the saving
+    is against the smallest fixed r as accurate, by hand."""
     model = build_model("task_debug_words", 1, vocab_size=words.get_vocab_size(), num_recurrences=4).eval()
     problems = tasks.generate("iterated-function", range(1, 4), 9, seed=0)
     records, encoded, loop = [], [], []
@@ -90,7 +93,10 @@ def test_halting_scores_and_steps_are_a_halting_decode_loops(words):
             prompt, out, steps = words.encode_ordinary(p["prompt"]), [], []
             ids = list(prompt)
             for _ in range(2):  # a halting greedy decode of 2 tokens, no cache
-                logits, depths = model.forward_with_halting(torch.tensor([ids]), "state", 0.05)
+                held = torch.arange(len(ids)) >= len(prompt) - 1 if context == "full" else None
+                logits, depths = model.forward_with_halting(torch.tensor([ids]), "state", 0.05, may_halt=held)
+                if held is not None:
+                    assert (depths[0, ~held] == 4).all()  # the context ran every step
                 out.append(int(logits[0, -1].argmax()))
                 steps.append(int(depths[0, -1]))
                 ids.append(out[-1])
@@ -98,7 +104,7 @@ def test_halting_scores_and_steps_are_a_halting_decode_loops(words):
             records.append(Record(p["prompt"], "x", f"x:{k}", {"depth": p["depth"]}))
             encoded.append((prompt + reference, len(reference)))
             loop.append((reference == out, sum(steps) / 2 if reference == out else None))
-        scored = task_eval.score_halting(model, encoded, "state", 0.05, batch_size=4)
+        scored = task_eval.score_halting(model, encoded, "state", 0.05, batch_size=4, context=context)
         correct = task_eval.score(model, encoded, [0, 1, 2, 3, 4], batch_size=4)
     assert [right for right, _ in scored] == [right for right, _ in loop]
     assert any(right for right, _ in scored)
@@ -174,20 +180,22 @@ def test_wall_clock_decodes_with_the_cache_what_teacher_forcing_scores(words, tm
     assert halting["accuracy"] == sum(right for right, _ in halted) / len(halted)
     assert 1 <= halting["mean_steps"] <= 3
     # References that are the model's own halting decode (no cache, forward_with_halting's
-    # argmax): every cached decode follows them, its positions' steps those forwards' depths.
-    own, steps, prompt_steps = [], [], set()
+    # argmax, the prompt before its last token held at full depth): every cached decode
+    # follows them, its positions' steps those forwards' depths.
+    own, steps = [], []
     with torch.no_grad():
         for p in problems:
             ids = words.encode_ordinary(p["prompt"])
+            context = len(ids) - 1
             for _ in range(2):
-                logits, depths = model.forward_with_halting(torch.tensor([ids]), "state", 0.02)
+                held = torch.arange(len(ids)) >= context
+                logits, depths = model.forward_with_halting(torch.tensor([ids]), "state", 0.05, may_halt=held)
                 ids.append(int(logits[0, -1].argmax()))
                 steps.append(int(depths[0, -1]))
-                prompt_steps |= set(depths[0, :-1].tolist())
             own.append((ids, 2))
-    (row,) = task_eval.wall_clock(hf_model, own, [], [("state", 0.02)])
+    (row,) = task_eval.wall_clock(hf_model, own, [], [("state", 0.05)])
     assert row["accuracy"] == 1 and row["mean_steps"] == pytest.approx(sum(steps) / len(steps))
-    assert len(prompt_steps | set(steps)) > 1  # the rule halts positions at different steps
+    assert max(steps) < 3  # the rule halted the answering positions; the context ran all 3 steps
     table = task_eval.wall_clock_table(rows, len(encoded))
     assert "| decode | accuracy | mean steps | s / answer | / r = 3 |" in table and "| r = 3 | " in table
     assert table.splitlines()[-2].endswith("| 1.00x |")  # r = 3 against itself
@@ -311,6 +319,8 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     # One line each: no depth; an r the model cannot run; records its tokenizer cannot read.
     (tmp_path / "nodepth.jsonl").write_text(json.dumps({"prompt": "a > b ; | a * 1 =", "completion": " b"}) + "\n")
     (tmp_path / "words.jsonl").write_text(json.dumps({"prompt": "hello world", "completion": " b", "depth": 1}) + "\n")
+    loops = {"prompt": "a > b ; | a =", "completion": " b", "depth": 1, "depth_given": "loops"}
+    (tmp_path / "loops.jsonl").write_text(json.dumps(loops) + "\n")
     for data, extra, message in (
         ("nodepth.jsonl", [], "nodepth.jsonl:1: no 'depth' field"),
         ("test.jsonl", ["--max-depth", "-1"], "--max-depth -1: r beyond what the model can run"),
@@ -318,6 +328,7 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
         ("test.jsonl", ["--halting", "learned:0.1"], "--halting learned:X needs --probe-data FILE.jsonl"),
         ("test.jsonl", ["--probe-data", "x.jsonl"], "--probe-data x.jsonl is read by --halting learned:X only"),
         ("words.jsonl", [], "words.jsonl:1: the model's tokenizer 'vocab' does not read this record back"),
+        ("loops.jsonl", ["--halting", "kl:0.1"], "its records ask depth d by running r = d loops"),
     ):
         argv = ["eval-task", checkpoint, "--data", str(tmp_path / data), *extra, "--config", str(TASK_TOML), *overrides]
         assert cli(argv) == 2

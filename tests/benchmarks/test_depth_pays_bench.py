@@ -214,14 +214,15 @@ def uneven_model(bench, opts):
 def test_cached_decoding_answers_as_the_uncached_forwards_do(bench, tmp_path):
     """The exported model, its KV cache fed one query at a time, answers each query as the
     native model's whole-sequence forward does, at each fixed r and under a halting rule (with
-    forward_with_halting's steps; with the table prefilled at full depth, its tokens held from
-    halting); the table compares each against fixed r = R."""
+    forward_with_halting's steps): with the table prefilled at full depth, its tokens held from
+    halting (`may_halt`), and with the table halting too; the table compares each against
+    fixed r = R."""
     opts = bench.build_parser().parse_args(["--out", str(tmp_path), "--recurrences", "3", "--cached-sequences", "2"])
     model = uneven_model(bench, opts)
-    rules = [("state", 1.0, None), ("argmax", 1, None), ("state", 1.0, "table"), ("argmax", 1, "table")]
+    rules = [("state", 1.0, "full"), ("argmax", 1, "full"), ("state", 1.0, "halts"), ("argmax", 1, "halts")]
     rows = bench.cached_answers(model, opts, rules)
     names = ["r = 1", "r = 2", "r = 3", "state 1", "argmax 1"]
-    names += ["state 1, table at full depth", "argmax 1, table at full depth"]
+    names += ["state 1, context halting too", "argmax 1, context halting too"]
     assert [row["decode"] for row in rows] == names
     batch = bench.problems(opts, 3, torch.Generator().manual_seed(opts.seed + 3000))  # the first: untimed
     tokens, answers, n = batch["tokens"][1:], batch["labels"][1:, opts.symbols :], opts.symbols
@@ -230,8 +231,8 @@ def test_cached_decoding_answers_as_the_uncached_forwards_do(bench, tmp_path):
             said = model(tokens, num_recurrences=r)[:, n:].argmax(-1)
             assert row["accuracy"] == (said == answers).float().mean().item() and row["mean_steps"] == r
         assert len({row["accuracy"] for row in rows[:3]}) > 1  # r matters to these weights
-        for (rule, x, held), row in zip(rules, rows[3:]):
-            may_halt = torch.arange(tokens.shape[1]) >= n if held else None
+        for (rule, x, context), row in zip(rules, rows[3:]):
+            may_halt = torch.arange(tokens.shape[1]) >= n if context == "full" else None
             logits, steps = model.forward_with_halting(tokens, rule, x, may_halt=may_halt)
             assert row["accuracy"] == (logits[:, n:].argmax(-1) == answers).float().mean().item()
             assert row["mean_steps"] == pytest.approx(steps[:, n:].float().mean().item())
@@ -242,21 +243,25 @@ def test_cached_decoding_answers_as_the_uncached_forwards_do(bench, tmp_path):
     assert lines[4 + 2].split(" | ")[5] == "1.00x"  # r = R against itself
 
 
-def test_hold_table_scores_each_rule_again_with_the_table_at_full_depth(bench, tmp_path, monkeypatch):
-    """--hold-table: each rule (the learned one too) scored a second time with only the queries
-    halting; the table's tokens run every step, and the rows are named apart."""
+def test_each_rule_halts_the_queries_and_context_halts_scores_it_again_with_the_table(bench, tmp_path, monkeypatch):
+    """By default each rule (the learned one too) halts the queries alone, the table's tokens
+    running every step; --context-halts scores each a second time with the table halting too,
+    the rows named apart."""
     monkeypatch.setattr(bench, "HALTING", (("state", float("inf")), ("argmax", 1)))  # inf: all halt at step 1
     args = ["--out", str(tmp_path), "--recurrences", "3", "--eval-sequences", "4", "--probe-steps", "2"]
-    opts = bench.build_parser().parse_args([*args, "--hold-table"])
+    opts = bench.build_parser().parse_args([*args, "--context-halts"])
     rows = bench.evaluate_halting(uneven_model(bench, opts), opts)
-    plain = [(r["rule"], r["threshold"]) for r in rows if r["held"] is None]
-    held = [(r["rule"], r["threshold"]) for r in rows if r["held"] == "table"]
-    assert plain == held == [*bench.HALTING, *[("learned", x) for x in bench.LEARNED]]
-    at_once = {r["held"]: r["every_token_mean_steps"] for r in rows if r["threshold"] == float("inf")}
-    held_at_once = (opts.symbols * 3 + opts.queries) / (opts.symbols + opts.queries)  # the table at R = 3
-    assert at_once == {None: 1.0, "table": pytest.approx(held_at_once)}
+    full = [(r["rule"], r["threshold"]) for r in rows if r["context"] == "full"]
+    halts = [(r["rule"], r["threshold"]) for r in rows if r["context"] == "halts"]
+    assert full == halts == [*bench.HALTING, *[("learned", x) for x in bench.LEARNED]]
+    at_once = {r["context"]: r["every_token_mean_steps"] for r in rows if r["threshold"] == float("inf")}
+    table_at_full_depth = (opts.symbols * 3 + opts.queries) / (opts.symbols + opts.queries)  # R = 3
+    assert at_once == {"halts": 1.0, "full": pytest.approx(table_at_full_depth)}
     text = "\n".join(bench.halting_lines(rows))
-    assert "| state inf, table at full depth |" in text and "| learned 0.1, table at full depth |" in text
+    assert "| state inf |" in text and "| state inf, context halting too |" in text
+    assert "| learned 0.1, context halting too |" in text
+    default = bench.evaluate_halting(uneven_model(bench, opts), bench.build_parser().parse_args(args))
+    assert [r["context"] for r in default] == ["full"] * len(full)
 
 
 def test_a_halting_rule_that_loses_answers_is_named_under_the_table(bench):

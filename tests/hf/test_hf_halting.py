@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grt_titan.hf.convert import write_hf_folder
-from grt_titan.model.halting.rules import HALTING_RULES, READOUT_RULES
+from grt_titan.model.halting.rules import HALTING_RULES, READOUT_RULES, never_halts
 
 from hf_helpers import (
     ATOL,
@@ -27,9 +27,8 @@ from hf_helpers import (
 RULES = HALTING_RULES
 MAX_DEPTH = 6  # above R = 4: halting may extrapolate
 INF = float("inf")
-# The thresholds that never halt (the fixed depth b) and that halt every token at the minimum:
-# argmax counts steps, the other rules' measures fall below the threshold.
-NEVER = {"argmax": INF}
+# The thresholds that halt every token at the minimum: argmax counts steps, the other rules'
+# measures fall below the threshold (the ones that never halt: `never_halts`).
 AT_MIN = {"argmax": 0.0}
 
 
@@ -96,7 +95,7 @@ def test_threshold_zero_is_the_fixed_depth_and_infinity_the_minimum(rule, hf_mod
     with torch.no_grad():
         fixed = hf(ids, num_recurrences=MAX_DEPTH, use_cache=False).logits
         shallow = hf(ids, num_recurrences=2, use_cache=False).logits
-    never = halted(hf, ids, halting=rule, halting_threshold=NEVER.get(rule, 0.0))
+    never = halted(hf, ids, halting=rule, halting_threshold=never_halts(rule))
     assert torch.equal(never.logits, fixed) and (never.recurrence_depths == MAX_DEPTH).all()
     always = halted(hf, ids, halting=rule, halting_threshold=AT_MIN.get(rule, INF), min_recurrences=2)
     assert torch.equal(always.logits, shallow) and (always.recurrence_depths == 2).all()
@@ -216,6 +215,30 @@ def decode_with_cache(hf, ids, strategy, prefix, **kwargs):
     return logits, depths
 
 
+@pytest.mark.parametrize("rule", RULES)
+def test_a_context_prefilled_at_full_depth_decodes_as_the_batched_forward_holding_it(rule, native_models, hf_models):
+    """The export's cached decode with its context prefilled at the rule's never-halting
+    threshold (as eval-task, the depth benchmark and `Generator` decode), each later token then
+    one decode step under the rule, makes the batched forward's halting decisions with that
+    context held (`may_halt`): the same depths, token by token, and the same logits."""
+    native, hf = native_models["gpt2"], hf_models["gpt2"]
+    ids, context = prompt(batch=2, seq=14, seed=8), 6
+    threshold = mixed_threshold(hf, ids, rule)
+    may_halt = torch.arange(ids.shape[1]) >= context
+    with torch.no_grad():
+        logits, depths = native.forward_with_halting(ids, rule, threshold, num_recurrences=MAX_DEPTH, may_halt=may_halt)
+    assert (depths[:, :context] == MAX_DEPTH).all() and len(depths[:, context:].unique()) > 1
+    cache = cache_class(hf)(hf.config, strategy="per_step")
+    call = {"halting": rule, "num_recurrences": MAX_DEPTH, "past_key_values": cache}
+    with torch.no_grad():
+        out = [hf(ids[:, :context], halting_threshold=never_halts(rule), **call)]
+        out += [hf(ids[:, t : t + 1], halting_threshold=threshold, **call) for t in range(context, ids.shape[1])]
+    decoded = torch.cat([o.recurrence_depths for o in out], 1)
+    assert torch.equal(decoded, depths)
+    decoded_logits = torch.cat([o.logits for o in out], 1)
+    assert (decoded_logits - logits[..., :SMALL_VOCAB]).abs().max().item() < ATOL
+
+
 @pytest.mark.parametrize("style", ["gpt2", "llama"])
 @pytest.mark.parametrize("rule", RULES)
 def test_cached_decoding_equals_the_uncached_forward(rule, style, hf_models):
@@ -257,7 +280,7 @@ def test_left_padded_rows_generate_as_when_alone(rule, hf_models):
     )
     ids = torch.tensor([[0, 0, 5, 6]])
     out = halted(
-        hf, ids, attention_mask=torch.tensor([[0, 0, 1, 1]]), halting=rule, halting_threshold=NEVER.get(rule, 0.0)
+        hf, ids, attention_mask=torch.tensor([[0, 0, 1, 1]]), halting=rule, halting_threshold=never_halts(rule)
     )
     assert out.recurrence_depths.tolist() == [[0, 0, MAX_DEPTH, MAX_DEPTH]]  # padding runs no step
 

@@ -130,6 +130,14 @@ def halts(rule: str, measure: torch.Tensor, threshold: float) -> torch.Tensor:
     return measure >= threshold if rule == "argmax" else measure < threshold
 
 
+# Copied from grt_titan.model.halting.rules.never_halts
+def never_halts(rule: str) -> float:
+    """The rule's threshold at which no token halts: every token runs the call's maximum depth
+    under the rule's own cache layout (a context prefilled at full depth, then decoded with the
+    rule: docs/generation.md, "Per-token halting")."""
+    return math.inf if rule == "argmax" else 0.0
+
+
 def halting_steps(model, h, h_pre, call, record, halting: Halting, keep, head=None):
     """(h after the call's steps, each token's depth `[B, T]`, the readout or None): the plain
     loop (the slots of injection, step adapter and update), each token halting by `halting`'s

@@ -162,6 +162,13 @@ def halts(rule: str, measure: torch.Tensor, threshold: float) -> torch.Tensor:
     return measure >= threshold if rule == "argmax" else measure < threshold
 
 
+def never_halts(rule: str) -> float:
+    """The rule's threshold at which no token halts: every token runs the call's maximum depth
+    under the rule's own cache layout (a context prefilled at full depth, then decoded with the
+    rule: docs/generation.md, "Per-token halting")."""
+    return math.inf if rule == "argmax" else 0.0
+
+
 class HaltedTokensKeepTheirKV:
     """While `active(core_blocks)` is entered, each core block's attention sees, for a token
     not in `running` (`[B, T]`, read at every call), the K/V it saw at that block's previous
