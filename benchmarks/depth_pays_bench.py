@@ -260,13 +260,14 @@ def evaluate(model: GRTModel, opts) -> dict:
 
 
 @torch.no_grad()
-def evaluate_halting(model: GRTModel, opts) -> list[dict]:
+def evaluate_halting(model: GRTModel, opts) -> tuple[list[dict], HaltingProbe | None]:
     """Each rule of HALTING (and Ouro's Q-exit at each of OURO_EXIT, for a model with an exit
     gate) on fresh problems of depths drawn uniformly from 1..R, at most R steps: accuracy, the
     mean steps of the query positions (by problem depth), and the steps saved against the
     smallest fixed r as accurate (eval-task's halting summary); and the wall-clock of each
     halted forward over the fixed r = R forward's on the same batch (the same process, one
-    thread: a ratio, not a speed)."""
+    thread: a ratio, not a speed). Also returns the learned rule's fitted probe (None where not
+    fitted), which the cached decode's export holds."""
     model.eval()
     generator = torch.Generator().manual_seed(opts.seed + 2000)
     batch = problems(opts, opts.eval_sequences, generator)
@@ -307,7 +308,7 @@ def evaluate_halting(model: GRTModel, opts) -> list[dict]:
         if rule == LEARNED_RULE:
             row["probe"] = fit
         rows.append(row)
-    return rows
+    return rows, probe
 
 
 def learned_probe(model: GRTModel, opts) -> tuple[HaltingProbe | None, dict | str]:
@@ -334,20 +335,23 @@ def learned_probe(model: GRTModel, opts) -> tuple[HaltingProbe | None, dict | st
 
 
 @torch.no_grad()
-def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float, str]]) -> list[dict]:
+def cached_answers(model: GRTModel, opts, rules: list[tuple[str, float, str]], probe=None) -> list[dict]:
     """Wall-clock per answer as a deployed model answers a stream of queries: the exported
     model (its remote code and KV cache, grt_titan/hf/remote/) prefills each sequence's table,
     then takes its queries one token at a time (batch 1), each answered by that decode step,
     at each fixed r = 1..R and under each of `rules` (rule, threshold, its context: "full" where
     the table is prefilled at full depth, under the rule at its threshold that never halts,
-    `never_halts`; "halts": under the rule): accuracy, mean steps of the query tokens, and
+    `never_halts`; "halts": under the rule; the learned rule reads `probe`, which the export
+    holds): accuracy, mean steps of the query tokens, and
     seconds per answer (the decode steps only; the first sequence untimed)."""
     from grt_titan.analysis.task_eval import cached_model
     from grt_titan.hf.convert import write_hf_folder
     from grt_titan.hf.remote.modeling_grt import GRTCache
 
     with tempfile.TemporaryDirectory(prefix="depth_pays_") as folder:
-        write_hf_folder(Path(folder) / "hf", model.state_dict(), model.model_args, write_tokenizer=False)
+        write_hf_folder(
+            Path(folder) / "hf", model.state_dict(), model.model_args, write_tokenizer=False, halting_probe=probe
+        )
         hf = cached_model(Path(folder) / "hf")
     batch = problems(opts, opts.cached_sequences + 1, torch.Generator().manual_seed(opts.seed + 3000))
     n, depths = opts.symbols, batch["depth"][1:].flatten().tolist()
@@ -431,11 +435,11 @@ def run_row(row: str, steps: int, opts) -> dict:
     result |= {"params": nparams, "train_flops_per_token": flops, "depths": evaluate(model, opts)}
     result["eval_r"] = model.model_args.num_recurrences if model.recurrence is not None else None
     if model.recurrence is not None and model.model_args.num_recurrences > 1 and opts.depth_given == "query":
-        result["halting"] = evaluate_halting(model, opts)
+        result["halting"], probe = evaluate_halting(model, opts)
         rules = [(h["rule"], h["threshold"], h["context"]) for h in result["halting"] if "refused" not in h]
-        rules = [run for run in rules if run[0] not in ("ouro-exit", LEARNED_RULE)]  # not exported rules
+        rules = [run for run in rules if run[0] != "ouro-exit"]  # Ouro's exit is the export's own objective
         if opts.cached_sequences and rules:
-            result["cached"] = cached_answers(model, opts, rules)
+            result["cached"] = cached_answers(model, opts, rules, probe)
     done.write_text(json.dumps(result, indent=1))
     return result
 

@@ -38,6 +38,8 @@ from grt_titan.data.records import ChatTemplate, Record, ordinary_batch, read_re
 from grt_titan.model.halting.rules import HALTING_RULES, LEARNED_RULE
 from grt_titan.run_reader import OverridesParser, check_overrides_have_config
 
+# The learned rule's fitted probe, written to `--out` for `grt-titan export-hf --halting-probe`.
+HALTING_PROBE_FILE = "halting_probe.pt"
 # `--halting RULE:THRESHOLD`: the exported model's rules and the learned one (`--probe-data`).
 EVAL_RULES = (*HALTING_RULES, LEARNED_RULE)
 
@@ -546,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     result = summarize(records, correct, depths, args)
     result["source"] = {**loaded.source, "data": str(opts.data)}
     print(table(result, trained))
+    probe = None
     if rules:
         try:
             probe, fit = learned_probe(loaded.model, fitting, opts) if learned else (None, None)
@@ -586,6 +589,10 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval_task.json").write_text(text + "\n")
         print(f"wrote {heatmap(result, out / 'task_accuracy.png')} and {out / 'eval_task.json'}")
+        if probe is not None:  # for `grt-titan export-hf --halting-probe`
+            from grt_titan.model.halting.probe import save_halting_probe
+
+            print(f"wrote {save_halting_probe(probe, out / HALTING_PROBE_FILE, fit)}")
     return 0
 
 

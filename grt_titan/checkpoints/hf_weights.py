@@ -20,6 +20,10 @@ from grt_titan.run_reader import CheckpointError
 
 from .folders import INDEX_FILE, SINGLE_FILE
 
+# An export's learned-halting probe (`grt-titan export-hf --halting-probe`): fitted after
+# training, not part of the training model, so an import leaves it out.
+HALTING_PROBE_PREFIX = "model.halting_probe."
+
 
 def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     """All tensors of an HF folder (model.safetensors or the shards of its index)."""

@@ -32,7 +32,7 @@ from grt_titan.model.state_dict_adapter import GRTStateDictAdapter, optional_nat
 from grt_titan.run_reader import CheckpointError
 
 from .folders import INDEX_FILE, METADATA_FILE, RESUME_STATES
-from .hf_weights import check_hf_keys, check_native_shapes, read_hf_weights
+from .hf_weights import HALTING_PROBE_PREFIX, check_hf_keys, check_native_shapes, read_hf_weights
 
 _NON_MODEL_PREFIXES = tuple(f"{name}." for name in RESUME_STATES)
 
@@ -127,6 +127,7 @@ def native_state_from_hf(hf_state_dict: dict[str, torch.Tensor], args: GRTModelA
     imported model starts a new depth sequence.
     """
     adapter = GRTStateDictAdapter(args, None)
+    hf_state_dict = {k: v for k, v in hf_state_dict.items() if not k.startswith(HALTING_PROBE_PREFIX)}
     check_hf_keys(adapter, hf_state_dict, "Hugging Face weights")
     native = adapter.from_hf(hf_state_dict)
     check_native_shapes(args, native, "Hugging Face weights")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from grt_titan.checkpoints.folders import INDEX_FILE, SINGLE_FILE
-from grt_titan.checkpoints.hf_weights import check_hf_keys, check_native_shapes, read_hf_weights
+from grt_titan.checkpoints.hf_weights import HALTING_PROBE_PREFIX, check_hf_keys, check_native_shapes, read_hf_weights
 from grt_titan.checkpoints.load import model_from_state
 from grt_titan.model.args import GRTModelArgs
 from grt_titan.model.state_dict_adapter import TRAINING_ONLY_KEYS, GRTStateDictAdapter
@@ -189,6 +189,7 @@ def write_hf_folder(
     card: dict[str, Any] | None = None,
     overwrite: bool = False,
     verify: bool = False,
+    halting_probe=None,
 ) -> Path:
     """Write an HF folder for a native GRT state dict; all-or-nothing.
 
@@ -205,6 +206,9 @@ def write_hf_folder(
         card: Facts for README.md (see model_card.render_model_card).
         verify: Rebuild the model from the written files and compare its fp32 logits with
             the torchtitan model's (float32 exports only).
+        halting_probe: the learned halting rule's fitted `HaltingProbe`, written as
+            `model.halting_probe` (config.json's `halting_probe`: the export takes
+            `halting="learned"`); None: none.
     """
     from .model_card import render_model_card
 
@@ -222,12 +226,20 @@ def write_hf_folder(
     if model_args.tie_embeddings and "output.weight" in native:
         if not torch.equal(native["output.weight"], native["tok_embeddings.weight"]):
             raise ExportError("gpt2 style ties output.weight to tok_embeddings.weight, but they differ")
-    hf = cast_for_export({k: hf[k] for k in adapter.hf_keys}, dtype)
+    hf = {k: hf[k] for k in adapter.hf_keys}
+    if halting_probe is not None:
+        if halting_probe.dim != model_args.dim:
+            raise ExportError(
+                f"the halting probe reads states of dim {halting_probe.dim}; the model's dim is {model_args.dim}"
+            )
+        hf |= {HALTING_PROBE_PREFIX + k: v.detach().cpu() for k, v in halting_probe.state_dict().items()}
+    hf = cast_for_export(hf, dtype)
 
     with atomic_directory(out, overwrite) as tmp:
         files = write_weights(tmp, hf, max_shard_size)
         eos_id, bos_id = special_ids(tokenizer, model_args)
         config = build_hf_config(model_args, dtype, eos_id, bos_id)
+        config.halting_probe = halting_probe is not None
         config.to_json_file(str(tmp / "config.json"), use_diff=False)
         for name in REMOTE_CODE_FILES:
             shutil.copyfile(REMOTE_DIR / name, tmp / name)

@@ -27,6 +27,7 @@ from typing import Any
 
 from grt_titan.checkpoints.folders import latest_step_folder
 from grt_titan.checkpoints.load import load_checkpoint
+from grt_titan.model.halting.probe import load_halting_probe
 from grt_titan.run_reader import CheckpointError, OverridesParser, RunView, load_model_args
 from grt_titan.tokenizer import resolve_tokenizer_source
 
@@ -126,10 +127,12 @@ def export_checkpoint(
     verify: bool = True,
     fmt: str = "auto",
     overrides: tuple[str, ...] | list[str] = (),
+    halting_probe: str | Path | None = None,
 ) -> Path:
     """Export `checkpoint` (a step folder, or a checkpoint folder: its latest step), trained
     with `config_file` (a TOML with the run's command-line `overrides`, or the run's record or
-    dump folder), to the HF folder `out` (parent folders are created); `fmt`: `--format`."""
+    dump folder), to the HF folder `out` (parent folders are created); `fmt`: `--format`;
+    `halting_probe`: a probe file eval-task wrote, held by the export (`--halting-probe`)."""
     checkpoint = latest_step_folder(Path(checkpoint))
     out = Path(out)
     if out.exists() and not overwrite:  # fail before the (slow) checkpoint read
@@ -138,6 +141,14 @@ def export_checkpoint(
     fmt = resolve_format(args, fmt)  # before the (slow) checkpoint read
     if fmt == "grt":
         check_exportable(args)
+    probe = None
+    if halting_probe is not None:
+        if fmt != "grt":
+            raise ExportError(f"--halting-probe {halting_probe}: a stock (dense) export has no recurrence to halt")
+        try:
+            probe = load_halting_probe(halting_probe, args.dim)
+        except ValueError as e:
+            raise ExportError(str(e)) from e
     if tokenizer_path is None:
         tokenizer_path = resolve_tokenizer_source(getattr(view.model, "hf_assets_path", None))
     native, facts = load_checkpoint(checkpoint, args)
@@ -157,18 +168,11 @@ def export_checkpoint(
         "validation_step": validation_step,
     }
     out.parent.mkdir(parents=True, exist_ok=True)  # as import-hf: `--out exports/x` just works
-    writer = write_stock_folder if fmt == "stock" else write_hf_folder
-    return writer(
-        out,
-        native,
-        args,
-        dtype=dtype,
-        max_shard_size=max_shard_size,
-        tokenizer_path=tokenizer_path,
-        card=card,
-        overwrite=overwrite,
-        verify=verify and dtype == "float32",
-    )
+    common = {"dtype": dtype, "max_shard_size": max_shard_size, "tokenizer_path": tokenizer_path, "card": card}
+    common |= {"overwrite": overwrite, "verify": verify and dtype == "float32"}
+    if fmt == "stock":
+        return write_stock_folder(out, native, args, **common)
+    return write_hf_folder(out, native, args, **common, halting_probe=probe)
 
 
 def portable_path(path: str | Path) -> str:
@@ -231,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="stock: GPT2LMHeadModel / LlamaForCausalLM / Qwen3ForCausalLM (dense models only); grt: model_type 'grt' with "
         "remote code; auto (default): stock for a dense model, grt for a recurrent one",
     )
+    p.add_argument(
+        "--halting-probe",
+        default=None,
+        metavar="FILE",
+        help="the learned halting rule's probe (halting_probe.pt, written by eval-task --halting learned:X --out DIR): "
+        "the export holds it and takes halting='learned'",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument(
         "--no-verify",
@@ -257,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             verify=not args.no_verify,
             fmt=args.format,
             overrides=args.overrides,
+            halting_probe=args.halting_probe,
         )
     except (CheckpointError, FileNotFoundError) as e:
         print(f"grt-titan export-hf: error: {e}", file=sys.stderr)

@@ -302,7 +302,16 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
         assert 1 <= row["mean_steps"] <= 8 and set(row["by_depth"]) == {"1", "2", "3"}
     # The run exported: the transformers-side model and its own tokenizer files score alike.
     export = str(tmp_path / "export")
-    assert cli(["export-hf", "--checkpoint", checkpoint, "--config", str(TASK_TOML), "--out", export, *overrides]) == 0
+    probe_file = tmp_path / "eval" / "halting_probe.pt"  # the learned rule's probe, for export-hf --halting-probe
+    assert f"wrote {probe_file}" in out
+    export_args = ["export-hf", "--checkpoint", checkpoint, "--config", str(TASK_TOML), "--out", export]
+    assert cli([*export_args, "--halting-probe", str(probe_file), *overrides]) == 0
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["halting_probe"] is True
+    (tmp_path / "no_probe.pt").write_bytes(b"not a probe")
+    capsys.readouterr()
+    bad = [*export_args[:-1], str(tmp_path / "never"), "--halting-probe", str(tmp_path / "no_probe.pt"), *overrides]
+    assert cli(bad) != 0 and not (tmp_path / "never").exists()
+    assert "not a halting probe that eval-task wrote" in capsys.readouterr().err
     capsys.readouterr()
     assert cli(["eval-task", export, "--data", str(tmp_path / "test.jsonl"), "--json", str(tmp_path / "x.json"),
                 "--no-progress", "--halting", "kl:0.001", *learned, "--wall-clock", "3"]) == 0  # fmt: skip

@@ -215,13 +215,16 @@ def test_cached_decoding_answers_as_the_uncached_forwards_do(bench, tmp_path):
     """The exported model, its KV cache fed one query at a time, answers each query as the
     native model's whole-sequence forward does, at each fixed r and under a halting rule (with
     forward_with_halting's steps): with the table prefilled at full depth, its tokens held from
-    halting (`may_halt`), and with the table halting too; the table compares each against
-    fixed r = R."""
+    halting (`may_halt`), and with the table halting too; the learned rule with the probe the
+    export holds; the table compares each against fixed r = R."""
     opts = bench.build_parser().parse_args(["--out", str(tmp_path), "--recurrences", "3", "--cached-sequences", "2"])
     model = uneven_model(bench, opts)
-    rules = [("state", 1.0, "full"), ("argmax", 1, "full"), ("state", 1.0, "halts"), ("argmax", 1, "halts")]
-    rows = bench.cached_answers(model, opts, rules)
-    names = ["r = 1", "r = 2", "r = 3", "state 1", "argmax 1"]
+    torch.manual_seed(1)
+    probe = bench.HaltingProbe(model.model_args.dim).eval()
+    rules = [("state", 1.0, "full"), ("argmax", 1, "full"), ("learned", 0.5, "full")]
+    rules += [("state", 1.0, "halts"), ("argmax", 1, "halts")]
+    rows = bench.cached_answers(model, opts, rules, probe)
+    names = ["r = 1", "r = 2", "r = 3", "state 1", "argmax 1", "learned 0.5"]
     names += ["state 1, context halting too", "argmax 1, context halting too"]
     assert [row["decode"] for row in rows] == names
     batch = bench.problems(opts, 3, torch.Generator().manual_seed(opts.seed + 3000))  # the first: untimed
@@ -233,7 +236,8 @@ def test_cached_decoding_answers_as_the_uncached_forwards_do(bench, tmp_path):
         assert len({row["accuracy"] for row in rows[:3]}) > 1  # r matters to these weights
         for (rule, x, context), row in zip(rules, rows[3:]):
             may_halt = torch.arange(tokens.shape[1]) >= n if context == "full" else None
-            logits, steps = model.forward_with_halting(tokens, rule, x, may_halt=may_halt)
+            reads = probe if rule == "learned" else None
+            logits, steps = model.forward_with_halting(tokens, rule, x, may_halt=may_halt, probe=reads)
             assert row["accuracy"] == (logits[:, n:].argmax(-1) == answers).float().mean().item()
             assert row["mean_steps"] == pytest.approx(steps[:, n:].float().mean().item())
             assert row["seconds_per_answer"] > 0
@@ -250,7 +254,8 @@ def test_each_rule_halts_the_queries_and_context_halts_scores_it_again_with_the_
     monkeypatch.setattr(bench, "HALTING", (("state", float("inf")), ("argmax", 1)))  # inf: all halt at step 1
     args = ["--out", str(tmp_path), "--recurrences", "3", "--eval-sequences", "4", "--probe-steps", "2"]
     opts = bench.build_parser().parse_args([*args, "--context-halts"])
-    rows = bench.evaluate_halting(uneven_model(bench, opts), opts)
+    rows, probe = bench.evaluate_halting(uneven_model(bench, opts), opts)
+    assert isinstance(probe, bench.HaltingProbe)  # the cached decode's export holds it
     full = [(r["rule"], r["threshold"]) for r in rows if r["context"] == "full"]
     halts = [(r["rule"], r["threshold"]) for r in rows if r["context"] == "halts"]
     assert full == halts == [*bench.HALTING, *[("learned", x) for x in bench.LEARNED]]
@@ -260,7 +265,7 @@ def test_each_rule_halts_the_queries_and_context_halts_scores_it_again_with_the_
     text = "\n".join(bench.halting_lines(rows))
     assert "| state inf |" in text and "| state inf, context halting too |" in text
     assert "| learned 0.1, context halting too |" in text
-    default = bench.evaluate_halting(uneven_model(bench, opts), bench.build_parser().parse_args(args))
+    default, _ = bench.evaluate_halting(uneven_model(bench, opts), bench.build_parser().parse_args(args))
     assert [r["context"] for r in default] == ["full"] * len(full)
 
 

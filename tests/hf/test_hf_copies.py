@@ -4,7 +4,7 @@ A function the remote code copies from grt_titan/model (it cannot import grt_tit
 
     # Copied from grt_titan.model.<module>.<name>[ with <old>-><new>[; <old>-><new>]]
 
-on the line above its `def`, and its source must be the named function's, character for
+on the line above its `def` (or `class`), and its source must be the named function's, character for
 character, once the `with` replacements (documented differences) are applied to the
 original: transformers' "Copied from" discipline (its utils/check_copies.py). The parity
 tests check what the copies compute; this checks that they are still copies.
@@ -32,10 +32,11 @@ def remote_sources() -> dict[str, str]:
 
 
 def functions(source: str):
-    """(node, its source with decorators, dedented) of every def in `source`, methods included."""
+    """(node, its source with decorators, dedented) of every def and class in `source`, methods
+    included."""
     lines = source.splitlines(keepends=True)
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             start = min([node.lineno] + [d.lineno for d in node.decorator_list])
             yield node, start, textwrap.dedent("".join(lines[start - 1 : node.end_lineno]))
 
@@ -64,7 +65,7 @@ def marked_copies():
             match = MARKER.match(line)
             if match is None:
                 continue
-            assert index + 2 in defs, f"{name}:{index + 1}: the marker is not right above a def"
+            assert index + 2 in defs, f"{name}:{index + 1}: the marker is not right above a def or class"
             replacements = [pair.split("->", 1) for pair in match.group(2).split("; ")] if match.group(2) else []
             assert all(len(pair) == 2 for pair in replacements), f"{name}:{index + 1}: a `with` pair lacks ->"
             found.append((name, index + 1, match.group(1), replacements, defs[index + 2][1]))

@@ -346,3 +346,61 @@ def test_a_readout_rule_needs_the_lm_head_and_its_cache_keeps_its_layout(hf_mode
             hf(ids, past_key_values=cache, num_recurrences=MAX_DEPTH, halting=first, halting_threshold=0.1)
             with pytest.raises(ValueError, match="this cache was made for .* reads out otherwise"):
                 hf(ids[:, :1], past_key_values=cache, num_recurrences=MAX_DEPTH, halting=then, halting_threshold=0.1)
+
+
+@pytest.fixture(scope="module")
+def with_probe(native_models, tmp_path_factory):
+    """The gpt2 model exported with a learned-halting probe (seeded, unfitted: its decisions
+    vary by token all the same), and the probe."""
+    from grt_titan.model.halting.rules import HaltingProbe
+
+    native = native_models["gpt2"]
+    torch.manual_seed(3)
+    probe = HaltingProbe(native.model_args.dim).eval()
+    folder = write_hf_folder(
+        tmp_path_factory.mktemp("probe") / "hf", native.state_dict(), native.model_args, write_tokenizer=False,
+        halting_probe=probe,
+    )  # fmt: skip
+    return folder, load_hf(folder), probe
+
+
+def test_the_learned_rule_decodes_from_the_export_that_holds_its_probe(native_models, with_probe, exported, hf_models):
+    """An export written with the probe takes halting="learned": uncached it gives the torchtitan
+    model's depths and logits, and a cached decode, its context prefilled at `never_halts`,
+    gives the batched forward's decisions with that context held. An import leaves the probe
+    out, and an export without one refuses the rule by name."""
+    import json
+
+    from grt_titan.checkpoints.hf_weights import read_hf_weights
+    from grt_titan.checkpoints.load import native_state_from_hf
+
+    native, (folder, hf, probe) = native_models["gpt2"], with_probe
+    ids, context = prompt(batch=2, seq=14, seed=8), 6
+    with torch.no_grad():
+        h_pre = native.prelude(native.embed(ids), native.freqs_cis)
+        states = native.recurrence(h_pre, native.freqs_cis, MAX_DEPTH, all_states=True).step_states
+        values = (1 - torch.sigmoid(probe(states[1]))).flatten().sort().values  # after step 2
+    gaps = values[7:21] - values[6:20]  # the widest gap in the middle half of the 28 tokens
+    threshold = float((values[6 + int(gaps.argmax())] + values[7 + int(gaps.argmax())]) / 2)
+    full = halted(hf, ids, halting="learned", halting_threshold=threshold)
+    with torch.no_grad():
+        logits, depths = native.forward_with_halting(ids, "learned", threshold, probe=probe, num_recurrences=MAX_DEPTH)
+        held_logits, held = native.forward_with_halting(
+            ids, "learned", threshold, probe=probe, num_recurrences=MAX_DEPTH, may_halt=torch.arange(14) >= context
+        )
+    assert len(depths.unique()) > 1 and torch.equal(full.recurrence_depths, depths)
+    assert (full.logits - logits[..., :SMALL_VOCAB]).abs().max().item() < ATOL
+    cache = cache_class(hf)(hf.config, strategy="per_step")
+    call = {"halting": "learned", "num_recurrences": MAX_DEPTH, "past_key_values": cache}
+    with torch.no_grad():
+        out = [hf(ids[:, :context], halting_threshold=never_halts("learned"), **call)]
+        out += [hf(ids[:, t : t + 1], halting_threshold=threshold, **call) for t in range(context, 14)]
+    assert torch.equal(torch.cat([o.recurrence_depths for o in out], 1), held)
+    assert len(held[:, context:].unique()) > 1
+    assert (torch.cat([o.logits for o in out], 1) - held_logits[..., :SMALL_VOCAB]).abs().max().item() < ATOL
+    assert json.loads((folder / "config.json").read_text())["halting_probe"] is True
+    imported = native_state_from_hf(read_hf_weights(folder), native.model_args)
+    assert all(torch.equal(imported[k], v) for k, v in native.state_dict().items() if k in imported)
+    assert "halting_probe" not in json.loads((exported["gpt2"] / "config.json").read_text())
+    with pytest.raises(ValueError, match="reads a halting probe, and this export holds none"):
+        halted(hf_models["gpt2"], ids, halting="learned", halting_threshold=0.1)

@@ -140,6 +140,9 @@ class GRTConfig(PretrainedConfig):
             the released MoR code's update).
         A config whose parts are all GRT's writes none of these fields (config.json stays
         as before the parts existed); a config.json without them loads as GRT.
+        halting_probe: the export holds the learned halting rule's probe (`model.halting_probe`,
+            halting_grt.py; `grt-titan export-hf --halting-probe FILE`), and a call takes
+            `halting="learned"`. config.json holds it only where true.
         training_settings: training-only settings of the run (noise, depth sampling), kept so that
             `grt-titan import-hf` restores them; unused for inference.
         bos_token_id, eos_token_id: the tokenizer's `<|endoftext|>` id, which `grt-titan
@@ -191,6 +194,7 @@ class GRTConfig(PretrainedConfig):
         router_scale=0.1,
         router_inference="threshold",
         router_update="delta",
+        halting_probe=False,
         training_settings=None,
         initializer_range=0.02,
         use_cache=True,
@@ -237,7 +241,7 @@ class GRTConfig(PretrainedConfig):
         self.router_capacity = None if router_capacity is None else [float(c) for c in router_capacity]
         self.router_scale = router_scale
         self.router_inference = router_inference
-        self.router_update = router_update
+        self.router_update, self.halting_probe = router_update, bool(halting_probe)
         self.training_settings = training_settings or {}
         self.initializer_range = initializer_range
         self.use_cache = use_cache
@@ -308,6 +312,8 @@ class GRTConfig(PretrainedConfig):
                 drop.update(part.settings)
         if self.head_dim == self.hidden_size // self.num_attention_heads:
             drop.add("head_dim")  # the derived width: config.json stays as before the field
+        if not self.halting_probe:
+            drop.add("halting_probe")  # no probe: config.json stays as before the field
         for key in drop:
             output.pop(key, None)
         return output

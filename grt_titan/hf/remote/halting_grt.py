@@ -17,9 +17,10 @@ rule says so: its state keeps h_s, and the token reads out at depth s.
 | `kl`      | KL(p_{s-1} || p_s) < x: successive steps' next-token distributions    |
 | `entropy` | |H(p_s) - H(p_{s-1})| < x                                             |
 | `argmax`  | the argmax of p_s has not changed for x successive steps (x counts steps) |
+| `learned` | 1 - P(done | h_s) < x, P read by a probe fitted to the model after training (an export written with `--halting-probe`) |
 
 p_s is step s's readout (coda, final norm, LM head), p_0 the uniform distribution (no argmax).
-For the first four, threshold 0 never halts (a measure is never below 0): every token runs b
+For the first four and `learned`, threshold 0 never halts (a measure is never below 0): every token runs b
 steps, the fixed depth's forward exactly; an infinite threshold halts every token at a. For
 argmax, 0 halts every token at a and inf never halts.
 
@@ -46,10 +47,14 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 HALTING_RULES = ("state", "gate", "kl", "entropy", "argmax")
 # The rules that read every step out (its next-token distribution): coda and LM head per step.
 READOUT_RULES = ("kl", "entropy", "argmax")
+# The rule that reads a fitted probe: an export holds one where `grt-titan export-hf
+# --halting-probe FILE` wrote it (`model.halting_probe`, config.json's `halting_probe`).
+LEARNED_RULE = "learned"
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,23 @@ def halting_of_call(halting, halting_threshold, min_recurrences, max_depth: int)
             f"min_recurrences = {min_depth} > num_recurrences = {max_depth} (the maximum depth of a halting call)"
         )
     return Halting(halting, float(halting_threshold), min_depth, max_depth)
+
+
+# Copied from grt_titan.model.halting.rules.HaltingProbe
+class HaltingProbe(nn.Module):
+    """The learned rule's probe: from a token's state h_s, the logit of "step s's readout is
+    already the answer the last step gives, and stays it". CALM's classifier is linear; this one
+    has a hidden layer, so that it can weigh what the state holds of the problem (its depth, the
+    steps taken) together (docs/tasks.md, "A learned halting rule")."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.net = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, 1))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits `[..., T]` of done, from states `[..., T, dim]` (fp32)."""
+        return self.net(h.float()).squeeze(-1)
 
 
 # Copied from grt_titan.model.halting.rules.halting_measure
@@ -194,6 +216,8 @@ def halting_steps(model, h, h_pre, call, record, halting: Halting, keep, head=No
             step_logits = head(x)
             logits = keep_running(step_logits, logits)
             measure, memory = readout_measure(halting.rule, step_logits, memory)
+        elif halting.rule == LEARNED_RULE:
+            measure = 1.0 - torch.sigmoid(model.halting_probe(h_new))
         else:
             measure = halting_measure(halting.rule, h_new, h, gate)
         if step + 1 >= halting.min_depth:

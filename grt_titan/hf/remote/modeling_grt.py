@@ -86,7 +86,15 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 # before the parts had their own file.
 from .cache_grt import GRTCache, MoRCache, attention_masks  # noqa: F401
 from .configuration_grt import GRTConfig
-from .halting_grt import READOUT_RULES, Halting, halting_of_call, halting_steps
+from .halting_grt import (
+    HALTING_RULES,
+    LEARNED_RULE,
+    READOUT_RULES,
+    Halting,
+    HaltingProbe,
+    halting_of_call,
+    halting_steps,
+)
 from .layers_grt import GRTBlock, eval_initial_state, make_norm, rope_inverse_frequencies  # noqa: F401
 from .parts_grt import PARTS, active_parts, cache_class, slots
 
@@ -259,6 +267,8 @@ class GRTModel(GRTPreTrainedModel):
                 setattr(self, part.module_name, part.build(config) if part in self.parts else None)
         self.coda = nn.ModuleList(GRTBlock(config) for _ in range(config.num_coda_layers))
         self.norm = make_norm(config)
+        # The learned halting rule's probe, where the export holds one (halting_grt.py).
+        self.halting_probe = HaltingProbe(d) if config.halting_probe else None
         self.post_init()
 
     def get_input_embeddings(self):
@@ -368,7 +378,19 @@ class GRTModel(GRTPreTrainedModel):
 
     def _halting(self, halting, halting_threshold, min_recurrences, depth: int, head) -> Halting | None:
         """The call's per-token halting (halting_grt.py), checked against the model's parts."""
-        halt = halting_of_call(halting, halting_threshold, min_recurrences, depth)
+        if halting == LEARNED_RULE:
+            if self.halting_probe is None:
+                raise ValueError(
+                    f"halting = {LEARNED_RULE!r} reads a halting probe, and this export holds none (config.json's "
+                    "halting_probe is false); allowed: halting = one of "
+                    f"{HALTING_RULES}, or export with `grt-titan export-hf --halting-probe FILE`"
+                )
+            if halting_threshold is None:
+                raise ValueError(f"halting = {LEARNED_RULE!r} needs halting_threshold (>= 0; 0 never halts)")
+            halt = halting_of_call("state", halting_threshold, min_recurrences, depth)  # the same number checks
+            halt = Halting(LEARNED_RULE, halt.threshold, halt.min_depth, halt.max_depth)
+        else:
+            halt = halting_of_call(halting, halting_threshold, min_recurrences, depth)
         if halt is None:
             return None
         if halt.rule in READOUT_RULES and head is None:

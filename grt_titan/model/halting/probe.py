@@ -8,6 +8,7 @@ learned halting rule", measures what it saves."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
@@ -69,3 +70,28 @@ def fit_halting_probe(
     model.train(was_training)
     probe.eval()
     return probe, log
+
+
+def save_halting_probe(probe: HaltingProbe, path: str | Path, fit: dict | None = None) -> Path:
+    """Write `probe` (its width, weights and how it was fitted) where `grt-titan export-hf
+    --halting-probe` reads it."""
+    path = Path(path)
+    torch.save({"dim": probe.dim, "state_dict": probe.state_dict(), "fit": fit or {}}, path)
+    return path
+
+
+def load_halting_probe(path: str | Path, dim: int) -> HaltingProbe:
+    """The probe `save_halting_probe` wrote, for a model of width `dim`; ValueError naming the
+    file where it is none, or fits another width."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--halting-probe {path}: no such file (eval-task --halting learned:X --out DIR writes one)")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        probe = HaltingProbe(saved["dim"])
+        probe.load_state_dict(saved["state_dict"])
+    except Exception as e:  # a file that is no saved probe: torch's unpickling or a key error
+        raise ValueError(f"--halting-probe {path}: not a halting probe that eval-task wrote ({e})") from e
+    if probe.dim != dim:
+        raise ValueError(f"--halting-probe {path} reads states of dim {probe.dim}; this model's dim is {dim}")
+    return probe.eval()
