@@ -25,7 +25,7 @@ class Generator:
     predict a token: the prompt's last and each decoded one. The context before them is
     prefilled under the same rule at its never-halting threshold, every step deep, because the
     tokens that halt read it (a context that halts early costs them the answer:
-    docs/results/depth_pays.md). A token's exit is a host-side decision after each step, which
+    docs/results/halting_readers.md). A token's exit is a host-side decision after each step, which
     one compiled decode step cannot take; `depths` then holds the recurrence_depths of each
     call that halts. `num_recurrences`: every call's depth (None: the config's eval depth)."""
 
