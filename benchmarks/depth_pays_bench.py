@@ -284,8 +284,8 @@ def evaluate_halting(model: GRTModel, opts) -> tuple[list[dict], HaltingProbe | 
     exits = [("ouro-exit", q) for q in OURO_EXIT] if model.exit_gate is not None else []
     probe, fit = learned_probe(model, opts) if opts.probe_steps else (None, None)
     learned = [(LEARNED_RULE, x) for x in LEARNED] if opts.probe_steps else []
-    # The queries halt, the table they read runs every step; Ouro's exit has no such mask.
-    runs = [(rule, x, "full") for rule, x in [*HALTING, *learned]] + [(rule, x, "halts") for rule, x in exits]
+    # The queries halt, the table they read runs every step; Ouro's exit has no such mask (None).
+    runs = [(rule, x, "full") for rule, x in [*HALTING, *learned]] + [(rule, x, None) for rule, x in exits]
     if opts.context_halts:  # the table's tokens halting by the rule too: what the queries lose
         runs += [(rule, x, "halts") for rule, x in [*HALTING, *learned]]
     for rule, threshold, context in runs:
