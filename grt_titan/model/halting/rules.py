@@ -26,11 +26,12 @@ depth does. The exported model does the same with its cache (grt_titan/hf/remote
 whose copies of the functions below tests/hf/test_hf_copies.py keeps equal);
 tests/hf/test_hf_halting.py holds the two to the same depths and logits.
 
-The learned rule is this module's alone: its probe (`HaltingProbe`) is fitted to a trained,
+The learned rule reads a probe (`HaltingProbe`) fitted to a trained,
 frozen model (grt_titan/model/halting/probe.py) and passed with the call, as CALM's
 learned early-exit classifier is fitted (Schuster et al. 2022, arXiv 2207.07061): its target at
 step s is whether the readout's argmax at s is the last step's and stays so through every
-later step (`consistency_targets`). The exported model's rules are the five above.
+later step (`consistency_targets`). An export takes the five above, and the learned one where
+`grt-titan export-hf --halting-probe` wrote its probe into it (halting_grt.py's copy).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from torch import nn
 HALTING_RULES = ("state", "gate", "kl", "entropy", "argmax")
 # The rules that read every step out (its next-token distribution): coda and LM head per step.
 READOUT_RULES = ("kl", "entropy", "argmax")
-# The rule that reads a fitted probe: not an exported rule (the probe is not in the weights).
+# The rule that reads a fitted probe: an export takes it where it holds the probe (`--halting-probe`).
 LEARNED_RULE = "learned"
 
 
