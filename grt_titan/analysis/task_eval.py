@@ -142,6 +142,15 @@ def answered(ids: torch.Tensor, n: int) -> slice:
     return slice(length - n - 1, length - 1)
 
 
+def answering_positions(ids: torch.Tensor, batch: list[int], encoded) -> torch.Tensor:
+    """Where each row of `ids` [b, length] (records `batch` of `encoded`) predicts its
+    completion, as a bool mask over the inputs `ids[:, :-1]`."""
+    positions = torch.zeros(ids[:, :-1].shape, dtype=torch.bool, device=ids.device)
+    for row, i in enumerate(batch):
+        positions[row, answered(ids, encoded[i][1])] = True
+    return positions
+
+
 def _batches(encoded: list[tuple[list[int], int]], batch_size: int, device, group=None):
     """(record indices, ids [b, length]) of records of one length (and one `group(i)`, where
     given) at a time."""
@@ -177,10 +186,7 @@ def fit_probe(model, encoded, steps: int, batch_size: int) -> tuple[Any, list]:
     def batches():
         while True:
             for batch, ids in _batches(encoded, batch_size, device):
-                positions = torch.zeros(ids[:, :-1].shape, dtype=torch.bool, device=device)
-                for row, i in enumerate(batch):
-                    positions[row, answered(ids, encoded[i][1])] = True
-                yield ids[:, :-1], positions
+                yield ids[:, :-1], answering_positions(ids, batch, encoded)
 
     return fit_halting_probe(model, batches(), steps)
 
@@ -204,11 +210,7 @@ def score_halting(
     device = next(model.parameters()).device
     scored: list = [None] * len(encoded)
     for batch, ids in _batches(encoded, batch_size, device):
-        may_halt = None
-        if context == "full":
-            may_halt = torch.zeros(ids[:, :-1].shape, dtype=torch.bool, device=device)
-            for row, i in enumerate(batch):
-                may_halt[row, answered(ids, encoded[i][1])] = True
+        may_halt = answering_positions(ids, batch, encoded) if context == "full" else None
         logits, steps = model.forward_with_halting(ids[:, :-1], rule, threshold, probe=probe, may_halt=may_halt)
         predicted = logits.argmax(-1)
         for row, i in enumerate(batch):
