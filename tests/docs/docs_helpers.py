@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import functools
 import glob
 import importlib
 import importlib.util
@@ -195,7 +196,8 @@ def job_config_problem(args: list[str]) -> str | None:
     return "; ".join(problems) if problems else None
 
 
-def _flags_of_script(script: Path) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _flags_of_script(script: Path) -> frozenset[str]:
     """Option strings a script declares with `add_argument` (read with ast, not run), its own
     and those of the functions it imports from a module beside it (a shared helper such as
     benchmarks/retrofit_real.py's `add_source_arguments`)."""
@@ -210,7 +212,7 @@ def _flags_of_script(script: Path) -> set[str]:
             for helper in ast.parse(sibling.read_text()).body:
                 if isinstance(helper, ast.FunctionDef) and helper.name in imported:
                     flags |= _added_arguments(helper)
-    return flags
+    return frozenset(flags)
 
 
 def _added_arguments(tree: ast.AST) -> set[str]:
@@ -313,11 +315,8 @@ def command_problems(cmd: list[str]) -> list[str]:
         elif args and args[0].endswith(".py"):
             script = REPO / args[0]
             if script.is_file():
-                unknown = [
-                    a.split("=")[0]
-                    for a in args[1:]
-                    if a.startswith("--") and a.split("=")[0] not in _flags_of_script(script)
-                ]
+                flags = _flags_of_script(script)  # read once per script: each read walks its tree
+                unknown = [a.split("=")[0] for a in args[1:] if a.startswith("--") and a.split("=")[0] not in flags]
                 if unknown:
                     problem = f"{args[0]} has no option(s) {unknown}"
         else:
