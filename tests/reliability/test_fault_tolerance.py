@@ -71,7 +71,8 @@ def faults(module_tmp):
         g1.kill()
         events["killed_at"], events["killed_step"] = time.monotonic(), g0.last_step()
         # Group 1's own steps, its log final once it is dead. Not steps up to killed_step: group 0
-        # may not have logged the step both just committed (CI, 2026-12-07: its log one step behind).
+        # may not have logged the steps both just committed (a CI run, 2026-12-07: its log read step 4
+        # where group 1, started at step 3, had logged four).
         events["steps_before_kill"] = [s for s, _, _, _ in g1.steps()]
         alone = lambda: [s for s, _, live, _ in g0.steps() if s > events["killed_step"] and live == 1]  # noqa: E731
         events["first_alone_after_s"] = wait_until(lambda: len(alone()) >= 1, 120, "group 0 alone", groups)
