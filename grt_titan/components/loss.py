@@ -13,9 +13,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
-from grt_titan.model.part import TrainingOutput
-
-IGNORE_INDEX = -100  # torchtitan's (both hosts) and torch's default: a label that is not scored
+from grt_titan.model.part import IGNORE_INDEX, TrainingOutput
 
 
 def cross_entropy_loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

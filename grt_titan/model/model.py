@@ -204,17 +204,19 @@ class GRTModel(nn.Module):
         )
         return (self.logits_from_state(h) if logits is None else logits), depths
 
-    def logits_from_state(self, h: torch.Tensor) -> torch.Tensor:
+    def logits_from_state(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Coda, final norm and LM head on a state h [B, S, dim]: the end of `forward`.
 
         Its own method so that a state captured after any recurrence step can be read out
         (per-depth loss in `grt-titan analyze`, early exit) exactly as `forward` would.
+        `rows` (flat indices into the B * S positions): those positions' logits alone, [N, V],
+        the coda's attention still reading every position (per-step supervision's readout).
         """
-        return self.output(self.final_hidden(h))
+        return self.output(self.final_hidden(h, rows))
 
-    def final_hidden(self, h: torch.Tensor) -> torch.Tensor:
+    def final_hidden(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Coda and final norm on a state h: the hidden state the LM head reads."""
-        return self.norm(self.coda(h, self.freqs_cis))
+        return self.norm(self.coda(h, self.freqs_cis, rows=rows))
 
     def exit_readout(self, h_pre: torch.Tensor, num_recurrences: int | None) -> torch.Tensor | TrainingOutput:
         """Ouro: every step's state read out and weighed by the exit gate (methods/ouro.py).

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 Bad = Callable[[str, Any, str], ValueError]
 
 
+IGNORE_INDEX = -100  # torchtitan's (both hosts) and torch's default: a label that is not scored
+
+
 # What a training forward returns when the method's loss is more than CE on the final logits.
 # GRT, dense and most baselines return plain logits. A method with per-step supervision (Ouro's
 # exit distribution, per-step targets) or an auxiliary loss (MoR's router) returns a
@@ -51,6 +54,7 @@ class TrainingOutput(NamedTuple):
     torchtitan's cross-entropy is: the trainer divides by the global token count.
     """
 
+    # Per-step supervision reads out the scored positions alone: zeros elsewhere, in both.
     logits: torch.Tensor  # [B, S, V] the readout an eval forward would return
     step_logits: torch.Tensor | None = None  # [T, B, S, V] one readout per recurrence step
     step_weights: torch.Tensor | None = None  # [T, B, S] weight of each step's loss per token

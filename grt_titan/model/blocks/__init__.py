@@ -26,6 +26,7 @@ from ..methods.rrt import BlockAdapter, lora_delta
 from .init import trunc_normal_
 from .llama import LlamaBlock, LlamaBlockArgs, LlamaFeedForward, RoPEScalingArgs, precompute_freqs_cis
 from .qwen3 import Qwen3Block, Qwen3BlockArgs, precompute_rope_cache
+from .rows import take_rows
 from .sdpa import ScaledDotProductAttentionWrapper
 
 if TYPE_CHECKING:  # the args import the method modules, which import these blocks
@@ -89,11 +90,14 @@ class GPT2Block(nn.Module):
         attention_masks=None,
         positions: torch.Tensor | None = None,
         adapter: BlockAdapter | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`rows`: flat indices into the [B * S] positions; the output holds those rows alone
+        ([N, dim]), the feed-forward run on them only (a readout scored at a few positions)."""
         if adapter is None:  # one input: torchtitan's TP plan prepares exactly one
-            h = x + self.attention(self.attention_norm(x))
+            h = take_rows(x + self.attention(self.attention_norm(x)), rows)
             return h + self.feed_forward(self.ffn_norm(h))
-        h = x + self.attention(self.attention_norm(x), adapter)
+        h = take_rows(x + self.attention(self.attention_norm(x), adapter), rows)
         return h + self.feed_forward(self.ffn_norm(h), adapter)
 
     def init_weights(self) -> None:
@@ -203,15 +207,22 @@ class BlockStack(nn.Module):
         h: torch.Tensor,
         freqs_cis: torch.Tensor | None,
         adapters: list[BlockAdapter] | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`adapters`: one per block, the per-step LoRA of RRT (gpt2 blocks only)."""
+        """`adapters`: one per block, the per-step LoRA of RRT (gpt2 blocks only). `rows`: flat
+        indices into h's [B * S] positions, the only rows returned ([N, dim]): every block's
+        attention reads every position, the last block's feed-forward runs on those rows alone."""
+        blocks = list(self.layers.values())
+        if not blocks:
+            return take_rows(h, rows)
+        last = {} if rows is None else {"rows": rows}  # the blocks' own signature when not asked
         if adapters is None:
-            for block in self.layers.values():
+            for block in blocks[:-1]:
                 h = block(h, freqs_cis, None)
-            return h
-        for block, adapter in zip(self.layers.values(), adapters, strict=True):
+            return blocks[-1](h, freqs_cis, None, **last)
+        for block, adapter in zip(blocks[:-1], adapters[:-1], strict=True):
             h = block(h, freqs_cis, None, None, adapter)
-        return h
+        return blocks[-1](h, freqs_cis, None, None, adapters[-1], **last)
 
     def init_weights(self) -> None:
         for block in self.layers.values():

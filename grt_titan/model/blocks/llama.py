@@ -7,7 +7,8 @@ A copy of torchtitan 0.2.2's llama3 block (torchtitan/models/llama3/model/model.
 so that the GRT's parameter names (`attention.wq`, `feed_forward.w1`, `attention_norm`, ...),
 its init and its numerics do not change with the host torchtitan (0.3 renamed the parameters).
 Left out, as the GRT never uses them: flex and varlen attention, attention masks and RoPE
-position ids (sdpa, causal, positions 0..S-1 only). The args are the fields of torchtitan's
+position ids (sdpa, causal, positions 0..S-1 only). Added: the block's optional `rows`
+(blocks/rows.py), which leaves every other call as torchtitan's. The args are the fields of torchtitan's
 `TransformerModelArgs` that the block and its RoPE table read, same names and defaults.
 tests/model/test_block_copies.py checks outputs, gradients, init and tables against the original.
 
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .init import trunc_normal_
+from .rows import take_rows
 from .sdpa import ScaledDotProductAttentionWrapper
 
 
@@ -225,8 +227,11 @@ class LlamaBlock(nn.Module):
         freqs_cis: torch.Tensor,
         attention_masks: object | None,
         positions: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        # `rows` (ours, not torchtitan's): only those flat positions returned (blocks/rows.py).
         h = x + self.attention(self.attention_norm(x), freqs_cis, attention_masks, positions)
+        h = take_rows(h, rows)
         out = h + self.feed_forward(self.ffn_norm(h))
         return out
 

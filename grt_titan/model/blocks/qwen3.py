@@ -7,7 +7,8 @@ A copy of torchtitan 0.2.2's dense qwen3 block (torchtitan/models/qwen3/model/mo
 (`attention.q_norm`, `attention.wq`, `feed_forward.w1`, ...), its init and its numerics do not
 change with the host torchtitan (0.3 renamed the parameters). Left out, as the GRT never uses
 them: MoE, flex and varlen attention, attention masks, RoPE position ids, and blocks without
-q/k norm. The args are the fields of torchtitan's `Qwen3ModelArgs` that the block reads, same
+q/k norm. Added: the block's optional `rows` (blocks/rows.py), which leaves every other call
+as torchtitan's. The args are the fields of torchtitan's `Qwen3ModelArgs` that the block reads, same
 names and defaults. tests/model/test_block_copies.py checks outputs, gradients, init and the
 cache against the original.
 
@@ -25,6 +26,7 @@ from torch import nn
 
 from .init import trunc_normal_
 from .llama import check_causal_sdpa
+from .rows import take_rows
 from .sdpa import ScaledDotProductAttentionWrapper
 
 
@@ -201,8 +203,11 @@ class Qwen3Block(nn.Module):
         rope_cache: torch.Tensor,
         attention_masks: object | None,
         positions: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        # `rows` (ours, not torchtitan's): only those flat positions returned (blocks/rows.py).
         x = x + self.attention(self.attention_norm(x), rope_cache, attention_masks, positions)
+        x = take_rows(x, rows)
         x = x + self.feed_forward(self.ffn_norm(x))
         return x
 

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..flops import readout_flops_per_token
-from ..part import Bad, Part, TrainingOutput
+from ..part import IGNORE_INDEX, Bad, Part, TrainingOutput
 from ..settings import setting
 
 if TYPE_CHECKING:  # the args have this module's settings among their bases
@@ -46,18 +47,40 @@ class StepSupervisionSettings:
 def step_supervised_readout(model: nn.Module, states: list[torch.Tensor], step_labels: torch.Tensor | None):
     """The `TrainingOutput` of a training forward of `model` (a GRTModel) whose steps left
     `states` h_1..h_r: every step's logits [r, B, S, V], equal weights 1/r, and the batch's
-    step targets [B, S, K] (grt_titan/components/loss.py pairs step t with column t - 1)."""
+    step targets [B, S, K] (grt_titan/components/loss.py pairs step t with column t - 1).
+
+    Only the positions with a target are scored, so only there do the coda's last feed-forward,
+    the norm and the head run (`scored_rows`); the logits elsewhere are zeros, never scored."""
     steps = len(states)
     batch = states[0].shape[0]
-    # One [r * B, S, d] batch through coda, norm and head, as Ouro's readout does. The step
-    # logits and the last step's are tensors of their own, not views of that batch: FSDP warns
-    # of a module that returns views (an in-place op on one would skip its backward hook).
-    flat = model.logits_from_state(torch.cat(states, dim=0))
-    step_logits = flat.unflatten(0, (steps, batch)).clone()
+    # One [r * B, S, d] batch through coda, norm and head, as Ouro's readout does.
+    flat = torch.cat(states, dim=0)
+    rows = scored_rows(step_labels, states[0], steps)
+    if rows is None:
+        logits = model.logits_from_state(flat)
+    else:
+        scored = model.logits_from_state(flat, rows)
+        logits = scored.new_zeros(flat.shape[0] * flat.shape[1], scored.shape[-1]).index_copy(0, rows, scored)
+        logits = logits.unflatten(0, flat.shape[:2])
+    # The step logits and the last step's are tensors of their own, not views of that batch: FSDP
+    # warns of a module that returns views (an in-place op on one would skip its backward hook).
+    step_logits = logits.unflatten(0, (steps, batch)).clone()
     weights = torch.full(step_logits.shape[:3], 1.0 / steps, device=step_logits.device)
     return TrainingOutput(
         step_logits[-1].clone(), step_logits=step_logits, step_weights=weights, step_labels=step_labels
     )
+
+
+def scored_rows(step_labels: torch.Tensor | None, state: torch.Tensor, steps: int) -> torch.Tensor | None:
+    """Flat indices into the [steps * B * S] positions of the concatenated states at which some
+    step has a target (the loader's step labels are ignored exactly where the labels are), or
+    None where the readout runs on every position: no step labels, or a state that is not the
+    whole batch (tensor parallel: a DTensor, or this rank's slice of the sequence)."""
+    if step_labels is None or isinstance(state, DTensor) or state.shape[:2] != step_labels.shape[:2]:
+        return None
+    rows = (step_labels != IGNORE_INDEX).any(-1).flatten().nonzero().squeeze(1)
+    positions = step_labels.shape[0] * step_labels.shape[1]
+    return (rows + positions * torch.arange(steps, device=rows.device)[:, None]).flatten()
 
 
 class StepSupervision(Part):
