@@ -59,6 +59,10 @@ def step_supervised_readout(model: nn.Module, states: list[torch.Tensor], step_l
     if rows is None:
         logits = model.logits_from_state(flat)
     else:
+        # Both sizes follow r (and the batch's answers): a compiled coda block traces them
+        # symbolic from its first call, not once per r.
+        torch._dynamo.maybe_mark_dynamic(flat, 0)
+        torch._dynamo.maybe_mark_dynamic(rows, 0)
         scored = model.logits_from_state(flat, rows)
         logits = scored.new_zeros(flat.shape[0] * flat.shape[1], scored.shape[-1]).index_copy(0, rows, scored)
         logits = logits.unflatten(0, flat.shape[:2])
