@@ -8,8 +8,9 @@ so that the GRT's parameter names (`attention.wq`, `feed_forward.w1`, `attention
 its init and its numerics do not change with the host torchtitan (0.3 renamed the parameters).
 Left out, as the GRT never uses them: flex and varlen attention, attention masks and RoPE
 position ids (sdpa, causal, positions 0..S-1 only). Added: the block's optional `rows`
-(blocks/rows.py), which leaves every other call as torchtitan's. The args are the fields of torchtitan's
-`TransformerModelArgs` that the block and its RoPE table read, same names and defaults.
+(blocks/rows.py), which leaves every other call as torchtitan's. The args are the fields of
+torchtitan's `TransformerModelArgs` that the block and its RoPE table read, same names and
+defaults.
 tests/model/test_block_copies.py checks outputs, gradients, init and tables against the original.
 
 Copyright (c) Meta Platforms, Inc. and affiliates. All rights reserved.

@@ -8,9 +8,9 @@ A copy of torchtitan 0.2.2's dense qwen3 block (torchtitan/models/qwen3/model/mo
 change with the host torchtitan (0.3 renamed the parameters). Left out, as the GRT never uses
 them: MoE, flex and varlen attention, attention masks, RoPE position ids, and blocks without
 q/k norm. Added: the block's optional `rows` (blocks/rows.py), which leaves every other call
-as torchtitan's. The args are the fields of torchtitan's `Qwen3ModelArgs` that the block reads, same
-names and defaults. tests/model/test_block_copies.py checks outputs, gradients, init and the
-cache against the original.
+as torchtitan's. The args are the fields of torchtitan's `Qwen3ModelArgs` that the block reads,
+same names and defaults. tests/model/test_block_copies.py checks outputs, gradients, init and
+the cache against the original.
 
 Copyright (c) Meta Platforms, Inc. and affiliates. All rights reserved.
 BSD-3-Clause, torchtitan's licence: grt_titan/model/LICENSE.torchtitan.
