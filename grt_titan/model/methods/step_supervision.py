@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from ..flops import readout_flops_per_token
 from ..part import IGNORE_INDEX, Bad, Part, TrainingOutput
@@ -79,8 +78,9 @@ def scored_rows(step_labels: torch.Tensor | None, state: torch.Tensor, steps: in
     """Flat indices into the [steps * B * S] positions of the concatenated states at which some
     step has a target (the loader's step labels are ignored exactly where the labels are), or
     None where the readout runs on every position: no step labels, or a state that is not the
-    whole batch (tensor parallel: a DTensor, or this rank's slice of the sequence)."""
-    if step_labels is None or isinstance(state, DTensor) or state.shape[:2] != step_labels.shape[:2]:
+    whole batch (tensor parallel: a DTensor, known by its `full_tensor`, as methods/ouro.py
+    does without importing torch.distributed; or this rank's slice of the sequence)."""
+    if step_labels is None or hasattr(state, "full_tensor") or state.shape[:2] != step_labels.shape[:2]:
         return None
     rows = (step_labels != IGNORE_INDEX).any(-1).flatten().nonzero().squeeze(1)
     positions = step_labels.shape[0] * step_labels.shape[1]
