@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -214,6 +215,26 @@ def worker_result(test_file: str, module: str, tmp_path: Path, nproc: int = 2):
     proc = torchrun(nproc, [str(out)], tmp_path, timeout=300, module=module, env=worker_env(test_file))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return json.loads(out.read_text())
+
+
+def recompiles_after_step_1(output: str) -> list[str]:
+    """`TORCH_LOGS=recompiles` lines logged after step 1 finished.
+
+    The first step compiles every distinct module once. torchtitan's checkpoint wrapper is
+    one code object for every wrapped module, so the second module it wraps (with another
+    arity) is logged as a recompile of it; that happens inside step 1. Later steps sample
+    other depths r and must compile nothing.
+    """
+    step_1 = re.search(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ .*step:\s+1\s", output)
+    assert step_1, output[-2000:]
+    done = datetime.strptime(step_1.group(1), "%Y-%m-%d %H:%M:%S")
+    late = []
+    for match in re.finditer(r"[VWI](\d{2})(\d{2}) (\d\d:\d\d:\d\d)\.\d+ .*Recompiling function.*", output):
+        month, day, clock = match.groups()
+        when = datetime.strptime(f"{done.year}-{month}-{day} {clock}", "%Y-%m-%d %H:%M:%S")
+        if when > done:
+            late.append(match.group(0))
+    return late
 
 
 def mesh_degrees(output: str) -> dict[str, int] | None:

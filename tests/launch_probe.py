@@ -4,7 +4,8 @@ python -m tests.launch_probe [--sleep S] [--exit N] [--fail-rank R] [--kill-self
 (GRT_PROBE_STARTED=FILE: the file, holding the probe's pid, is made once it has printed its line;
 GRT_PROBE_PIDS=DIR: each rank writes its pid to DIR/RANK, for a test that checks they are gone:
 a served job's ranks are forks of the server, whose command line pgrep sees, not the probe's)
-python -m tests.launch_probe --torch-logs | --end-of-training-sleep
+python -m tests.launch_probe --torch-logs
+(Its line says what torchtitan.train sleeps and times with, where a launcher job loaded it.)
 """
 
 import json
@@ -20,6 +21,14 @@ def write_pid(path: str) -> None:
     os.rename(path + ".part", path)
 
 
+def end_of_training_sleep() -> dict:
+    """Whether torchtitan.train's `time` still sleeps, and still times (launcher._skip_end_of_training_wait)."""
+    train = sys.modules.get("torchtitan.train")
+    if train is None:
+        return {}
+    return {"sleeps": train.time.sleep is time.sleep, "clock": train.time.perf_counter is time.perf_counter}
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     options = {}
@@ -31,18 +40,6 @@ if __name__ == "__main__":
         print(
             json.dumps(
                 {"recompiles_log_level": logging.DEBUG if logs.log_state.is_artifact_enabled("recompiles") else None}
-            )
-        )
-        sys.exit(0)
-    if args[:1] == ["--end-of-training-sleep"]:  # what torchtitan.train sleeps with
-        import torchtitan.train
-
-        print(
-            json.dumps(
-                {
-                    "sleeps": torchtitan.train.time.sleep is time.sleep,
-                    "clock": torchtitan.train.time.perf_counter is time.perf_counter,
-                }
             )
         )
         sys.exit(0)
@@ -64,6 +61,7 @@ if __name__ == "__main__":
                 "torch_seed": __import__("torch").initial_seed(),
                 "probe": os.environ.get("GRT_PROBE"),
                 "stdin": sys.stdin.read(),
+                **end_of_training_sleep(),
             }
         ),
         flush=True,

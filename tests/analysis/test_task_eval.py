@@ -259,7 +259,7 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
 
     vocab = tmp_path / "vocab"
     tasks.write_task_tokenizer(vocab)
-    for split, n in (("train", 400), ("test", 24)):
+    for split, n in (("train", 400), ("test", 12)):
         assert cli(["task", "iterated-function", "--depths", "1-3", "--n", str(n), "--split", split,
                     "--out", str(tmp_path / f"{split}.jsonl")]) == 0  # fmt: skip
     assert cli(["prepare", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "data"), "--tokenizer", str(vocab),
@@ -290,9 +290,9 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     assert code == 0, out
     result = json.loads((tmp_path / "e.json").read_text())
     assert result["depths"] == list(range(17)) and set(result["accuracy"]) == {"1", "2", "3"}
-    assert all(len(result["arrival"][d]) == result["counts"][d] == 8 for d in "123")
+    assert all(len(result["arrival"][d]) == result["counts"][d] == 4 for d in "123")
     assert (tmp_path / "eval" / "task_accuracy.png").stat().st_size > 0
-    assert "| 3* | 8 |" in out and "r=9*" in out and "beyond the trained R = 8" in out
+    assert "| 3* | 4 |" in out and "r=9*" in out and "beyond the trained R = 8" in out
     halting = result["halting"]
     assert [(h["rule"], h["threshold"]) for h in halting] == [("kl", 0.001), ("learned", 0.1)]
     assert "| kl 0.001 |" in out and "| learned 0.1 |" in out
@@ -314,16 +314,16 @@ def test_eval_task_on_a_trained_checkpoint(tmp_path, words, capsys):
     assert "not a halting probe that eval-task wrote" in capsys.readouterr().err
     capsys.readouterr()
     assert cli(["eval-task", export, "--data", str(tmp_path / "test.jsonl"), "--json", str(tmp_path / "x.json"),
-                "--no-progress", "--halting", "kl:0.001", *learned, "--wall-clock", "3"]) == 0  # fmt: skip
+                "--no-progress", "--halting", "kl:0.001", *learned, "--wall-clock", "2"]) == 0  # fmt: skip
     exported = json.loads((tmp_path / "x.json").read_text())
     assert [h["rule"] for h in exported["halting"]] == ["kl", "learned"]  # the export's model takes the probe
     assert exported["accuracy"] == result["accuracy"] and exported["arrival"] == result["arrival"]
     timed = exported["wall_clock"]  # r = 1..R, then the exported rule (not the probe's), with the export's cache
-    assert timed["records"] == 3 and [row["decode"] for row in timed["rows"]] == [f"r = {r}" for r in range(1, 9)] + [
+    assert timed["records"] == 2 and [row["decode"] for row in timed["rows"]] == [f"r = {r}" for r in range(1, 9)] + [
         "kl 0.001"
     ]
     captured = capsys.readouterr()
-    assert "Cached greedy decoding, batch 1, the first 3 records:" in captured.out and "| kl 0.001 | " in captured.out
+    assert "Cached greedy decoding, batch 1, the first 2 records:" in captured.out and "| kl 0.001 | " in captured.out
     assert "Loading weights" not in captured.err
     # One line each: no depth; an r the model cannot run; records its tokenizer cannot read.
     (tmp_path / "nodepth.jsonl").write_text(json.dumps({"prompt": "a > b ; | a * 1 =", "completion": " b"}) + "\n")

@@ -124,38 +124,6 @@ def test_the_run_record_and_the_table_of_a_trained_run(trained_run, capsys):
 
 
 @pytest.mark.slow
-def test_analyze_a_trained_checkpoint(trained_run, tmp_path):
-    run, _ = trained_run
-    out = tmp_path / "analysis"
-    rc = cli_main(
-        [
-            "analyze",
-            str(run / "checkpoint"),
-            "--config",
-            CONFIG,
-            "--out",
-            str(out),
-            "--num-sequences",
-            "4",
-            "--batch-size",
-            "2",
-            "--no-progress",
-            "--prompt",
-            "The old man sat by the",
-            # One rule: the sweep's wiring on a real checkpoint (each rule's numbers: tests/analysis).
-            "--halting-rules",
-            "state",
-        ]
-    )
-    assert rc == 0
-    result = check_analysis_output(out, num_recurrences=4, max_depth=6)
-    assert result["model"]["kind"] == "checkpoint" and result["model"]["step"] == 20
-    assert result["data"]["seq_len"] == 128 and result["data"]["sequences"] == 4
-    # Trained for 20 steps: well below the initial ln(4097) = 8.3.
-    assert all(loss < 7.8 for loss in result["early_exit"]["loss"])
-
-
-@pytest.mark.slow
 def test_analyze_an_hf_export(trained_run, tmp_path):
     pytest.importorskip("grt_titan.hf.export")
     run, _ = trained_run
@@ -209,11 +177,17 @@ def test_analyze_an_hf_export(trained_run, tmp_path):
                 "--no-progress",
                 "--prompt",
                 "Hello",
-                "--no-halting",  # the two routes' fixed-depth numbers are compared
+                # One rule: the sweep's wiring on a real checkpoint (each rule's numbers:
+                # tests/analysis); its forwards are its own, the fixed-depth numbers unchanged.
+                "--halting-rules",
+                "state",
             ]
         )
         == 0
     )
+    same = check_analysis_output(ckpt, num_recurrences=4, max_depth=6)
+    assert same["model"]["kind"] == "checkpoint" and same["model"]["step"] == 20
+    # Trained for 20 steps: well below the initial ln(4097) = 8.3.
+    assert all(loss < 7.8 for loss in same["early_exit"]["loss"])
     # The same weights by either route: the same numbers (fp32 export, same data).
-    same = json.loads((ckpt / "analysis.json").read_text())
     assert result["early_exit"]["loss"] == pytest.approx(same["early_exit"]["loss"], rel=1e-5)

@@ -117,8 +117,13 @@ def reference(seed_checkpoint, module_tmp):
     return train_with_gradients(torchrun, module_tmp("ref"), seed_checkpoint, "one_rank", 1, ONE_RANK)
 
 
+# TP alone ("tp2") is held to one rank with the methods' parts, where its plan does more
+# (test_method_parity's SCSE, test_ouro_parallel); here the GRT's TP plan runs under FSDP x TP.
+GRT_LAYOUTS = sorted(set(PARITY_LAYOUTS) - {"tp2"})
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", sorted(PARITY_LAYOUTS))
+@pytest.mark.parametrize("layout", GRT_LAYOUTS)
 def test_layout_matches_one_rank(layout, reference, seed_checkpoint, run_torchrun, tmp_path):
     nproc, extra = PARITY_LAYOUTS[layout]
     extra = {"dp": nproc, **extra}

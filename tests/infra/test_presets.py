@@ -35,11 +35,12 @@ loads it under the fake backend and runs a distilled step; the test checks the t
 line (its source, parameters and layout) and that the KD term was logged, never its value.
 
 A preset equal to another but for what one of them adds (`STARTED_AS`: the Qwen3 retrofit and
-the same with its source as teacher; grt_large and the same in fault-tolerant replica groups,
+the same with its source as teacher, grt_medium and the same distilled from dense_medium; grt_large and the same in fault-tolerant replica groups,
 whose quorum needs a lighthouse the fake backend cannot stand in for; grt_medium and grt_large
 and their isoParams twins, deeper parts at the same width, which one block per part makes the
-same job; a test holds each pair equal) is started through the other one: one run starts both
-at their layout.
+same job; the paper's smaller scales and the largest, another width of the same job; a test
+holds each pair equal) is started through the other one: one run starts both at their layout,
+and the parameter count checked is the run's.
 """
 
 import dataclasses
@@ -216,10 +217,17 @@ def stand_in_source_args(path: Path, tmp: Path) -> list[str]:
 STARTED_AS = {
     "retrofit_qwen3_0_6b": "retrofit_qwen3_0_6b_distill",
     "grt_large_ft": "grt_large",
+    "grt_medium": "grt_medium_distill",
     # Table 5's isoParams twins differ from their scale in depth only, which the run's one block
-    # per part takes away: the same job.
-    "grt_medium_isoparams": "grt_medium",
+    # per part takes away: the same job (grt_medium's, which its distilled twin starts).
+    "grt_medium_isoparams": "grt_medium_distill",
     "grt_large_isoparams": "grt_large",
+    # The paper's scales differ in their flavor (and the GRT's R) alone: at one block per part,
+    # at depth 1, on FSDP 8, the same job at another width; grt_large's and dense_large's run
+    # starts the smaller ones.
+    "grt_small": "grt_large",
+    "dense_small": "dense_large",
+    "dense_medium": "dense_large",
 }
 
 
@@ -380,6 +388,36 @@ def test_qwen3_distill_preset_is_the_retrofit_preset_with_a_teacher():
     assert distill == retrofit
 
 
+def test_distilled_medium_preset_is_grt_medium_with_a_teacher():
+    """grt_medium_distill is grt_medium with a [distill] section and its own dump folder;
+    nothing else differs, so its run starts grt_medium's job too (STARTED_AS)."""
+    medium, distill = (
+        tomli.loads((REPO / "train_configs" / f"{name}.toml").read_text())
+        for name in ("grt_medium", "grt_medium_distill")
+    )
+    assert distill.pop("distill")["teacher_config"] == "train_configs/dense_medium.toml"
+    for toml in (medium, distill):
+        toml["job"].pop("description")
+        toml["job"].pop("dump_folder")
+    assert distill == medium
+
+
+@pytest.mark.parametrize(
+    "smaller, larger", [("grt_small", "grt_large"), ("dense_small", "dense_large"), ("dense_medium", "dense_large")]
+)
+def test_paper_scales_differ_in_their_flavor_alone(smaller, larger):
+    """The paper's scales (table 1): the same recipe and layout, the flavor (and the GRT's R)
+    their only difference, so the larger one's run starts the smaller one's job (STARTED_AS)."""
+    small, large = (tomli.loads((REPO / "train_configs" / f"{name}.toml").read_text()) for name in (smaller, larger))
+    for toml in (small, large):
+        toml["model"].pop("flavor")
+        toml.get("grt", {}).pop("num_recurrences", None)
+        toml["job"].pop("description")
+        toml["job"].pop("dump_folder")
+    assert small == large
+    assert STARTED_AS[smaller] == larger
+
+
 def test_fault_tolerant_large_preset_is_grt_large_in_replica_groups():
     """grt_large_ft is grt_large with a [fault_tolerance] section, its own dump folder and the
     microbatch that splits the global batch over 2 groups x 8 GPUs; nothing else differs. Each
@@ -429,8 +467,10 @@ def test_preset_starts_at_its_layout(path, preset_runs):
     assert list(step_losses(output)) == [1], output[-2000:]  # one step ran (its value means nothing here)
     if is_recurrent(path):  # at the curriculum's first depth
         assert re.search(r"grt  r: 1  ", ANSI.sub("", output)), output[-2000:]
-    # The model that ran is the preset's: torchtitan's parameter count of the built model.
-    config = parse_config(*stand_in, *(SHALLOWEST_STEP if is_recurrent(path) else []), path=path)
+    # The model that ran is the preset's (the one it is started as): torchtitan's parameter
+    # count of the built model.
+    ran = path.with_stem(STARTED_AS.get(path.stem, path.stem))
+    config = parse_config(*stand_in, *(SHALLOWEST_STEP if is_recurrent(path) else []), path=ran)
     args = get_train_spec("grt").model_args[config.model.flavor].replace()
     args.update_from_config(config)
     expected = sum(p.numel() for p in build_meta_model(args).parameters())

@@ -15,6 +15,7 @@ from grt_titan.infra.trainable import SHORTHANDS
 from grt_titan.model.flavors import grt_flavors
 from grt_titan.model.model import build_meta_model
 
+from grt_test_helpers import recompiles_after_step_1
 from reliability_helpers import NOISE_OFF, STEPS, checkpoint_state, model_tensors, output, scalars, train
 
 STOP = 2
@@ -110,14 +111,16 @@ def test_frozen_weights_stay_the_seeds_a_resume_repeats_every_step_and_the_expor
 @pytest.mark.slow
 def test_frozen_weights_stay_under_tp_compile_and_per_step_checkpointing(seed, seed_tensors, tmp_path):
     """TP 2 (frozen and trained DTensor parameters in one plan) + compile + per-step AC,
-    `trainable = ["recurrent"]`: the prelude, coda, embeddings and norm stay the seed's."""
+    `trainable = ["recurrent"]`: the prelude, coda, embeddings and norm stay the seed's. The
+    suite's one run of the GRT's per-step checkpoint under TP + compile: after step 1 (which
+    compiles each module once) the steps' other depths compile nothing."""
     run = tmp_path / "tp"
     proc = train(
         2,
         run,
         *args(seed, "--training.trainable", "recurrent"),
         "--training.steps",
-        str(STOP),
+        str(STOP + 1),
         "--checkpoint.interval",
         "1",
         "--parallelism.tensor_parallel_degree",
@@ -131,8 +134,10 @@ def test_frozen_weights_stay_under_tp_compile_and_per_step_checkpointing(seed, s
         "full",
         "--grt.recurrence_checkpoint",
         "step",
+        env={"TORCH_LOGS": "recompiles"},
     )
     assert proc.returncode == 0, output(proc)[-3000:]
+    assert not recompiles_after_step_1(output(proc))
     trained = trained_names("recurrent")
     assert_frozen_and_trained(
         seed_tensors, model_tensors(checkpoint_state(run / "checkpoint" / "step-2", tmp_path)), trained
