@@ -35,12 +35,13 @@ loads it under the fake backend and runs a distilled step; the test checks the t
 line (its source, parameters and layout) and that the KD term was logged, never its value.
 
 A preset equal to another but for what one of them adds (`STARTED_AS`: the Qwen3 retrofit and
-the same with its source as teacher, grt_medium and the same distilled from dense_medium; grt_large and the same in fault-tolerant replica groups,
-whose quorum needs a lighthouse the fake backend cannot stand in for; grt_medium and grt_large
-and their isoParams twins, deeper parts at the same width, which one block per part makes the
-same job; the paper's smaller scales and the largest, another width of the same job; a test
-holds each pair equal) is started through the other one: one run starts both at their layout,
-and the parameter count checked is the run's.
+the same with its source as teacher; grt_medium and the same distilled from dense_medium;
+grt_large and the same in fault-tolerant replica groups, whose quorum needs a lighthouse the
+fake backend cannot stand in for; grt_medium and grt_large and their isoParams twins, deeper
+parts at the same width, which one block per part makes the same job; the paper's smaller
+scales and the largest, another width of the same job; a test holds each pair equal) is
+started through the other one: one run starts both at their layout, and the parameter count
+checked is the run's.
 """
 
 import dataclasses
