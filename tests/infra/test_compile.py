@@ -70,8 +70,7 @@ def test_no_recompiles_across_depths_and_steps(checkpoint, supervised):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("update", ["block"])
-def test_mixture_of_recursions_compiles_one_step_graph(update):
+def test_mixture_of_recursions_compiles_one_step_graph():
     """Every MoR step runs the core on its own k_i tokens; the token dimension is dynamic, so
     the R steps share one graph: with a recompile limit of 1 any recompile (another k_i,
     another training step) raises. aot_eager: dynamo + AOTAutograd, where shapes are decided;
@@ -79,8 +78,8 @@ def test_mixture_of_recursions_compiles_one_step_graph(update):
     update (`router_update`), which the paper's MoR rows train compiled; the default "delta"
     compiles without a recompile in test_method_parity's expert-choice run."""
     torch._dynamo.reset()
-    model = build_model(**MOR_PARTS, vocab_size=VOCAB, router_update=update)
-    reference = build_model(**MOR_PARTS, vocab_size=VOCAB, router_update=update)
+    model = build_model(**MOR_PARTS, vocab_size=VOCAB, router_update="block")
+    reference = build_model(**MOR_PARTS, vocab_size=VOCAB, router_update="block")
     apply_recurrence_compile(model, Compile(enable=True, backend="aot_eager"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))

@@ -232,6 +232,11 @@ STARTED_AS = {
 }
 
 
+def started_as(path: Path) -> Path:
+    """The preset whose run starts `path`'s job (itself, unless STARTED_AS names another)."""
+    return path.with_stem(STARTED_AS.get(path.stem, path.stem))
+
+
 @pytest.fixture(scope="module")
 def preset_runs(request, module_tmp):
     """The presets this session tests (all of them in CI; `-k NAME` runs one), two at a time
@@ -260,10 +265,10 @@ def preset_runs(request, module_tmp):
         (tmp / f"{path.stem}.log").write_text(proc.stdout + proc.stderr)
         return path.stem, (proc, stand_in)
 
-    started = {path.with_stem(STARTED_AS.get(path.stem, path.stem)) for path in selected}
+    started = {started_as(path) for path in selected}
     with ThreadPoolExecutor(2) as pool:
         runs = dict(pool.map(run, [path for path in CONFIGS if path in started]))
-    return {path.stem: runs[STARTED_AS.get(path.stem, path.stem)] for path in selected}
+    return {path.stem: runs[started_as(path).stem] for path in selected}
 
 
 def test_every_header_names_a_world_size():
@@ -470,8 +475,7 @@ def test_preset_starts_at_its_layout(path, preset_runs):
         assert re.search(r"grt  r: 1  ", ANSI.sub("", output)), output[-2000:]
     # The model that ran is the preset's (the one it is started as): torchtitan's parameter
     # count of the built model.
-    ran = path.with_stem(STARTED_AS.get(path.stem, path.stem))
-    config = parse_config(*stand_in, *(SHALLOWEST_STEP if is_recurrent(path) else []), path=ran)
+    config = parse_config(*stand_in, *(SHALLOWEST_STEP if is_recurrent(path) else []), path=started_as(path))
     args = get_train_spec("grt").model_args[config.model.flavor].replace()
     args.update_from_config(config)
     expected = sum(p.numel() for p in build_meta_model(args).parameters())
