@@ -28,7 +28,7 @@ BUDGET_S = {
     "docs": 125,
     "hf": 95,
     "components": 45,
-    "benchmarks": 95,
+    "benchmarks": 35,  # the GPU suite's CPU smoke (about 80) runs in benchmarks/gpu/bundle.sh
     "top": 100,
     "data": 15,
     "model": 20,

@@ -35,12 +35,11 @@ TESTS = Path(__file__).resolve().parent
 # one-test training modules for the end.) The seconds only order; tests/test_schedule.py
 # checks that each module exists.
 LONGEST_FIRST = {
-    "infra/test_parallel_parity.py": 135,
+    "infra/test_parallel_parity.py": 70,
     "docs/test_docs.py": 140,
     "reliability/test_fault_tolerance.py": 125,
     "infra/test_presets.py": 95,
     "reliability/test_rank_failure.py": 45,
-    "benchmarks/test_gpu_suite.py": 70,
     "infra/test_method_parity.py": 75,
     "infra/test_tp_compile_ac.py": 65,
     "reliability/test_startup_errors.py": 15,

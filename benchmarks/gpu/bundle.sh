@@ -5,7 +5,12 @@
 # trainer imports it) and their pure-Python or prebuilt dependencies, plus our own wheel.
 # Needs the package registry here; the node needs none (docs/benchmarks.md, "The GPU suite").
 #
-#   benchmarks/gpu/bundle.sh [--python 3.12] [--torch 2.11] [--out benchmarks/gpu/wheels]
+#   benchmarks/gpu/bundle.sh [--python 3.12] [--torch 2.11] [--out benchmarks/gpu/wheels] [--no-smoke]
+#
+# First it runs the suite at debug size on this CPU (`suite.py --cpu-smoke` through its test,
+# tests/benchmarks/test_gpu_suite.py, marker gpu_prep: about a minute on 2 cores), so that a
+# part that would fail on the node fails here, not on the session's minutes; CI deselects that
+# test. --no-smoke skips it (a rebundle of code the smoke already passed).
 #
 # then on the node, from the repository root (no network):
 #
@@ -19,13 +24,15 @@ cd "$(dirname "$0")/../.."
 PY=3.12
 TORCH=2.11
 OUT=benchmarks/gpu/wheels
+SMOKE=1
 LIMIT=$((64 * 1024 * 1024))  # the device machine carries at most 64 MiB of ignored files
 while [ $# -gt 0 ]; do
     case "$1" in
         --python) PY="$2"; shift 2 ;;
         --torch) TORCH="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
-        *) echo "bundle.sh: unknown argument '$1'; allowed: --python X.Y, --torch X.Y, --out DIR" >&2; exit 2 ;;
+        --no-smoke) SMOKE=0; shift ;;
+        *) echo "bundle.sh: unknown argument '$1'; allowed: --python X.Y, --torch X.Y, --out DIR, --no-smoke" >&2; exit 2 ;;
     esac
 done
 
@@ -47,6 +54,10 @@ PACKAGES=(
     "datasets==4.0.0" "pyarrow==19.0.1" "pandas==3.1.1" "dill==0.3.8" "multiprocess==0.70.16" "xxhash==4.1.0"
     "requests==2.32.5" "urllib3==2.5.0" "idna==3.10" "charset-normalizer==3.4.3" "certifi==2025.8.3"
 )
+
+if [ "$SMOKE" = 1 ]; then
+    python3 -m pytest tests/benchmarks/test_gpu_suite.py -m gpu_prep -q -p no:cacheprovider
+fi
 
 rm -rf "$OUT"
 mkdir -p "$OUT"

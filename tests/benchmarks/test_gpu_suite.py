@@ -73,7 +73,11 @@ def test_a_failing_part_is_recorded_and_the_parts_after_it_run(tmp_path, monkeyp
 
 
 @pytest.mark.slow
+@pytest.mark.gpu_prep
 def test_cpu_smoke_runs_every_part(tmp_path):
+    """Every part of the suite at debug size on the CPU. Run where it protects a GPU session's
+    minutes: benchmarks/gpu/bundle.sh runs it before gathering the wheels, and CI, which the
+    suite's results never reach, deselects it (`-m "not gpu_prep"`; 80 of CI's worker seconds)."""
     proc = run_suite("--cpu-smoke", "--out", str(tmp_path))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
@@ -100,6 +104,17 @@ def test_cpu_smoke_runs_every_part(tmp_path):
     assert all(math.isfinite(r["over_fixed_eager"]) and r["over_fixed_eager"] > 0 for r in halting["rules"])
     assert "| MFU GRT / dense" in proc.stdout and "seconds per part:" in proc.stdout
     assert "| halting decode latency / fixed r = R eager, kl never halting" in proc.stdout
+
+
+def test_the_bundle_runs_the_cpu_smoke_that_ci_leaves_out():
+    """The smoke is marked gpu_prep, bundle.sh runs that marker before gathering the wheels,
+    and CI's suite deselects it: it runs once before each GPU session, not in every CI run."""
+    marks = {mark.name for mark in test_cpu_smoke_runs_every_part.pytestmark}
+    assert {"slow", "gpu_prep"} <= marks
+    bundle = (REPO / "benchmarks" / "gpu" / "bundle.sh").read_text()
+    smoke = bundle.index("-m pytest tests/benchmarks/test_gpu_suite.py -m gpu_prep")
+    assert smoke < bundle.index("pip wheel"), "the smoke runs before the wheels are gathered"
+    assert 'pytest tests -m "not gpu_prep"' in (REPO / ".ci" / "run").read_text()
 
 
 def test_halting_decode_records_each_tokens_depth():

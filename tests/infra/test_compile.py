@@ -32,7 +32,7 @@ def test_no_recompiles_across_depths_and_steps(checkpoint, supervised):
         apply_recurrence_ac(model, ActivationCheckpoint(mode="full"), checkpoint, compile_enabled=True)
     # Recompiles are dynamo's (guards on depth, step index, grad mode), whatever the backend;
     # aot_eager skips inductor's C++ code generation, which inductor's own numerics need only
-    # (tests/infra/test_parallel_parity.py compiles this step with inductor under FSDP).
+    # (the GPU suite, benchmarks/gpu/suite.py, compiles this step with inductor).
     apply_recurrence_compile(model, Compile(enable=True, backend="aot_eager"))
     assert isinstance(model.recurrence.step, torch._dynamo.eval_frame.OptimizedModule)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -73,8 +73,8 @@ def test_no_recompiles_across_depths_and_steps(checkpoint, supervised):
 def test_mixture_of_recursions_compiles_one_step_graph():
     """Every MoR step runs the core on its own k_i tokens; the token dimension is dynamic, so
     the R steps share one graph: with a recompile limit of 1 any recompile (another k_i,
-    another training step) raises. aot_eager: dynamo + AOTAutograd, where shapes are decided;
-    the FSDP run of test_parallel_parity compiles the same step with inductor. The "block"
+    another training step) raises. aot_eager: dynamo + AOTAutograd, where shapes are decided
+    (inductor compiles the GRT's step in the GPU suite, benchmarks/gpu/suite.py). The "block"
     update (`router_update`), which the paper's MoR rows train compiled; the default "delta"
     compiles without a recompile in test_method_parity's expert-choice run."""
     torch._dynamo.reset()

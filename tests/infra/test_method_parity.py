@@ -54,7 +54,7 @@ def test_method_parts_compiled_sharded_with_ac_match_one_rank_without_recompiles
     nproc, layout = LAYOUTS.get(method, (2, {}))
     # aot_eager_decomp_partition: dynamo's graphs and guards (what a recompile is), AOTAutograd,
     # decompositions and the partitioner as inductor has them, without inductor's C++ code
-    # generation; inductor compiles the GRT step in test_parallel_parity.py.
+    # generation (inductor compiles the GRT step in the GPU suite, benchmarks/gpu/suite.py).
     args = layout_args(
         run_dir,
         seed,
@@ -110,8 +110,8 @@ def test_mixture_of_recursions_fsdp_compiled_matches_one_rank(router, run_torchr
     run_dir = tmp_path / "fsdp2_compile"
     # aot_eager_decomp_partition, as above: the routed step's graph (its gathers and scatters of
     # k_i tokens per step), its guards and its AOTAutograd joint graph are what this test checks;
-    # inductor's C++ code generation of them proved no more than the GRT step's
-    # inductor job in test_parallel_parity.py.
+    # inductor's C++ code generation of them would prove no more than the GRT's inductor
+    # compile in the GPU suite (benchmarks/gpu/suite.py).
     backend = "aot_eager_decomp_partition"
     proc = run_torchrun(
         2,

@@ -52,7 +52,7 @@ def test_ouro_fsdp_compile_and_tp_match_one_rank(run_torchrun, tmp_path):
     # The readouts reuse the compiled coda blocks: no graph is rebuilt across steps.
     assert "Recompiling function" not in output
     # Compiled on aot_eager_decomp_partition (dynamo's graphs and guards, AOTAutograd and the
-    # partitioner; inductor's codegen runs in test_parallel_parity.py): the GRT's compiled-FSDP bound.
+    # partitioner; inductor's codegen runs in the GPU suite): the GRT's compiled-FSDP bound.
     assert losses == pytest.approx(ref_losses, rel=1e-4)
     # Eager TP: fp32 sums over different splits agree to ~1e-7 relative; 1e-5 as for the GRT.
     assert runs["tp2"][0] == pytest.approx(ref_losses, rel=1e-5)

@@ -10,7 +10,7 @@ graphs, decompositions and min-cut partitioner as inductor, without inductor's C
 generation, which takes two thirds of a case on CPU. The third workaround (the AOTAutograd
 cache of unevenly sharded parameters) needs inductor and a warm cache:
 tests/infra/test_torch_workarounds.py shows its defect and the workaround; inductor compiles
-the whole trainer in tests/infra/test_parallel_parity.py (FSDP).
+the whole trainer in the GPU suite (benchmarks/gpu/suite.py).
 
 The case: op SAC (`selective_op`, the mode of every preset that uses TP) on qwen3 blocks (the
 retrofit's). Under TP + compile + AC they exercise what llama blocks do (torchtitan's attention

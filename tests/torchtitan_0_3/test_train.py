@@ -169,8 +169,8 @@ def test_0_3_resumes_a_0_2_2_checkpoint_with_the_gpu_step_code(resumed_under_0_2
     dynamo's graphs, AOTAutograd's joint graphs, the decompositions and the min-cut partitioner
     that inductor runs, which is where 0.3's compile wiring and selective AC meet, without
     inductor's C++ code generation, which GPUs never run (they take Triton) and which took 50
-    of this test's 78 s in CI. Inductor itself compiles the trainer on the 0.2.2 lane
-    (tests/infra/test_parallel_parity.py) and on the GPU (benchmarks/gpu/suite.py)."""
+    of this test's 78 s in CI. Inductor itself compiles the trainer on the GPU
+    (benchmarks/gpu/suite.py)."""
     tmp = module_tmp("host_0_3")
     dump = tmp / "back_to_0_3"
     shutil.copytree(resumed_under_0_2 / "checkpoint" / "step-15", dump / "checkpoint" / "step-15")
