@@ -2,6 +2,7 @@
 readout at every position, on the quickstart's model (docs/results/readout_rows.md).
 
     python benchmarks/readout_rows.py
+    python benchmarks/readout_rows.py --depths --profile 8   # where the scored-rows step's time goes
 
 The model is `train_configs/grt_task_loops.toml`'s (flavor task_debug_words, llama blocks, R = 8)
 and the batch its shape (32 records of 80 tokens, one rank's), laid out as its records are: a
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=80)
     parser.add_argument("--steps", type=int, default=6, help="timed steps of each, after 2 of warm-up")
+    parser.add_argument("--profile", type=int, metavar="R", help="then profile 3 scored-rows steps at depth R")
     opts = parser.parse_args()
     torch.set_num_threads(1)
     model = quickstart_model()
@@ -93,6 +95,35 @@ def main() -> None:
                 times[name].append(time.perf_counter() - start)
         every, rows = statistics.median(times["every"]), statistics.median(times["rows"])
         print(f"| {depth} | {every:.3f} | {rows:.3f} | {rows / every:.3f} |", flush=True)
+    if opts.profile:
+        profile(model, optimizer, tokens, labels, step_labels, opts.profile)
+
+
+def profile(model, optimizer, tokens, labels, step_labels, depth: int) -> None:
+    """The scored-rows step's self CPU time by operator and input shapes, over 3 steps after 2."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        grt_loss(model(tokens, num_recurrences=depth, step_labels=step_labels), labels).backward()
+        optimizer.step()
+
+    step()
+    step()
+    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(3):
+            step()
+    events = prof.key_averages(group_by_input_shape=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"\nr = {depth}: {total / 3e6:.3f} s of self CPU time a step; the operators over 1% of it")
+    print("| operator | input shapes | calls a step | share |")
+    print("|---|---|---|---|")
+    for e in sorted(events, key=lambda e: -e.self_cpu_time_total):
+        if e.self_cpu_time_total < 0.01 * total:
+            break
+        shapes = ", ".join(str(s) for s in e.input_shapes if s)
+        print(f"| {e.key} | {shapes} | {e.count // 3} | {e.self_cpu_time_total / total:.1%} |")
 
 
 if __name__ == "__main__":
