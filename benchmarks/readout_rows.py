@@ -79,9 +79,7 @@ def main() -> None:
     for depth in opts.depths:
 
         def step(targets):
-            optimizer.zero_grad(set_to_none=True)
-            grt_loss(model(tokens, num_recurrences=depth, step_labels=targets), labels).backward()
-            optimizer.step()
+            train_step(model, optimizer, tokens, labels, targets, depth)
 
         sides = {"every": None, "rows": step_labels}
         for targets in sides.values():
@@ -99,21 +97,23 @@ def main() -> None:
         profile(model, optimizer, tokens, labels, step_labels, opts.profile)
 
 
+def train_step(model, optimizer, tokens, labels, step_labels, depth: int) -> None:
+    """Forward at depth r, backward and AdamW; `step_labels` None: the readout at every position."""
+    optimizer.zero_grad(set_to_none=True)
+    grt_loss(model(tokens, num_recurrences=depth, step_labels=step_labels), labels).backward()
+    optimizer.step()
+
+
 def profile(model, optimizer, tokens, labels, step_labels, depth: int) -> None:
     """The scored-rows step's self CPU time by operator and input shapes, over 3 steps after 2."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    def step():
-        optimizer.zero_grad(set_to_none=True)
-        grt_loss(model(tokens, num_recurrences=depth, step_labels=step_labels), labels).backward()
-        optimizer.step()
-
-    step()
-    step()
+    for _ in range(2):
+        train_step(model, optimizer, tokens, labels, step_labels, depth)
     with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(3):
-            step()
+            train_step(model, optimizer, tokens, labels, step_labels, depth)
     events = prof.key_averages(group_by_input_shape=True)
     total = sum(e.self_cpu_time_total for e in events)
     print(f"\nr = {depth}: {total / 3e6:.3f} s of self CPU time a step; the operators over 1% of it")
