@@ -30,6 +30,7 @@ from torch import nn
 from .args import GRTModelArgs
 from .blocks import BlockStack, rope_table
 from .blocks.init import trunc_normal_
+from .blocks.rows import Rows
 from .halting.rules import LEARNED_RULE, HaltingProbe, halting_of_call, halting_recurrence, learned_halting_of_call
 from .methods.ouro import exit_forward
 from .methods.step_supervision import step_supervised_readout
@@ -204,17 +205,17 @@ class GRTModel(nn.Module):
         )
         return (self.logits_from_state(h) if logits is None else logits), depths
 
-    def logits_from_state(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def logits_from_state(self, h: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         """Coda, final norm and LM head on a state h [B, S, dim]: the end of `forward`.
 
         Its own method so that a state captured after any recurrence step can be read out
         (per-depth loss in `grt-titan analyze`, early exit) exactly as `forward` would.
-        `rows` (flat indices into the B * S positions): those positions' logits alone, [N, V],
-        the coda's attention still reading every position (per-step supervision's readout).
+        `rows` (blocks/rows.py): those positions' logits alone, [N, V], the coda's keys and
+        values still covering every position (per-step supervision's readout).
         """
         return self.output(self.final_hidden(h, rows))
 
-    def final_hidden(self, h: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def final_hidden(self, h: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         """Coda and final norm on a state h: the hidden state the LM head reads."""
         return self.norm(self.coda(h, self.freqs_cis, rows=rows))
 

@@ -26,7 +26,7 @@ from ..methods.rrt import BlockAdapter, lora_delta
 from .init import trunc_normal_
 from .llama import LlamaBlock, LlamaBlockArgs, LlamaFeedForward, RoPEScalingArgs, precompute_freqs_cis
 from .qwen3 import Qwen3Block, Qwen3BlockArgs, precompute_rope_cache
-from .rows import take_rows
+from .rows import Rows, attend_at_rows, take_rows
 from .sdpa import ScaledDotProductAttentionWrapper
 
 if TYPE_CHECKING:  # the args import the method modules, which import these blocks
@@ -45,7 +45,17 @@ class GPT2Attention(nn.Module):
         self.wo = nn.Linear(args.dim, args.dim)
         self.inner_attention = ScaledDotProductAttentionWrapper()
 
-    def forward(self, x: torch.Tensor, adapter: BlockAdapter | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adapter: BlockAdapter | None = None, rows: Rows | None = None) -> torch.Tensor:
+        """`rows`: the output at those positions alone, [N, dim] (blocks/rows.py)."""
+        if rows is None:
+            out = self.attend(x, adapter)
+        else:
+            out = self.attend_at(x, adapter, rows)
+        if adapter is None:
+            return self.wo(out)
+        return self.wo(out) + lora_delta(out, adapter.attention_out, adapter.scale)
+
+    def attend(self, x: torch.Tensor, adapter: BlockAdapter | None) -> torch.Tensor:
         bs, seqlen, _ = x.shape
         q, k, v = (proj(x) for proj in (self.wq, self.wk, self.wv))
         if adapter is not None:  # RRT: the step's LoRA on the fused q/k/v projection
@@ -53,10 +63,19 @@ class GPT2Attention(nn.Module):
             q, k, v = q + dq, k + dk, v + dv
         # -1 heads: under tensor parallelism each rank holds a slice of the heads.
         q, k, v = (t.view(bs, seqlen, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        out = self.inner_attention(q, k, v).transpose(1, 2).contiguous().view(bs, seqlen, -1)
-        if adapter is None:
-            return self.wo(out)
-        return self.wo(out) + lora_delta(out, adapter.attention_out, adapter.scale)
+        return self.inner_attention(q, k, v).transpose(1, 2).contiguous().view(bs, seqlen, -1)
+
+    def attend_at(self, x: torch.Tensor, adapter: BlockAdapter | None, rows: Rows) -> torch.Tensor:
+        """The queries at `rows` alone, the keys and values everywhere: [N, dim] before `wo`."""
+        bs, seqlen, _ = x.shape
+        at = take_rows(x, rows)
+        q, k, v = self.wq(at), self.wk(x), self.wv(x)
+        if adapter is not None:
+            q = q + lora_delta(at, adapter.qkv, adapter.scale).chunk(3, dim=-1)[0]
+            _, dk, dv = lora_delta(x, adapter.qkv, adapter.scale).chunk(3, dim=-1)
+            k, v = k + dk, v + dv
+        k, v = (t.view(bs, seqlen, -1, self.head_dim).transpose(1, 2) for t in (k, v))
+        return attend_at_rows(self.inner_attention, q.unflatten(-1, (-1, self.head_dim)), k, v, rows)
 
 
 class GPT2FeedForward(nn.Module):
@@ -90,14 +109,20 @@ class GPT2Block(nn.Module):
         attention_masks=None,
         positions: torch.Tensor | None = None,
         adapter: BlockAdapter | None = None,
-        rows: torch.Tensor | None = None,
+        rows: Rows | None = None,
     ) -> torch.Tensor:
-        """`rows`: flat indices into the [B * S] positions; the output holds those rows alone
-        ([N, dim]), the feed-forward run on them only (a readout scored at a few positions)."""
-        if adapter is None:  # one input: torchtitan's TP plan prepares exactly one
-            h = take_rows(x + self.attention(self.attention_norm(x)), rows)
+        """`rows`: some of the [B * S] positions; the output holds those rows alone ([N, dim]),
+        the attention's queries and the feed-forward run on them only (a readout scored at a
+        few positions; blocks/rows.py)."""
+        if rows is not None:
+            attention = self.attention(self.attention_norm(x), adapter, rows)
+        elif adapter is not None:
+            attention = self.attention(self.attention_norm(x), adapter)
+        else:  # one input: torchtitan's TP plan prepares exactly one
+            attention = self.attention(self.attention_norm(x))
+        h = take_rows(x, rows) + attention
+        if adapter is None:
             return h + self.feed_forward(self.ffn_norm(h))
-        h = take_rows(x + self.attention(self.attention_norm(x), adapter), rows)
         return h + self.feed_forward(self.ffn_norm(h), adapter)
 
     def init_weights(self) -> None:
@@ -207,11 +232,11 @@ class BlockStack(nn.Module):
         h: torch.Tensor,
         freqs_cis: torch.Tensor | None,
         adapters: list[BlockAdapter] | None = None,
-        rows: torch.Tensor | None = None,
+        rows: Rows | None = None,
     ) -> torch.Tensor:
-        """`adapters`: one per block, the per-step LoRA of RRT (gpt2 blocks only). `rows`: flat
-        indices into h's [B * S] positions, the only rows returned ([N, dim]): every block's
-        attention reads every position, the last block's feed-forward runs on those rows alone."""
+        """`adapters`: one per block, the per-step LoRA of RRT (gpt2 blocks only). `rows`: some of
+        h's [B * S] positions, the only rows returned ([N, dim]): every block's keys and values
+        cover every position, the last block's queries and feed-forward those rows alone."""
         blocks = list(self.layers.values())
         if not blocks:
             return take_rows(h, rows)

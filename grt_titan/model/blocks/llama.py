@@ -8,7 +8,8 @@ so that the GRT's parameter names (`attention.wq`, `feed_forward.w1`, `attention
 its init and its numerics do not change with the host torchtitan (0.3 renamed the parameters).
 Left out, as the GRT never uses them: flex and varlen attention, attention masks and RoPE
 position ids (sdpa, causal, positions 0..S-1 only). Added: the block's optional `rows`
-(blocks/rows.py), which leaves every other call as torchtitan's. The args are the fields of
+(blocks/rows.py: the attention's queries, the feed-forward and the output at those positions
+alone, with `rotate`), which leaves every other call as torchtitan's. The args are the fields of
 torchtitan's `TransformerModelArgs` that the block and its RoPE table read, same names and
 defaults.
 tests/model/test_block_copies.py checks outputs, gradients, init and tables against the original.
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .init import trunc_normal_
-from .rows import take_rows
+from .rows import Rows, attend_at_rows, take_rows
 from .sdpa import ScaledDotProductAttentionWrapper
 
 
@@ -122,6 +123,13 @@ def apply_rotary_emb(
     return xq_out.type_as(xq), xk_out.type_as(xk)
 
 
+def rotate(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """Ours: `apply_rotary_emb`'s RoPE on one tensor [..., heads, head_dim], `freqs_cis` already
+    shaped to broadcast against its [..., heads, head_dim / 2] (the queries at some rows)."""
+    x_ = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(x_ * freqs_cis).flatten(-2).type_as(x)
+
+
 def check_causal_sdpa(attention_masks: object | None, positions: torch.Tensor | None) -> None:
     """The copies implement causal sdpa over positions 0..S-1 only (what the GRT runs)."""
     if attention_masks is not None or positions is not None:
@@ -156,8 +164,11 @@ class LlamaAttention(nn.Module):
         freqs_cis: torch.Tensor,
         attention_masks: object | None,
         positions: torch.Tensor | None = None,
+        rows: Rows | None = None,
     ) -> torch.Tensor:
         check_causal_sdpa(attention_masks, positions)
+        if rows is not None:  # ours, not torchtitan's
+            return self.wo(self.attend_at(x, freqs_cis, rows))
         bs, seqlen, _ = x.shape
         xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)
 
@@ -175,6 +186,18 @@ class LlamaAttention(nn.Module):
         output = self.inner_attention(xq, xk, xv, enable_gqa=self.enable_gqa).transpose(1, 2).contiguous()
         output = output.view(bs, seqlen, -1)
         return self.wo(output)
+
+    def attend_at(self, x: torch.Tensor, freqs_cis: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """Ours: the attention's output before `wo` at `rows` alone, [N, heads * head_dim]: the
+        queries there, the keys and values everywhere (blocks/rows.py)."""
+        bs, seqlen, _ = x.shape
+        xq = self.wq(take_rows(x, rows)).unflatten(-1, (-1, self.head_dim))
+        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        xq = rotate(xq, freqs_cis[rows.flat % seqlen][:, None])
+        xk = rotate(xk, freqs_cis[:seqlen][None, :, None])
+        kv = (xk.transpose(1, 2), xv.transpose(1, 2))
+        return attend_at_rows(self.inner_attention, xq, *kv, rows, enable_gqa=self.enable_gqa)
 
 
 class LlamaFeedForward(nn.Module):
@@ -228,11 +251,13 @@ class LlamaBlock(nn.Module):
         freqs_cis: torch.Tensor,
         attention_masks: object | None,
         positions: torch.Tensor | None = None,
-        rows: torch.Tensor | None = None,
+        rows: Rows | None = None,
     ) -> torch.Tensor:
         # `rows` (ours, not torchtitan's): only those flat positions returned (blocks/rows.py).
-        h = x + self.attention(self.attention_norm(x), freqs_cis, attention_masks, positions)
-        h = take_rows(h, rows)
+        attention_at = {} if rows is None else {"rows": rows}
+        h = take_rows(x, rows) + self.attention(
+            self.attention_norm(x), freqs_cis, attention_masks, positions, **attention_at
+        )
         out = h + self.feed_forward(self.ffn_norm(h))
         return out
 

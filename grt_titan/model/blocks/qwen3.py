@@ -7,8 +7,9 @@ A copy of torchtitan 0.2.2's dense qwen3 block (torchtitan/models/qwen3/model/mo
 (`attention.q_norm`, `attention.wq`, `feed_forward.w1`, ...), its init and its numerics do not
 change with the host torchtitan (0.3 renamed the parameters). Left out, as the GRT never uses
 them: MoE, flex and varlen attention, attention masks, RoPE position ids, and blocks without
-q/k norm. Added: the block's optional `rows` (blocks/rows.py), which leaves every other call
-as torchtitan's. The args are the fields of torchtitan's `Qwen3ModelArgs` that the block reads,
+q/k norm. Added: the block's optional `rows` (blocks/rows.py: the attention's queries, the
+feed-forward and the output at those positions alone, with `rotate`), which leaves every other
+call as torchtitan's. The args are the fields of torchtitan's `Qwen3ModelArgs` that the block reads,
 same names and defaults. tests/model/test_block_copies.py checks outputs, gradients, init and
 the cache against the original.
 
@@ -26,7 +27,7 @@ from torch import nn
 
 from .init import trunc_normal_
 from .llama import check_causal_sdpa
-from .rows import take_rows
+from .rows import Rows, attend_at_rows, take_rows
 from .sdpa import ScaledDotProductAttentionWrapper
 
 
@@ -104,6 +105,15 @@ def apply_rotary_emb(
     return xq_out.type_as(xq), xk_out.type_as(xk)
 
 
+def rotate(x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+    """Ours: `apply_rotary_emb`'s RoPE on one tensor [..., heads, head_dim], `rope_cache` already
+    shaped to broadcast against it, cos and sin side by side (the queries at some rows)."""
+    head_dim = x.shape[-1]
+    cos = rope_cache[..., :head_dim].to(dtype=x.dtype, device=x.device)
+    sin = rope_cache[..., head_dim:].to(dtype=x.dtype, device=x.device)
+    return ((x * cos) + (rotate_half(x) * sin)).type_as(x)
+
+
 class Qwen3Attention(nn.Module):
     """Multi-head attention with per-head q/k RMSNorm before RoPE, an explicit head width, and
     the scale head_dim^-0.5. The four arguments of `forward` are what the TP plans prepare."""
@@ -139,8 +149,11 @@ class Qwen3Attention(nn.Module):
         rope_cache: torch.Tensor,
         attention_masks: object | None,
         positions: torch.Tensor | None = None,
+        rows: Rows | None = None,
     ) -> torch.Tensor:
         check_causal_sdpa(attention_masks, positions)
+        if rows is not None:  # ours, not torchtitan's
+            return self.wo(self.attend_at(x, rope_cache, rows))
         bs, seqlen, _ = x.shape
         xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)
 
@@ -162,6 +175,18 @@ class Qwen3Attention(nn.Module):
         output = output.transpose(1, 2).contiguous()  # (bs, seqlen, n_local_heads, head_dim)
         output = output.view(bs, seqlen, -1)
         return self.wo(output)
+
+    def attend_at(self, x: torch.Tensor, rope_cache: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """Ours: the attention's output before `wo` at `rows` alone, [N, heads * head_dim]: the
+        queries there, the keys and values everywhere (blocks/rows.py)."""
+        bs, seqlen, _ = x.shape
+        xq = self.q_norm(self.wq(take_rows(x, rows)).unflatten(-1, (-1, self.head_dim)))
+        xk = self.k_norm(self.wk(x).view(bs, seqlen, -1, self.head_dim))
+        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        xq = rotate(xq, rope_cache[rows.flat % seqlen][:, None])
+        xk = rotate(xk, rope_cache[:seqlen][None, :, None])
+        kv = (xk.transpose(1, 2), xv.transpose(1, 2))
+        return attend_at_rows(self.inner_attention, xq, *kv, rows, scale=self.scaling, enable_gqa=self.enable_gqa)
 
 
 class Qwen3FeedForward(nn.Module):
@@ -203,11 +228,13 @@ class Qwen3Block(nn.Module):
         rope_cache: torch.Tensor,
         attention_masks: object | None,
         positions: torch.Tensor | None = None,
-        rows: torch.Tensor | None = None,
+        rows: Rows | None = None,
     ) -> torch.Tensor:
         # `rows` (ours, not torchtitan's): only those flat positions returned (blocks/rows.py).
-        x = x + self.attention(self.attention_norm(x), rope_cache, attention_masks, positions)
-        x = take_rows(x, rows)
+        attention_at = {} if rows is None else {"rows": rows}
+        x = take_rows(x, rows) + self.attention(
+            self.attention_norm(x), rope_cache, attention_masks, positions, **attention_at
+        )
         x = x + self.feed_forward(self.ffn_norm(x))
         return x
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..blocks.rows import at_rows
 from ..flops import readout_flops_per_token
 from ..part import IGNORE_INDEX, Bad, Part, TrainingOutput
 from ..settings import setting
@@ -48,8 +49,9 @@ def step_supervised_readout(model: nn.Module, states: list[torch.Tensor], step_l
     `states` h_1..h_r: every step's logits [r, B, S, V], equal weights 1/r, and the batch's
     step targets [B, S, K] (grt_titan/components/loss.py pairs step t with column t - 1).
 
-    Only the positions with a target are scored, so only there do the coda's last feed-forward,
-    the norm and the head run (`scored_rows`); the logits elsewhere are zeros, never scored."""
+    Only the positions with a target are scored, so only there do the coda's last attention
+    queries and feed-forward, the norm and the head run (`scored_rows`, blocks/rows.py); the
+    logits elsewhere are zeros, never scored."""
     steps = len(states)
     batch = states[0].shape[0]
     # One [r * B, S, d] batch through coda, norm and head, as Ouro's readout does.
@@ -58,11 +60,10 @@ def step_supervised_readout(model: nn.Module, states: list[torch.Tensor], step_l
     if rows is None:
         logits = model.logits_from_state(flat)
     else:
-        # Both sizes follow r (and the batch's answers): a compiled coda block traces them
-        # symbolic from its first call, not once per r.
+        # The batch's size follows r: a compiled coda block traces it symbolic from its first
+        # call, not once per r (as `at_rows` marks the rows' sizes).
         torch._dynamo.maybe_mark_dynamic(flat, 0)
-        torch._dynamo.maybe_mark_dynamic(rows, 0)
-        scored = model.logits_from_state(flat, rows)
+        scored = model.logits_from_state(flat, at_rows(rows, *flat.shape[:2]))
         logits = scored.new_zeros(flat.shape[0] * flat.shape[1], scored.shape[-1]).index_copy(0, rows, scored)
         logits = logits.unflatten(0, flat.shape[:2])
     # The step logits and the last step's are tensors of their own, not views of that batch: FSDP
