@@ -43,7 +43,10 @@ RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 def torchrun_command(
     nproc: int, args: list[str], module: str = "grt_titan.train", max_restarts: int | None = None
 ) -> list[str]:
-    """`torchrun --nproc_per_node=nproc [--max-restarts=N] -m module args`, rank 0's output only."""
+    """`torchrun --nproc_per_node=nproc [--max-restarts=N] -m module args`: rank 0's output, or
+    with restarts every rank's. A rank that raises makes the agent stop the others, so the rank
+    that prints why (a spike's rewind, a planted failure) may be stopped first if it is rank 0:
+    seen once in CI, a rewind test missing rank 0's message."""
     cmd = [
         sys.executable,
         "-m",
@@ -51,9 +54,10 @@ def torchrun_command(
         f"--nproc_per_node={nproc}",
         "--rdzv-backend=c10d",
         "--rdzv-endpoint=localhost:0",
-        "--local-ranks-filter=0",
     ]
-    if max_restarts is not None:
+    if max_restarts is None:
+        cmd.append("--local-ranks-filter=0")
+    else:
         cmd.append(f"--max-restarts={max_restarts}")
     return [*cmd, "-m", module, *args]
 
