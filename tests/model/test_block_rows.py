@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grt_titan.model.blocks.rows import at_rows, take_rows
-from grt_titan.model.methods.rrt import BlockAdapter
+from grt_titan.model.methods.rrt import BlockAdapter, _linear_shapes
 
 from grt_test_helpers import build_model
 
@@ -18,10 +18,9 @@ FLAT = torch.tensor([2, 5, 6, 11, 2 * SEQLEN])
 def random_adapter(dim: int, rank: int = 4) -> BlockAdapter:
     """RRT's LoRA factors with a nonzero B (its init is zero, which would hide the delta)."""
     g = torch.Generator().manual_seed(1)
-    shapes = {"qkv": (dim, 3 * dim), "attention_out": (dim, dim), "mlp_in": (dim, 4 * dim), "mlp_out": (4 * dim, dim)}
     factors = [
         (torch.randn(rank, fan_in, generator=g) * 0.1, torch.randn(fan_out, rank, generator=g) * 0.1)
-        for fan_in, fan_out in shapes.values()
+        for fan_in, fan_out in _linear_shapes(dim).values()
     ]
     return BlockAdapter(*factors, scale=2.0)
 
